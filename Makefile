@@ -1,0 +1,49 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+APT    := $(shell command -v apt-get 2>/dev/null)
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: setup system-deps browser-deps test test-fast demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip wheel
+	@echo "installing flowmagic with its extras (llama-cpp-python compiles from source: ~6 min on 2 cores)"
+	$(PIP) install --quiet -e '.[local,test]'
+	touch $(STAMP)
+
+setup: $(STAMP) system-deps
+
+# graphviz's `dot` draws the plans; Debian's package when it is missing.
+system-deps:
+	@if ! command -v dot >/dev/null; then \
+	  if [ -n "$(APT)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz; \
+	  else echo "graphviz is missing: install it (apt-get install graphviz / brew install graphviz / conda install graphviz)"; fi; \
+	fi
+
+# Debian's chromium for the browser test (Playwright drives /usr/bin/chromium; it never downloads a browser).
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ -n "$(APT)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; \
+	  else echo "chromium is missing at /usr/bin/chromium: install it to run the browser test"; fi; \
+	fi
+
+test: setup browser-deps
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not embedded and not browser"
+
+demo: setup
+	$(VENV)/bin/flowmagic run "Write a short guide to brewing green tea: pick the leaves, heat the water, steep, and serve" --k 2 --out out
+
+bench: setup
+	$(PIP) install --quiet -e '.[bench]'
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) out build *.egg-info .pytest_cache

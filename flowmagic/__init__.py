@@ -1,0 +1,50 @@
+"""flowmagic: plan a task as a graph of subtasks, run it in parallel, steer it, export it.
+
+Heavy modules load on first use, so `%load_ext flowmagic` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .endpoints import configure
+from .errors import (BudgetError, ConfigError, EndpointError, FlowError, ModelOutputError,
+                     NodeError, PlanError, SandboxError, StoreError, TruncatedError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "configure", "LLM", "Reply", "get_llm", "Store", "get_store",
+    "Workflow", "Node", "Flow", "plan", "aplan", "load", "tool", "evaluate",
+    "FlowError", "ConfigError", "EndpointError", "ModelOutputError", "TruncatedError",
+    "PlanError", "NodeError", "BudgetError", "StoreError", "SandboxError",
+    "load_ipython_extension", "unload_ipython_extension",
+]
+
+_LAZY = {
+    "LLM": "llm", "Reply": "llm", "get_llm": "llm",
+    "Store": "store", "get_store": "store",
+    "Workflow": "graph", "Node": "graph",
+    "Flow": "flow", "plan": "flow", "aplan": "flow", "load": "flow",
+    "tool": "tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "evaluate":
+        return importlib.import_module(".evaluate", __name__)
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'flowmagic' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    from .magics import load_ipython_extension as load
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .magics import unload_ipython_extension as unload
+    unload(ipython)

@@ -1,0 +1,385 @@
+"""The only door to models: AsyncOpenAI against any OpenAI-compatible endpoint.
+
+Every call is cached by a content hash of (endpoint, model, messages, parameters,
+seed), logged in the store with tokens, latency and cost, retried with bounded
+exponential backoff on 429 / 5xx / timeouts / connection errors, and limited by a
+process-wide concurrency cap (and an optional requests-per-minute cap).
+Structured output asks for `json_schema`, falls back to `json_object` with the
+schema (llama.cpp turns it into a grammar), then to plain text with extraction, and
+remembers per endpoint what worked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from . import endpoints as _endpoints
+from .endpoints import Endpoint, configure, price_of
+from .errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
+from .extract import extract_json
+from .store import Store, get_store
+
+__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key"]
+
+_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+_MODES = ("json_schema", "json_object", "text")
+
+
+@dataclass
+class Reply:
+    text: str
+    data: Any = None
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+    cached: bool = False
+    call_id: int | None = None
+    finish_reason: str | None = None
+    cache_key: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
+    blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float:
+    price = price_of(model, local=endpoint.local)
+    if not price:
+        return 0.0
+    return (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+
+
+def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
+    note = ("Answer with one JSON value and nothing else. It must match this JSON schema:\n"
+            + json.dumps(schema, separators=(",", ":")))
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+    else:
+        out.insert(0, {"role": "system", "content": note})
+    return out
+
+
+class LLM:
+    """Calls models through the openai SDK; see the module docstring."""
+
+    def __init__(self, store: Store | None = None, *, timeout: float = 120.0,
+                 max_retries: int = 4, concurrency: int = 8, rpm: int | None = None,
+                 backoff_base: float = 0.5, backoff_max: float = 20.0):
+        self._store = store
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.concurrency = concurrency
+        self.rpm = rpm
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
+        self._per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
+            weakref.WeakKeyDictionary())
+        self._sent: deque[float] = deque()
+        self._loop_lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        return self._store or get_store()
+
+    # -- per event loop state (httpx clients and semaphores belong to one loop) --
+    def _state(self) -> dict:
+        loop = asyncio.get_running_loop()
+        with self._loop_lock:
+            state = self._per_loop.get(loop)
+            if state is None:
+                state = {"clients": {}, "limits": {}, "all": asyncio.Semaphore(self.concurrency)}
+                self._per_loop[loop] = state
+            return state
+
+    async def _client(self, endpoint: Endpoint):
+        from openai import AsyncOpenAI
+
+        base_url = endpoint.base_url
+        if endpoint.local:
+            from .local import ensure_server
+            base_url = await asyncio.to_thread(ensure_server)
+        state = self._state()
+        key = (endpoint.name, base_url)
+        if key not in state["clients"]:
+            state["clients"][key] = AsyncOpenAI(
+                base_url=base_url, api_key=endpoint.api_key or "not-needed",
+                max_retries=0, timeout=self.timeout)
+        return state["clients"][key]
+
+    def _limit(self, endpoint: Endpoint) -> asyncio.Semaphore | None:
+        if not endpoint.concurrency:
+            return None
+        limits = self._state()["limits"]
+        if endpoint.identity not in limits:
+            limits[endpoint.identity] = asyncio.Semaphore(endpoint.concurrency)
+        return limits[endpoint.identity]
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients of the running loop (scripts call this before exit)."""
+        state = self._state()
+        clients, state["clients"] = state["clients"], {}
+        for client in clients.values():
+            await client.close()
+
+    async def _pace(self) -> None:
+        if not self.rpm:
+            return
+        while True:
+            now = time.monotonic()
+            while self._sent and now - self._sent[0] > 60:
+                self._sent.popleft()
+            if len(self._sent) < self.rpm:
+                self._sent.append(now)
+                return
+            await asyncio.sleep(60 - (now - self._sent[0]) + 0.01)
+
+    # -- the call ---------------------------------------------------------------
+    async def complete(self, messages: list[dict] | str, *, model: str | None = None,
+                       schema: dict | None = None, temperature: float | None = None,
+                       seed: int | None = None, max_tokens: int | None = None,
+                       cache: bool = True, run_id: str | None = None,
+                       node_id: str | None = None, purpose: str | None = None,
+                       on_text: Callable[[str], None] | None = None) -> Reply:
+        """One chat completion; `on_text` receives the text as it streams in."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        endpoint, model_name = _endpoints.resolve(model)
+        if not model_name:
+            model_name = await self._first_model(endpoint)
+        params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                    ("max_tokens", max_tokens), ("schema", schema)) if v is not None}
+        key = cache_key(endpoint.identity, model_name, messages, params)
+        model_id = f"{endpoint.name}:{model_name}"
+        log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
+                   params=params, cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
+        if cache:
+            hit = self.store.cache_get(key)
+            if hit is not None:
+                call_id = self.store.log_call(**log, response=hit, cached=True,
+                                              input_tokens=hit["input_tokens"],
+                                              output_tokens=hit["output_tokens"])
+                if on_text:
+                    on_text(hit["text"])
+                return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
+                             hit["output_tokens"], 0.0, 0.0, True, call_id,
+                             hit.get("finish_reason"), key)
+        started = time.perf_counter()
+        try:
+            raw, attempts = await self._call_with_retries(
+                endpoint, model_name, messages, schema, temperature, seed, max_tokens, on_text)
+        except EndpointError as exc:
+            self.store.log_call(**log, error=str(exc),
+                                latency_s=time.perf_counter() - started)
+            raise
+        latency = time.perf_counter() - started
+        text, finish, tokens_in, tokens_out = raw
+        cost = _cost(endpoint, model_name, tokens_in, tokens_out)
+        data, error = None, None
+        if schema is not None:
+            try:
+                data = extract_json(text, finish_reason=finish)
+            except ModelOutputError as exc:
+                error = str(exc)
+        payload = {"text": text, "data": data, "finish_reason": finish,
+                   "input_tokens": tokens_in, "output_tokens": tokens_out, "attempts": attempts}
+        call_id = self.store.log_call(**log, response=payload, input_tokens=tokens_in,
+                                      output_tokens=tokens_out, latency_s=latency,
+                                      cost_usd=cost, error=error)
+        if error is not None:
+            cls = TruncatedError if "cut off" in error else ModelOutputError
+            raise cls(error)
+        if cache:
+            self.store.cache_put(key, payload)
+        return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
+                     call_id, finish, key)
+
+    def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
+        """`complete` for scripts; from inside a running loop it uses a worker thread."""
+        async def once() -> Reply:
+            try:
+                return await self.complete(messages, **kwargs)
+            finally:
+                await self.aclose()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(once())
+        box: dict[str, Any] = {}
+
+        def worker() -> None:
+            try:
+                box["reply"] = asyncio.run(once())
+            except BaseException as exc:  # handed back to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["reply"]
+
+    async def _first_model(self, endpoint: Endpoint) -> str:
+        client = await self._client(endpoint)
+        try:
+            page = await client.models.list()
+            ids = [m.id for m in page.data]
+        except Exception as exc:  # any failure here means: tell the user to name one
+            raise ConfigError(
+                f"no model named for {endpoint.base_url} and listing its models failed ({exc}); "
+                "set FLOWMAGIC_MODEL or configure(model=...)") from None
+        if not ids:
+            raise ConfigError(f"{endpoint.base_url} lists no models; set FLOWMAGIC_MODEL")
+        endpoint.model = ids[0]
+        return ids[0]
+
+    async def _call_with_retries(self, endpoint, model, messages, schema, temperature, seed,
+                                 max_tokens, on_text):
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, last))
+            try:
+                return await self._call_once(endpoint, model, messages, schema, temperature,
+                                             seed, max_tokens, on_text), attempt + 1
+            except _Retryable as exc:
+                last = exc
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        raise EndpointError(
+            f"{where} failed {self.max_retries + 1} times ({last}); "
+            "check that the server is up and the model name is right, then re-run")
+
+    def _backoff(self, attempt: int, error: Exception | None) -> float:
+        ceiling = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        delay = random.uniform(ceiling / 2, ceiling)
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, 60.0))
+        return delay
+
+    async def _call_once(self, endpoint, model, messages, schema, temperature, seed,
+                         max_tokens, on_text):
+        import openai
+
+        client = await self._client(endpoint)
+        mode = self._modes.get(endpoint.identity, "json_object" if endpoint.local
+                               else "json_schema") if schema is not None else None
+        while True:
+            kwargs = self._request(model, messages, schema, mode, temperature, seed, max_tokens)
+            try:
+                await self._pace()
+                limit = self._limit(endpoint)
+                async with self._state()["all"]:
+                    if limit is None:
+                        return await self._send(client, kwargs, on_text)
+                    async with limit:
+                        return await self._send(client, kwargs, on_text)
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if mode in ("json_schema", "json_object") and status in (400, 422, 500, 501):
+                    mode = _MODES[_MODES.index(mode) + 1]   # try the next structured mode
+                    self._modes[endpoint.identity] = mode
+                    continue
+                if status in _RETRY_STATUS:
+                    retry_after = exc.response.headers.get("retry-after")
+                    try:
+                        wait = float(retry_after) if retry_after else None
+                    except ValueError:
+                        wait = None
+                    raise _Retryable(f"HTTP {status}", wait) from None
+                raise EndpointError(self._status_message(endpoint, model, exc)) from None
+            except openai.APITimeoutError:
+                raise _Retryable(f"no answer within {self.timeout:g} s") from None
+            except openai.APIConnectionError as exc:
+                cause = exc.__cause__ or exc
+                raise _Retryable(f"cannot connect: {type(cause).__name__}: {cause}") from None
+            except (openai.APIResponseValidationError, ValueError, AttributeError) as exc:
+                raise _Retryable(f"malformed response: {exc}") from None
+
+    @staticmethod
+    def _status_message(endpoint: Endpoint, model: str, exc) -> str:
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        if exc.status_code in (401, 403):
+            env = endpoint.key_env or "FLOWMAGIC_API_KEY"
+            return f"{where} refused the API key (HTTP {exc.status_code}); check {env}"
+        if exc.status_code == 404:
+            return (f"{where} has no model {model!r} (HTTP 404); "
+                    "check the model name with `%flow models` or FLOWMAGIC_MODEL")
+        return f"{where} rejected the request (HTTP {exc.status_code}): {str(exc)[:200]}"
+
+    @staticmethod
+    def _request(model, messages, schema, mode, temperature, seed, max_tokens) -> dict:
+        kwargs: dict[str, Any] = {"model": model, "messages": messages}
+        if temperature is not None:
+            kwargs["temperature"] = temperature
+        if seed is not None:
+            kwargs["seed"] = seed
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        if schema is not None:
+            kwargs["messages"] = _with_schema_note(messages, schema)
+            if mode == "json_schema":
+                kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+                    "name": "answer", "schema": schema}}
+            elif mode == "json_object":
+                kwargs["response_format"] = {"type": "json_object", "schema": schema}
+        return kwargs
+
+    @staticmethod
+    async def _send(client, kwargs: dict, on_text) -> tuple[str, str | None, int, int]:
+        if on_text is None:
+            response = await client.chat.completions.create(**kwargs)
+            if isinstance(response, (str, bytes)) or not getattr(response, "choices", None):
+                raise ValueError("the body is not a chat completion")
+            choice = response.choices[0]
+            usage = response.usage
+            return (choice.message.content or "", choice.finish_reason,
+                    getattr(usage, "prompt_tokens", 0) or 0,
+                    getattr(usage, "completion_tokens", 0) or 0)
+        stream = await client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True})
+        parts, finish, tokens_in, tokens_out = [], None, 0, 0
+        async for chunk in stream:
+            if chunk.usage:
+                tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    parts.append(choice.delta.content)
+                    on_text(choice.delta.content)
+                finish = choice.finish_reason or finish
+        return "".join(parts), finish, tokens_in or 0, tokens_out or 0
+
+
+_shared: LLM | None = None
+
+
+def get_llm() -> LLM:
+    """The process-wide LLM (one concurrency limit for everything in the process)."""
+    global _shared
+    if _shared is None:
+        _shared = LLM()
+    return _shared

