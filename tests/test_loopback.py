@@ -1,0 +1,342 @@
+"""The loopback server, driven over real HTTP by the openai SDK."""
+
+import asyncio
+import json
+import math
+import threading
+import time
+
+import jsonschema
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from flowmagic.errors import ConfigError
+from flowmagic.loopback import FAULT_KINDS, LoopbackServer, embed_text, schema_example
+
+pytestmark = pytest.mark.timeout(60)
+
+MESSAGES = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Summarise the data set\nand then some more"}]
+ECHO = "Loopback reply to: Summarise the data set"
+
+NESTED = {
+    "type": "object",
+    "required": ["title", "steps", "meta", "kind", "maybe"],
+    "properties": {
+        "title": {"type": "string", "minLength": 3},
+        "steps": {"type": "array", "minItems": 2, "items": {"$ref": "#/$defs/Step"}},
+        "meta": {"type": "object", "required": ["count", "ok"],
+                 "properties": {"count": {"type": "integer", "minimum": 1}, "ok": {"type": "boolean"}}},
+        "kind": {"enum": ["plan", "report"]},
+        "maybe": {"anyOf": [{"type": "number", "exclusiveMinimum": 2}, {"type": "null"}]},
+        "optional": {"type": "string"},
+    },
+    "$defs": {"Step": {"type": "object", "required": ["id", "after"],
+                       "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"},
+                                      "after": {"type": "array", "items": {"type": "string"}}}}},
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture
+def server():
+    with LoopbackServer() as srv:
+        yield srv
+
+
+def client_for(srv, **kw):
+    return OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0, **kw)
+
+
+def chat(srv, messages=MESSAGES, **kw):
+    with client_for(srv, timeout=kw.pop("timeout", 10)) as client:
+        return client.chat.completions.create(model="test-model", messages=messages, **kw)
+
+
+def test_plain_completion(server):
+    reply = chat(server)
+    assert reply.choices[0].message.content == ECHO
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model == "test-model"
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert server.calls == 1 and server.requests[0]["path"] == "/chat/completions"
+    assert chat(server).usage == reply.usage  # deterministic token counts
+
+
+def test_streaming_with_usage(server):
+    plain = chat(server)
+    with client_for(server) as client:
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                                stream_options={"include_usage": True})
+        with stream:
+            chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage
+    assert server.calls == 2
+
+
+def test_stream_without_usage_has_no_usage_chunk(server):
+    with client_for(server) as client:
+        with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            chunks = list(stream)
+    assert all(c.choices and c.usage is None for c in chunks)
+
+
+def test_json_schema_rejected_like_llama_cpp():
+    schema_format = {"type": "json_schema", "json_schema": {"name": "plan", "schema": NESTED}}
+    with LoopbackServer(reject_json_schema=True) as srv:
+        with pytest.raises(openai.InternalServerError, match="json_schema"):
+            chat(srv, response_format=schema_format)
+        # llama-cpp-python's accepted form: json_object with the schema beside the type
+        reply = chat(srv, response_format={"type": "json_object", "schema": NESTED})
+        jsonschema.validate(json.loads(reply.choices[0].message.content), NESTED)
+        assert srv.calls == 1
+
+
+def test_default_json_reply_valid_for_nested_schema(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "plan", "schema": NESTED, "strict": True}}
+    data = json.loads(chat(server, response_format=fmt).choices[0].message.content)
+    jsonschema.validate(data, NESTED)
+    assert len(data["steps"]) == 2 and "optional" not in data
+    assert json.loads(chat(server, response_format={"type": "json_object"}).choices[0].message.content) == {}
+
+
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "string"}, "x"),
+    ({"type": "integer", "minimum": 2.5}, 3),
+    ({"type": "number", "maximum": -4}, -4),
+    ({"type": ["null", "boolean"]}, False),
+    ({"type": "array", "items": {"type": "integer"}}, []),
+    ({"enum": ["a", "b"]}, "a"),
+    ({"const": 7}, 7),
+    ({"type": "string", "format": "date"}, "2000-01-01"),
+    ({"allOf": [{"required": ["a"], "properties": {"a": {"type": "number"}}},
+                {"required": ["b"], "properties": {"b": {"type": "null"}}}]}, {"a": 0, "b": None}),
+    ({"$ref": "#/definitions/Node", "definitions": {"Node": {"type": "object", "required": ["next"],
+                                                             "properties": {"next": {"$ref": "#/definitions/Node"}}}}},
+     None),  # a recursive schema ends (at the depth bound) instead of looping
+])
+def test_schema_example(schema, expected):
+    value = schema_example(schema)
+    if expected is None:
+        depth = 0
+        while isinstance(value, dict):
+            value, depth = value["next"], depth + 1
+        assert value is None and 10 < depth < 100
+    else:
+        assert value == expected
+
+
+def _observe(kind, **options):
+    with LoopbackServer(faults={kind: 1.0}, hang_s=30, **options) as srv:
+        started = time.monotonic()
+        try:
+            outcome = chat(srv, timeout=0.5)
+        except (openai.APIError, ValueError) as exc:  # garbage: the SDK's json.JSONDecodeError
+            outcome = exc
+        return outcome, srv.stats(), started
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_kind(kind):
+    outcome, stats, started = _observe(kind, retry_after=0.25)
+    assert stats["faults"][kind] == 1 and stats["requests"][0]["fault"] == kind
+    if kind == "429":
+        assert isinstance(outcome, openai.RateLimitError)
+        assert outcome.response.headers["retry-after"] == "0.25"
+    elif kind == "500":
+        assert isinstance(outcome, openai.InternalServerError)
+    elif kind == "hang":
+        assert isinstance(outcome, openai.APITimeoutError)
+        assert time.monotonic() - started < 5  # stop() woke the hanging handler
+    elif kind == "truncated":
+        assert isinstance(outcome, openai.APIConnectionError)
+    elif kind == "garbage":
+        assert isinstance(outcome, json.JSONDecodeError)
+    else:
+        assert outcome.choices[0].finish_reason == "length"
+        assert outcome.choices[0].message.content == ECHO[: len(ECHO) // 2]
+    assert stats["calls"] == (1 if kind == "length" else 0)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbage", "length"])
+def test_fault_kinds_in_streams(kind):
+    with LoopbackServer(faults={kind: 1.0}) as srv, client_for(srv) as client:
+        def text():
+            with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+                return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        if kind == "length":
+            assert text() == ECHO[: len(ECHO) // 2]
+        else:
+            with pytest.raises((openai.APIError, ValueError)):
+                text()
+
+
+def _outcomes(seed, attempts=6, **options):
+    with LoopbackServer(seed=seed, **options) as srv:
+        results = []
+        for _ in range(attempts):
+            try:
+                chat(srv)
+                results.append("ok")
+            except openai.InternalServerError:
+                results.append("500")
+        return results, [r["attempt"] for r in srv.requests]
+
+
+def test_faults_are_deterministic_and_retries_can_succeed():
+    first, attempts = _outcomes(3, faults={"500": 0.5})
+    assert first == _outcomes(3, faults={"500": 0.5})[0]
+    assert attempts == list(range(6))
+    assert "ok" in first and "500" in first  # same body, different attempt, different fate
+    assert _outcomes(3, attempts=4, fail_first=2)[0] == ["500", "500", "ok", "ok"]
+
+
+def test_fault_rates_are_validated():
+    with pytest.raises(ConfigError, match="unknown fault"):
+        LoopbackServer(faults={"503": 0.1})
+    with pytest.raises(ConfigError, match="sum to at most 1"):
+        LoopbackServer(faults={"429": 0.6, "500": 0.6})
+    with pytest.raises(ConfigError, match="lo <= hi"):
+        LoopbackServer(latency=(0.5, 0.1))
+
+
+def _latencies(bodies, order):
+    with LoopbackServer(latency=(0.02, 0.12), seed=5) as srv:
+        for i in order:
+            chat(srv, messages=bodies[i])
+        return {json.dumps(r["body"]["messages"]): (r["latency_s"], r["finish"] - r["arrival"])
+                for r in srv.requests}
+
+
+def test_latency_is_deterministic_and_spread_within_range():
+    bodies = [[{"role": "user", "content": f"task {i}"}] for i in range(12)]
+    forward = _latencies(bodies, range(12))
+    backward = _latencies(bodies, reversed(range(12)))
+    assert {k: v[0] for k, v in forward.items()} == {k: v[0] for k, v in backward.items()}
+    values = [v[0] for v in forward.values()]
+    assert all(0.02 <= v <= 0.12 for v in values)
+    assert max(values) - min(values) > 0.04  # spread, not a constant
+    assert all(elapsed >= latency for latency, elapsed in forward.values())
+
+
+def test_latency_callable_and_zero():
+    with LoopbackServer(latency=lambda body: 0.05 * len(body["messages"])) as srv:
+        chat(srv)
+        assert srv.requests[0]["latency_s"] == pytest.approx(0.1)
+    with LoopbackServer(latency=0) as srv:
+        chat(srv)
+        assert srv.requests[0]["latency_s"] == 0
+
+
+def test_max_in_flight_with_concurrent_async_requests():
+    async def run(srv):
+        async with AsyncOpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0) as client:
+            return await asyncio.gather(*(
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"job {i}"}])
+                for i in range(8)))
+
+    with LoopbackServer(latency=0.4) as srv:
+        started = time.monotonic()
+        replies = asyncio.run(run(srv))
+        elapsed = time.monotonic() - started
+        assert [r.choices[0].message.content for r in replies] == [f"Loopback reply to: job {i}" for i in range(8)]
+        assert srv.max_in_flight == 8 and srv.in_flight == 0 and srv.calls == 8
+        assert elapsed < 8 * 0.4 / 2  # they overlapped
+        srv.reset()
+        assert (srv.calls, srv.max_in_flight, srv.requests) == (0, 0, [])
+
+
+def test_spawn_runs_in_another_process_and_stops():
+    handle = LoopbackServer.spawn(latency=(0.01, 0.02), seed=1, faults={"500": 0.0}, model="spawned")
+    try:
+        with OpenAI(base_url=handle.base_url, api_key="sk-test", max_retries=0) as client:
+            assert client.models.list().data[0].id == "spawned"
+            reply = client.chat.completions.create(model="m", messages=MESSAGES)
+        assert reply.choices[0].message.content == ECHO
+        stats = handle.stats()
+        assert stats["calls"] == 1 and [r["path"] for r in stats["requests"]] == ["/models", "/chat/completions"]
+        assert handle.stats(bodies=True)["requests"][1]["body"]["messages"] == MESSAGES
+        handle.reset()
+        assert handle.stats()["requests"] == []
+    finally:
+        handle.stop()
+    assert handle._proc.returncode is not None
+    with pytest.raises(ConfigError, match="callable"):
+        LoopbackServer.spawn(responder=lambda body: "x")
+
+
+def test_headers_recorded_without_the_key(server):
+    chat(server)
+    record = server.requests[0]
+    assert record["had_auth"] is True
+    assert record["headers"]["authorization"] == "REDACTED"
+    assert "sk-test" not in json.dumps(server.requests)
+
+
+def test_responder_dicts_tool_calls_and_usage():
+    def responder(body):
+        if body.get("tools"):
+            call = {"function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+            return {"message": {"role": "assistant", "content": None, "tool_calls": [call]}}
+        return {"content": "fixed", "usage": {"prompt_tokens": 11, "completion_tokens": 3}}
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    with LoopbackServer(responder=responder) as srv:
+        reply = chat(srv, tools=tools)
+        call = reply.choices[0].message.tool_calls[0]
+        assert (call.function.name, reply.choices[0].finish_reason) == ("add", "tool_calls")
+        assert json.loads(call.function.arguments) == {"a": 1, "b": 2}
+        plain = chat(srv)
+        assert plain.choices[0].message.content == "fixed"
+        assert (plain.usage.prompt_tokens, plain.usage.total_tokens) == (11, 14)
+        with client_for(srv) as client:
+            with client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, stream=True) as stream:
+                deltas = [c.choices[0].delta for c in stream if c.choices]
+        streamed = [tc for d in deltas for tc in d.tool_calls or []]
+        assert streamed[0].function.arguments == '{"a": 1, "b": 2}'
+
+
+def test_responder_error_is_a_500():
+    with LoopbackServer(responder=lambda body: 1 / 0) as srv:
+        with pytest.raises(openai.InternalServerError, match="ZeroDivisionError"):
+            chat(srv)
+
+
+def test_embeddings_are_unit_vectors_and_similar_texts_are_close(server):
+    texts = ["load the csv file and plot columns", "load the csv file and plot rows", "quantum chromodynamics"]
+    with client_for(server) as client:
+        got = client.embeddings.create(model="e", input=texts).data  # the SDK asks for base64
+        floats = client.embeddings.create(model="e", input=texts[0], encoding_format="float").data[0]
+    vecs = [d.embedding for d in got]
+    assert all(len(v) == 64 and math.isclose(sum(x * x for x in v), 1, rel_tol=1e-5) for v in vecs)
+    assert floats.embedding == pytest.approx(vecs[0], abs=1e-6)
+    assert embed_text(texts[0]) == pytest.approx(vecs[0], abs=1e-6)
+
+    def cos(a, b):
+        return sum(x * y for x, y in zip(a, b))
+    assert cos(vecs[0], vecs[1]) > 0.7 > cos(vecs[0], vecs[2])
+
+
+def test_stop_closes_idle_keep_alive_connections_and_joins_threads():
+    srv = LoopbackServer().start()
+    client = client_for(srv)
+    try:
+        client.chat.completions.create(model="m", messages=MESSAGES)  # leaves a keep-alive connection open
+        assert any(t.name == "loopback-conn" for t in threading.enumerate())
+        srv.stop()
+        assert not any(t.name.startswith("loopback") for t in threading.enumerate())
+        srv.stop()  # idempotent
+        with pytest.raises(RuntimeError, match="not running"):
+            srv.base_url
+    finally:
+        client.close()
+
+
+def test_unknown_route_is_a_404(server):
+    with client_for(server) as client, pytest.raises(openai.NotFoundError):
+        client.completions.create(model="m", prompt="hi")
