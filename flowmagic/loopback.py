@@ -21,7 +21,8 @@ Faults (chat completions only): "429" (with Retry-After), "500", "hang" (no answ
 ``hang_s`` or until stop(), then the connection closes), "truncated" (Content-Length larger
 than the bytes sent, then close; a stream stops without its terminator), "garbage" (HTTP 200
 whose body is not JSON), "length" (a valid completion with finish_reason "length" and half
-the text). Authorization headers are recorded as "REDACTED", never as the key.
+the text), "401" (the key was refused). ``fail_first=N`` gives the first N attempts of each body
+the fault ``fail_kind`` (default "500"). Authorization headers are recorded as "REDACTED", never as the key.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ __all__ = [
     "schema_example",
 ]
 
-FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length")
+FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401")
 _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
 # Options that survive a trip through the command line (callables cannot).
-_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "retry_after": "--retry-after",
+_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind", "retry_after": "--retry-after",
               "hang_s": "--hang-s", "dims": "--dims", "model": "--model", "port": "--port"}
 
 
@@ -294,11 +295,15 @@ class LoopbackServer:
 
     def __init__(self, *, responder: Callable[[dict], str | dict] | None = None,
                  latency: Any = 0.0, seed: int = 0, faults: dict | None = None, fail_first: int = 0,
+                 fail_kind: str = "500",
                  reject_json_schema: bool = False, retry_after: float = 0.05, hang_s: float = 30.0,
                  dims: int = 64, model: str = "loopback", port: int = 0) -> None:
         self.responder = responder or default_responder
         self.latency = _parse_latency(latency)
         self.faults = _parse_faults(faults)
+        self.fail_kind = str(fail_kind)
+        if self.fail_kind not in FAULT_KINDS:
+            raise ConfigError(f"fail_kind {fail_kind!r} is not one of {list(FAULT_KINDS)}")
         self.seed, self.fail_first, self.reject_json_schema = seed, int(fail_first), reject_json_schema
         self.retry_after, self.hang_s, self.dims, self.model, self.port = retry_after, hang_s, dims, model, port
         self._lock = threading.Lock()
@@ -372,11 +377,11 @@ class LoopbackServer:
                     "faults": dict(self.fault_counts),
                     "requests": [{k: v for k, v in r.items() if k not in hidden} for r in self.requests]}
 
-    def _record(self, h: _Handler, path: str, body: Any, arrival: float) -> dict:
+    def _record(self, h: _Handler, path: str, body: Any, arrived: float) -> dict:
         headers = {k.lower(): "REDACTED" if k.lower() in _SECRET_HEADERS else v for k, v in h.headers.items()}
         rec = {"method": h.command, "path": path, "body": body, "headers": headers,
                "had_auth": any(k.lower() in _SECRET_HEADERS and v.strip() for k, v in h.headers.items()),
-               "arrival": arrival, "finish": None, "status": None, "attempt": None, "fault": None,
+               "arrived": arrived, "finished": None, "status": None, "attempt": None, "fault": None,
                "latency_s": None}
         with self._lock:
             self.requests.append(rec)
@@ -384,7 +389,7 @@ class LoopbackServer:
 
     # -- HTTP --------------------------------------------------------------------------------
     def _dispatch(self, h: _Handler, method: str) -> None:
-        arrival, h.loopback_rec = time.time(), None
+        arrived, h.loopback_rec = time.time(), None
         path = h.path.split("?", 1)[0].rstrip("/")
         path = path[3:] if path.startswith("/v1/") else path
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
@@ -397,7 +402,7 @@ class LoopbackServer:
             body = json.loads(raw) if raw else {}
         except ValueError:
             body = None
-        rec = self._record(h, path, raw.decode("utf-8", "replace") if body is None else body, arrival)
+        rec = self._record(h, path, raw.decode("utf-8", "replace") if body is None else body, arrived)
         route = {("POST", "/chat/completions"): self._chat, ("GET", "/models"): self._models,
                  ("POST", "/embeddings"): self._embeddings}.get((method, path))
         h.loopback_rec, h.loopback_chat, status = rec, False, 0
@@ -420,7 +425,7 @@ class LoopbackServer:
         if rec is None:
             return
         with self._lock:
-            rec["status"], rec["finish"] = status, time.time()
+            rec["status"], rec["finished"] = status, time.time()
             if h.loopback_chat:
                 self.in_flight -= 1
                 self.calls += answered
@@ -476,7 +481,7 @@ class LoopbackServer:
 
     def _pick_fault(self, key: str, attempt: int) -> str | None:
         if attempt < self.fail_first:
-            return "500"
+            return self.fail_kind
         u, total = _unit(self.seed, "fault", key, attempt), 0.0
         for kind in FAULT_KINDS:
             total += self.faults.get(kind, 0.0)
@@ -508,6 +513,8 @@ class LoopbackServer:
                                     "rate_limit_exceeded", headers={"Retry-After": f"{self.retry_after:g}"})
         if fault == "500":
             return self._send_error(h, 500, "internal error (loopback fault injection)", "server_error")
+        if fault == "401":
+            return self._send_error(h, 401, "incorrect API key (loopback fault injection)", "invalid_api_key")
         if fault == "hang":
             self._stopping.wait(self.hang_s)
             h.close_connection = True
@@ -668,6 +675,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--faults", default="", help='JSON or 429=0.1,500=0.05 (kinds: ' + ", ".join(FAULT_KINDS) + ")")
     p.add_argument("--fail-first", type=int, default=0, help="the first N attempts of each body get HTTP 500")
+    p.add_argument("--fail-kind", default="500", choices=FAULT_KINDS, help="the fault fail-first gives")
     p.add_argument("--reject-json-schema", action="store_true", help="HTTP 500 on json_schema, like llama-cpp")
     p.add_argument("--retry-after", type=float, default=0.05)
     p.add_argument("--hang-s", type=float, default=30.0)
@@ -684,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     server = LoopbackServer(latency=args.latency, seed=args.seed, faults=args.faults or None,
-                            fail_first=args.fail_first, reject_json_schema=args.reject_json_schema,
+                            fail_first=args.fail_first, fail_kind=args.fail_kind, reject_json_schema=args.reject_json_schema,
                             retry_after=args.retry_after, hang_s=args.hang_s, dims=args.dims,
                             model=args.model, port=args.port).start()
     done = threading.Event()

@@ -157,6 +157,8 @@ def test_each_fault_kind(kind):
         assert isinstance(outcome, openai.APIConnectionError)
     elif kind == "garbage":
         assert isinstance(outcome, json.JSONDecodeError)
+    elif kind == "401":
+        assert isinstance(outcome, openai.AuthenticationError)
     else:
         assert outcome.choices[0].finish_reason == "length"
         assert outcome.choices[0].message.content == ECHO[: len(ECHO) // 2]
@@ -196,6 +198,15 @@ def test_faults_are_deterministic_and_retries_can_succeed():
     assert _outcomes(3, attempts=4, fail_first=2)[0] == ["500", "500", "ok", "ok"]
 
 
+def test_fail_first_with_another_kind():
+    with LoopbackServer(fail_first=1, fail_kind="429") as srv:
+        with pytest.raises(openai.RateLimitError):
+            chat(srv)
+        assert chat(srv).choices[0].message.content == ECHO
+    with pytest.raises(ConfigError, match="fail_kind"):
+        LoopbackServer(fail_kind="503")
+
+
 def test_fault_rates_are_validated():
     with pytest.raises(ConfigError, match="unknown fault"):
         LoopbackServer(faults={"503": 0.1})
@@ -209,7 +220,7 @@ def _latencies(bodies, order):
     with LoopbackServer(latency=(0.02, 0.12), seed=5) as srv:
         for i in order:
             chat(srv, messages=bodies[i])
-        return {json.dumps(r["body"]["messages"]): (r["latency_s"], r["finish"] - r["arrival"])
+        return {json.dumps(r["body"]["messages"]): (r["latency_s"], r["finished"] - r["arrived"])
                 for r in srv.requests}
 
 
