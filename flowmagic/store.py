@@ -206,6 +206,14 @@ class Store:
             args.append(int(cached))
         return int(self._execute(sql, tuple(args)).fetchone()[0])
 
+    def usage(self, run_id: str) -> list[dict]:
+        """Calls, tokens and USD of one run, by purpose, node and model."""
+        return self._query(
+            "SELECT purpose, node_id, model, COUNT(*) AS calls, SUM(cached) AS cached,"
+            " SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,"
+            " SUM(cost_usd) AS cost_usd FROM calls WHERE run_id = ? AND error IS NULL"
+            " GROUP BY purpose, node_id, model ORDER BY MIN(id)", (run_id,))
+
     def last_call_id(self) -> int:
         return int(self._execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
 
