@@ -1,0 +1,472 @@
+"""`Flow`: the public API every button, magic and CLI command calls.
+
+A Flow owns one workflow, its candidates, its settings and its run. Every state change
+is written to the store before anyone is told, so a kernel restart loses nothing
+(`flowmagic.load(run_id)` resumes). In a notebook (a running event loop) `run()` starts
+an asyncio task on the kernel's loop and returns at once; in a script it blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any, Callable
+
+from . import metrics as _metrics
+from .endpoints import resolve
+from .errors import ConfigError, NodeError
+from .executor import Executor
+from .graph import Workflow
+from .llm import LLM, get_llm
+from .runner import NodeRunner, cut
+from .store import Store, get_store
+
+__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS"]
+
+DEFAULTS: dict[str, Any] = {
+    "k": 3, "model": None, "strategy": "balanced", "update": "on-failure", "validate": "none",
+    "validator_model": None, "concurrency": 8, "context": "parents", "budget_usd": None,
+    "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
+    "seed": 0, "temperature": None, "max_tokens": 512, "context_chars": 6000,
+    "max_subtasks": None, "max_agents": None, "consolidate": True,
+}
+UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
+
+
+def _check_settings(settings: dict) -> dict:
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    if merged["update"] not in UPDATE_STRATEGIES:
+        raise ConfigError(f"update strategy {merged['update']!r} is not one of "
+                          f"{', '.join(UPDATE_STRATEGIES)}")
+    if merged["context"] not in ("parents", "ancestors"):
+        raise ConfigError(f"context {merged['context']!r} must be 'parents' or 'ancestors'")
+    if merged["concurrency"] is not None and int(merged["concurrency"]) < 1:
+        raise ConfigError("concurrency must be at least 1 (or None for no limit)")
+    for key in ("mask_rate", "fail_rate"):
+        if not 0.0 <= float(merged[key]) <= 1.0:
+            raise ConfigError(f"{key} must be between 0 and 1")
+    return merged
+
+
+def _new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+class Flow:
+    """A planned workflow with its run; see the module docstring."""
+
+    def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
+                 chosen: int = 0, run_id: str | None = None, llm: LLM | None = None,
+                 store: Store | None = None, save: bool = True, **settings: Any):
+        self.workflow = workflow
+        self.name = name
+        self.candidates = list(candidates or [])
+        self.chosen = chosen
+        self.settings = _check_settings(settings)
+        self.run_id = run_id or _new_run_id()
+        self.llm = llm or get_llm()
+        self.store = store or self.llm.store
+        self.update_log: list[dict] = []
+        self.result: str | None = None
+        self.status = "planned"
+        self.message: str | None = None
+        self.spent_usd = 0.0
+        self._subscribers: list[Callable[[dict], None]] = []
+        self._executor: Executor | None = None
+        self._task: asyncio.Task | None = None
+        self._streaming = False
+        if save:
+            self._save_run()
+
+    # -- construction -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Any, task: str | None = None, **kwargs: Any) -> "Flow":
+        """A Flow from a plan written by hand (plain or paper form), repaired like any plan."""
+        workflow = Workflow.from_dict(d, task=task or (d.get("task") if isinstance(d, dict) else ""))
+        return cls(workflow, **kwargs)
+
+    @property
+    def task(self) -> str:
+        return self.workflow.task
+
+    def __repr__(self) -> str:
+        counts = self.counts()
+        return (f"<Flow {self.name!r} run={self.run_id} {self.status}: "
+                f"{counts.get('done', 0)}/{self.total()} done, ${self.spent_usd:.4f}>")
+
+    # -- persistence and events ---------------------------------------------------------
+    def _save_run(self) -> None:
+        self.store.save_run(
+            self.run_id, task=self.task, name=self.name, status=self.status,
+            workflow=self.workflow.to_dict(), result=self.result,
+            candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
+            settings={**self.settings, "chosen": self.chosen})
+
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        """Call `callback(event)` after every state change; returns the unsubscribe function."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def _emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
+        data = data or {}
+        if node_id is not None and node_id in self.workflow.nodes:
+            self.store.save_node(self.run_id, self.workflow.nodes[node_id].to_dict())
+        if kind not in ("text",):
+            self.store.add_event(self.run_id, kind, node_id, data or None)
+        event = {"kind": kind, "node": node_id, "time": time.time(), **data}
+        for callback in list(self._subscribers):
+            callback(event)
+
+    def _text_sink(self, node_id: str):
+        if not self._streaming:
+            return None
+        return lambda piece: self._emit("text", node_id, {"text": piece})
+
+    def _spend(self, usd: float) -> None:
+        self.spent_usd += usd or 0.0
+
+    def _budget_left(self) -> str | None:
+        budget = self.settings["budget_usd"]
+        if budget is not None and self.spent_usd >= float(budget):
+            return (f"budget of ${float(budget):.4f} reached (spent ${self.spent_usd:.4f}); "
+                    "nothing new starts, finished nodes are kept; raise budget_usd and run() again")
+        return None
+
+    # -- running ----------------------------------------------------------------------
+    def _make_executor(self) -> Executor:
+        return Executor(lambda: self.workflow, NodeRunner(self).run,
+                        concurrency=self.settings["concurrency"], on_event=self._emit,
+                        can_start=self._budget_left, after_node=self._wants_update,
+                        update=self._update, concurrent_update=self.settings["update"] == "concurrent")
+
+    async def arun(self, *, step: bool = False, only: list[str] | None = None) -> str:
+        """Run (or step) to completion on the current loop; returns the run state."""
+        if self._executor is not None:
+            raise NodeError(f"flow {self.name!r} is already running; pause() or stop() it first")
+        import openai  # noqa: F401 - loaded before the clock of the first node starts
+
+        self._executor = self._make_executor()
+        self.status, self.message = "running", None
+        self.store.set_run_status(self.run_id, "running")
+        state = "stopped"
+        try:
+            state = await self._executor.run(step=step, only=only)
+            if state == "budget":
+                self.message = self._executor.stop_reason
+            if state == "done" and self.settings["consolidate"] and self.result is None:
+                await self._consolidate()
+        finally:
+            self._executor = None
+            self.status = state
+            self.store.set_run_status(self.run_id, self.status, self.result)
+            self._emit("run", None, {"state": self.status, "message": self.message})
+        return state
+
+    async def astep(self) -> str:
+        return await self.arun(step=True)
+
+    def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
+        if _in_loop():
+            self._task = asyncio.get_running_loop().create_task(coro_fn())
+            return self
+
+        async def main():
+            try:
+                return await coro_fn()
+            finally:
+                await self.llm.aclose()
+
+        asyncio.run(main())
+        return self
+
+    def run(self) -> "Flow":
+        """Run every node that can run. In a notebook it returns at once (see wait())."""
+        return self._launch(self.arun)
+
+    def step(self) -> "Flow":
+        """Run the nodes that are ready now, and return when they finish."""
+        return self._launch(self.astep)
+
+    def run_node(self, node_id: str) -> "Flow":
+        node = self.workflow.node(node_id)
+        waiting = [p for p in self.workflow.parents(node_id)
+                   if self.workflow.nodes[p].status != "done"]
+        if waiting:
+            raise NodeError(f"node {node_id!r} waits for {', '.join(waiting)}; run those first")
+        if node.status not in ("pending", "failed", "ready"):
+            raise NodeError(f"node {node_id!r} is {node.status}; rerun({node_id!r}) runs it again")
+        node.status = "pending"
+        return self._launch(lambda: self.arun(only=[node_id]))
+
+    async def wait(self) -> str:
+        """Wait for the run started by run()/step() in a notebook."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        return self.status
+
+    def pause(self) -> None:
+        """Nothing new starts; running nodes finish."""
+        if self._executor is not None:
+            self._executor.pause()
+
+    def resume(self) -> "Flow":
+        return self.run()
+
+    def stop(self) -> None:
+        """Cancel in-flight calls; those nodes go back to pending; nothing finished is lost."""
+        if self._executor is not None:
+            self._executor.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._executor is not None
+
+    # -- updates ---------------------------------------------------------------------------
+    def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
+        strategy = self.settings["update"]
+        if strategy == "off" or len(self.update_log) >= int(self.settings["max_updates"]):
+            return False
+        if strategy == "on-failure":
+            return (not ok) or outcome.masked or not (outcome.output or "").strip()
+        return True
+
+    async def _update(self) -> None:
+        from . import updater
+
+        trigger = [n.id for n in self.workflow.nodes.values() if n.status in ("failed",)]
+        result = await updater.propose(self.workflow.copy(), llm=self.llm,
+                                       k=int(self.settings["update_k"]),
+                                       model=self.settings["model"], seed=self.settings["seed"],
+                                       run_id=self.run_id)
+        entry = {"time": time.time(), "strategy": self.settings["update"], "trigger": trigger,
+                 "no_change": result.no_change, "stats": result.stats, "diff": result.diff,
+                 "errors": [c.get("error") for c in (result.candidates or [])
+                            if isinstance(c, dict) and c.get("error")]}
+        if not result.no_change:
+            # Merge onto the live workflow: nodes may have finished since the snapshot.
+            merged, diff = updater.merge(self.workflow, result.update)
+            self.workflow = merged
+            entry["diff"] = diff
+            entry["stats"] = updater.stats(diff, result.before if hasattr(result, "before") else merged)
+            self._save_run()
+        self.update_log.append(entry)
+        self.store.add_update(self.run_id, entry)
+        self._emit("updated", None, {"no_change": result.no_change})
+
+    async def _consolidate(self) -> None:
+        wf = self.workflow
+        active = [n for n in wf.nodes.values() if n.status == "done"]
+        sinks = [n for n in active if not any(wf.nodes[c].status == "done" for c in wf.children(n.id))]
+        share = int(self.settings["context_chars"]) // max(1, len(active))
+        body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(n.output or '', share * (2 if n in sinks else 1))}"
+                           for n in active)
+        messages = [
+            {"role": "system", "content": "You write the final deliverable of a team's work."},
+            {"role": "user", "content": f"Task:\n{wf.task}\n\nResults of the subtasks:\n{body}\n\n"
+                                        "Write the final result of the task from these results."}]
+        reply = await self.llm.complete(messages, model=self.settings["model"],
+                                        seed=self.settings["seed"],
+                                        max_tokens=self.settings["max_tokens"],
+                                        run_id=self.run_id, purpose="consolidate")
+        self._spend(reply.cost_usd)
+        self.result = reply.text
+
+    # -- steering (every button is one of these) ----------------------------------------------
+    def _not_running(self, node_id: str):
+        node = self.workflow.node(node_id)
+        if node.status == "running":
+            raise NodeError(f"node {node_id!r} is running; stop() the flow first")
+        return node
+
+    def _changed(self, kind: str, node_id: str, **data: Any) -> None:
+        self._save_run()
+        if self._executor is not None:
+            self._executor.recount()
+        self._emit(kind, node_id, data)
+
+    def prune(self, node_id: str) -> None:
+        """Remove a node: every predecessor is linked to every successor; history kept."""
+        self._not_running(node_id)
+        self.workflow.prune(node_id)
+        self._changed("pruned", node_id)
+
+    def downgrade(self, node_id: str, model: str) -> None:
+        """Run this node on another (cheaper) model from now on."""
+        node = self._not_running(node_id)
+        resolve(model)  # a malformed or unknown endpoint is a ConfigError now, not mid-run
+        node.downgraded_from = node.downgraded_from or node.model or self.settings["model"] or "default"
+        node.model = model
+        self._changed("downgraded", node_id, model=model)
+
+    def _reset(self, node_id: str) -> None:
+        node = self.workflow.nodes[node_id]
+        node.status, node.output, node.error, node.start, node.end = "pending", None, None, None, None
+        node.stale = False
+
+    def rerun(self, node_id: str, *, run: bool = True) -> "Flow":
+        """Run a node again; its descendants become pending (their old outputs stay in attempts)."""
+        node = self._not_running(node_id)
+        if node.status == "pruned":
+            raise NodeError(f"node {node_id!r} is pruned; nothing to rerun")
+        for i in [node_id, *self.workflow.descendants(node_id)]:
+            if self.workflow.nodes[i].status != "running":
+                self._reset(i)
+        self.result = None
+        self._changed("rerun", node_id)
+        return self.run() if run and self._executor is None else self
+
+    def edit(self, node_id: str, requirement: str) -> None:
+        """New requirement: the node runs again on the next run(); descendants are marked stale."""
+        node = self._not_running(node_id)
+        if not isinstance(requirement, str) or not requirement.strip():
+            raise NodeError("a requirement must be non-empty text")
+        node.requirement = requirement.strip()
+        if node.status in ("done", "failed"):
+            self._reset(node_id)
+            for i in self.workflow.descendants(node_id):
+                if self.workflow.nodes[i].status == "done":
+                    self.workflow.nodes[i].stale = True
+        self.result = None
+        self._changed("edited", node_id)
+
+    def use_candidate(self, index: int) -> None:
+        """Switch to another candidate plan (before anything has run)."""
+        if any(n.status in ("done", "running", "failed") for n in self.workflow.nodes.values()):
+            raise NodeError("this flow has already run nodes; plan again to switch candidates")
+        if not 0 <= index < len(self.candidates) or self.candidates[index].workflow is None:
+            usable = [c.index for c in self.candidates if c.workflow is not None]
+            raise NodeError(f"no usable candidate {index}; usable: {usable}")
+        self.workflow = self.candidates[index].workflow.copy()
+        self.chosen = index
+        self._changed("candidate", None, index=index)
+
+    # -- reading -------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        return _metrics.summary(self.workflow)
+
+    def counts(self) -> dict:
+        out: dict[str, int] = {}
+        for node in self.workflow.nodes.values():
+            out[node.status] = out.get(node.status, 0) + 1
+        return out
+
+    def total(self) -> int:
+        return sum(1 for n in self.workflow.nodes.values() if n.status != "pruned")
+
+    def cost(self) -> dict:
+        """Tokens and USD of this run so far, by node and in total (planning and checks too)."""
+        rows = self.store.usage(self.run_id)
+        total = {"calls": 0, "cached": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+        for row in rows:
+            for key in total:
+                total[key] += row[key] or 0
+        return {"total": total, "rows": rows}
+
+    def timeline(self) -> list[dict]:
+        """One row per node that ran: start, end, duration, tokens, cost, attempts."""
+        rows = []
+        for node in self.workflow.nodes.values():
+            if node.start is None:
+                continue
+            rows.append({"node": node.id, "agent": node.agent, "clone": node.clone,
+                         "status": node.status, "start": node.start, "end": node.end,
+                         "duration_s": node.duration, "tokens_in": node.tokens_in,
+                         "tokens_out": node.tokens_out, "cost_usd": node.cost_usd,
+                         "attempts": len(node.attempts), "model": node.model})
+        return sorted(rows, key=lambda r: r["start"])
+
+    def estimate(self) -> dict:
+        """A rough estimate of a full run: calls, tokens and USD (4 characters a token)."""
+        from .endpoints import price_of
+        wf = self.workflow
+        pending = [n for n in wf.nodes.values() if n.status not in ("done", "pruned")]
+        out_tokens = int(self.settings["max_tokens"] or 512) // 2
+        tokens_in = tokens_out = 0
+        cost = 0.0
+        for node in pending:
+            parents = len(wf.graph.pred[node.id]) if node.id in wf.graph else 0
+            t_in = (len(wf.task) + len(node.requirement) + 300) // 4 + parents * out_tokens
+            tokens_in += t_in
+            tokens_out += out_tokens
+            endpoint, model = resolve(node.model or self.settings["model"])
+            price = price_of(model, local=endpoint.local) or (0.0, 0.0)
+            cost += (t_in * price[0] + out_tokens * price[1]) / 1e6
+        calls = len(pending) * (2 if self.settings["validate"] == "llm" else 1) + 1
+        return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out,
+                "cost_usd": round(cost, 6)}
+
+
+def _settings_from(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k in DEFAULTS}
+
+
+async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
+                *, name: str = "flow", llm: LLM | None = None, **settings: Any) -> Flow:
+    """Plan `task` as K candidate graphs and keep the most parallel, least tangled one."""
+    from . import planner
+
+    if not isinstance(task, str) or not task.strip():
+        raise ConfigError("the task is empty; write what you want done in words")
+    llm = llm or get_llm()
+    settings = _check_settings({**settings, "k": k, "model": model, "strategy": strategy})
+    run_id = _new_run_id()
+    candidates, chosen = await planner.plan(
+        task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings["seed"],
+        max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id)
+    workflow = candidates[chosen].workflow.copy()
+    flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
+                llm=llm, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})
+    flow.spent_usd = sum(c.cost_usd for c in candidates)
+    return flow
+
+
+def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
+         **kwargs: Any) -> Flow:
+    """`aplan` for scripts; in a notebook cell use `await flowmagic.aplan(...)` or `%%flow`."""
+    llm = kwargs.pop("llm", None) or get_llm()
+    if _in_loop():
+        raise ConfigError("plan() blocks; inside a running event loop use `await flowmagic.aplan(...)`"
+                          " or the %%flow magic")
+
+    async def main():
+        try:
+            return await aplan(task, k, model, strategy, llm=llm, **kwargs)
+        finally:
+            await llm.aclose()
+
+    return asyncio.run(main())
+
+
+def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flow:
+    """A Flow from the store (by run id or name); nodes that were running become pending."""
+    store = store or (llm.store if llm else get_store())
+    data = store.load_run(run)
+    workflow = Workflow.from_dict(data["workflow"], task=data["task"])
+    for node in workflow.nodes.values():
+        if node.status in ("running", "ready"):
+            node.status, node.start, node.end, node.clone = "pending", None, None, None
+    settings = dict(data.get("settings") or {})
+    chosen = settings.pop("chosen", 0)
+    candidates = []
+    if data.get("candidates"):
+        from .planner import Candidate
+        candidates = [Candidate.from_dict(c) for c in data["candidates"]]
+    flow = Flow(workflow, name=data.get("name") or "flow", candidates=candidates, chosen=chosen,
+                run_id=data["id"], llm=llm, store=store, save=False,
+                **{k: v for k, v in settings.items() if k in DEFAULTS})
+    flow.update_log = data.get("updates") or []
+    flow.result = data.get("result")
+    flow.status = data.get("status") if data.get("status") != "running" else "interrupted"
+    return flow
