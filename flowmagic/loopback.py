@@ -63,8 +63,9 @@ __all__ = [
 FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401")
 _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
 # Options that survive a trip through the command line (callables cannot).
-_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind", "retry_after": "--retry-after",
-              "hang_s": "--hang-s", "dims": "--dims", "model": "--model", "port": "--port"}
+_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
+              "retry_after": "--retry-after", "hang_s": "--hang-s", "dims": "--dims", "model": "--model",
+              "port": "--port"}
 
 
 def _unit(*parts: Any) -> float:
@@ -295,8 +296,8 @@ class LoopbackServer:
 
     def __init__(self, *, responder: Callable[[dict], str | dict] | None = None,
                  latency: Any = 0.0, seed: int = 0, faults: dict | None = None, fail_first: int = 0,
-                 fail_kind: str = "500",
-                 reject_json_schema: bool = False, retry_after: float = 0.05, hang_s: float = 30.0,
+                 fail_kind: str = "500", reject_json_schema: bool = False, retry_after: float = 0.05,
+                 hang_s: float = 30.0,
                  dims: int = 64, model: str = "loopback", port: int = 0) -> None:
         self.responder = responder or default_responder
         self.latency = _parse_latency(latency)
@@ -611,7 +612,8 @@ class SpawnedLoopback:
                                       stderr=self._stderr, env=env, text=True)
         atexit.register(self.stop)
         lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: lines.put(self._proc.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: lines.put(self._proc.stdout.readline()),
+                                  name="loopback-spawn-reader", daemon=True)
         reader.start()
         try:
             line = lines.get(timeout=startup_timeout).strip()

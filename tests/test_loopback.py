@@ -3,8 +3,12 @@
 import asyncio
 import json
 import math
+import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -15,6 +19,7 @@ from flowmagic.errors import ConfigError
 from flowmagic.loopback import FAULT_KINDS, LoopbackServer, embed_text, schema_example
 
 pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parent.parent
 
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Summarise the data set\nand then some more"}]
@@ -37,6 +42,12 @@ NESTED = {
                                       "after": {"type": "array", "items": {"type": "string"}}}}},
     "additionalProperties": False,
 }
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_threads():
+    yield
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("loopback")]
 
 
 @pytest.fixture
@@ -279,6 +290,14 @@ def test_spawn_runs_in_another_process_and_stops():
     assert handle._proc.returncode is not None
     with pytest.raises(ConfigError, match="callable"):
         LoopbackServer.spawn(responder=lambda body: "x")
+
+
+def test_command_line_prints_one_url_line_and_exits():
+    argv = [sys.executable, "-m", "flowmagic.loopback", "--latency", "0.1:0.8", "--seed", "1",
+            "--port", "0", "--lifetime", "0.5"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1\n", done.stdout)
 
 
 def test_headers_recorded_without_the_key(server):
