@@ -96,7 +96,8 @@ def _resolve(root: dict, ref: str) -> Any:
 
 
 _FORMATS = {"date": "2000-01-01", "date-time": "2000-01-01T00:00:00Z", "time": "00:00:00",
-            "email": "x@example.com", "uri": "http://example.com", "uuid": "00000000-0000-0000-0000-000000000000"}
+            "email": "x@example.com", "uri": "http://example.com",
+            "uuid": "00000000-0000-0000-0000-000000000000"}
 
 
 def schema_example(schema: Any, _root: Any = None, _depth: int = 0) -> Any:
@@ -212,7 +213,8 @@ def _normalise(reply: Any, body: dict) -> tuple[dict, str, dict]:
         reply = {"content": reply}
     if not isinstance(reply, dict):
         raise TypeError(f"a responder must return str or dict, not {type(reply).__name__}")
-    msg = dict(reply.get("message") or {k: reply[k] for k in ("content", "tool_calls", "refusal") if k in reply})
+    fields = ("content", "tool_calls", "refusal")
+    msg = dict(reply.get("message") or {k: reply[k] for k in fields if k in reply})
     msg.setdefault("role", "assistant")
     msg.setdefault("content", None)
     calls = [dict(tc, id=tc.get("id", f"call_{i}"), type=tc.get("type", "function"))
@@ -241,7 +243,8 @@ def _stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: 
                 "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
 
     chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"content": piece}) for piece in re.findall(r"\S*\s*", msg.get("content") or "") if piece]
+    pieces = re.findall(r"\S*\s*", msg.get("content") or "")  # word by word, joining back exactly
+    chunks += [chunk({"content": piece}) for piece in pieces if piece]
     for i, tc in enumerate(msg.get("tool_calls") or []):
         chunks.append(chunk({"tool_calls": [dict(tc, index=i)]}))
     chunks.append(chunk({}, finish))
@@ -306,7 +309,8 @@ class LoopbackServer:
         if self.fail_kind not in FAULT_KINDS:
             raise ConfigError(f"fail_kind {fail_kind!r} is not one of {list(FAULT_KINDS)}")
         self.seed, self.fail_first, self.reject_json_schema = seed, int(fail_first), reject_json_schema
-        self.retry_after, self.hang_s, self.dims, self.model, self.port = retry_after, hang_s, dims, model, port
+        self.retry_after, self.hang_s, self.dims = retry_after, hang_s, dims
+        self.model, self.port = model, port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._conns: dict[threading.Thread, Any] = {}
@@ -391,8 +395,8 @@ class LoopbackServer:
     # -- HTTP --------------------------------------------------------------------------------
     def _dispatch(self, h: _Handler, method: str) -> None:
         arrived, h.loopback_rec = time.time(), None
-        path = h.path.split("?", 1)[0].rstrip("/")
-        path = path[3:] if path.startswith("/v1/") else path
+        full = h.path.split("?", 1)[0].rstrip("/")
+        path = full[3:] if full.startswith("/v1/") else full  # the route; the record keeps `full`
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
         if path in ("/_stats", "/_reset"):
             if path == "/_reset" and method == "POST":
@@ -403,7 +407,7 @@ class LoopbackServer:
             body = json.loads(raw) if raw else {}
         except ValueError:
             body = None
-        rec = self._record(h, path, raw.decode("utf-8", "replace") if body is None else body, arrived)
+        rec = self._record(h, full, raw.decode("utf-8", "replace") if body is None else body, arrived)
         route = {("POST", "/chat/completions"): self._chat, ("GET", "/models"): self._models,
                  ("POST", "/embeddings"): self._embeddings}.get((method, path))
         h.loopback_rec, h.loopback_chat, status = rec, False, 0
@@ -449,7 +453,8 @@ class LoopbackServer:
     def _send_json(self, h: _Handler, status: int, obj: Any, **kw: Any) -> int:
         return self._send_bytes(h, status, json.dumps(obj).encode(), **kw)
 
-    def _send_error(self, h: _Handler, status: int, message: str, code: str, headers: dict | None = None) -> int:
+    def _send_error(self, h: _Handler, status: int, message: str, code: str,
+                    headers: dict | None = None) -> int:
         err = {"error": {"message": message, "type": code, "code": code, "param": None}}
         return self._send_json(h, status, err, headers=headers)
 
@@ -534,7 +539,8 @@ class LoopbackServer:
             finish, usage = "length", _usage(body, msg, {})
         return self._reply_chat(h, body, msg, finish, usage, fault)
 
-    def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict, fault: str | None) -> int:
+    def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict,
+                    fault: str | None) -> int:
         stream = bool(body.get("stream"))
         if fault == "garbage":
             payload = b"data: {not json\n\n" if stream else b"<html>upstream said: not json {</html>"
@@ -571,7 +577,8 @@ class LoopbackServer:
                 vec = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vec})
         tokens = sum(_count_tokens(t) for t in texts)
-        return self._send_json(h, 200, {"object": "list", "data": data, "model": body.get("model") or self.model,
+        return self._send_json(h, 200, {"object": "list", "data": data,
+                                        "model": body.get("model") or self.model,
                                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # -- another process ---------------------------------------------------------------------
@@ -675,16 +682,19 @@ def _parser() -> argparse.ArgumentParser:
                                             "prints the base URL as one line.")
     p.add_argument("--latency", default="0", help="seconds: a number or lo:hi (default 0)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--faults", default="", help='JSON or 429=0.1,500=0.05 (kinds: ' + ", ".join(FAULT_KINDS) + ")")
+    p.add_argument("--faults", default="",
+                   help="JSON or 429=0.1,500=0.05 (kinds: " + ", ".join(FAULT_KINDS) + ")")
     p.add_argument("--fail-first", type=int, default=0, help="the first N attempts of each body get HTTP 500")
     p.add_argument("--fail-kind", default="500", choices=FAULT_KINDS, help="the fault fail-first gives")
-    p.add_argument("--reject-json-schema", action="store_true", help="HTTP 500 on json_schema, like llama-cpp")
+    p.add_argument("--reject-json-schema", action="store_true",
+                   help="HTTP 500 on json_schema, like llama-cpp-python")
     p.add_argument("--retry-after", type=float, default=0.05)
     p.add_argument("--hang-s", type=float, default=30.0)
     p.add_argument("--dims", type=int, default=64)
     p.add_argument("--model", default="loopback")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--lifetime", type=float, default=0, help="exit after this many seconds (0: until signalled)")
+    p.add_argument("--lifetime", type=float, default=0,
+                   help="exit after this many seconds (0: until signalled)")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (used by spawn)")
     return p
 
@@ -694,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     server = LoopbackServer(latency=args.latency, seed=args.seed, faults=args.faults or None,
-                            fail_first=args.fail_first, fail_kind=args.fail_kind, reject_json_schema=args.reject_json_schema,
+                            fail_first=args.fail_first, fail_kind=args.fail_kind,
+                            reject_json_schema=args.reject_json_schema,
                             retry_after=args.retry_after, hang_s=args.hang_s, dims=args.dims,
                             model=args.model, port=args.port).start()
     done = threading.Event()

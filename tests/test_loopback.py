@@ -72,7 +72,7 @@ def test_plain_completion(server):
     assert reply.model == "test-model"
     assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
-    assert server.calls == 1 and server.requests[0]["path"] == "/chat/completions"
+    assert server.calls == 1 and server.requests[0]["path"] == "/v1/chat/completions"
     assert chat(server).usage == reply.usage  # deterministic token counts
 
 
@@ -127,8 +127,9 @@ def test_default_json_reply_valid_for_nested_schema(server):
     ({"type": "string", "format": "date"}, "2000-01-01"),
     ({"allOf": [{"required": ["a"], "properties": {"a": {"type": "number"}}},
                 {"required": ["b"], "properties": {"b": {"type": "null"}}}]}, {"a": 0, "b": None}),
-    ({"$ref": "#/definitions/Node", "definitions": {"Node": {"type": "object", "required": ["next"],
-                                                             "properties": {"next": {"$ref": "#/definitions/Node"}}}}},
+    ({"$ref": "#/definitions/Node",
+      "definitions": {"Node": {"type": "object", "required": ["next"],
+                               "properties": {"next": {"$ref": "#/definitions/Node"}}}}},
      None),  # a recursive schema ends (at the depth bound) instead of looping
 ])
 def test_schema_example(schema, expected):
@@ -266,7 +267,8 @@ def test_max_in_flight_with_concurrent_async_requests():
         started = time.monotonic()
         replies = asyncio.run(run(srv))
         elapsed = time.monotonic() - started
-        assert [r.choices[0].message.content for r in replies] == [f"Loopback reply to: job {i}" for i in range(8)]
+        texts = [r.choices[0].message.content for r in replies]
+        assert texts == [f"Loopback reply to: job {i}" for i in range(8)]
         assert srv.max_in_flight == 8 and srv.in_flight == 0 and srv.calls == 8
         assert elapsed < 8 * 0.4 / 2  # they overlapped
         srv.reset()
@@ -281,7 +283,8 @@ def test_spawn_runs_in_another_process_and_stops():
             reply = client.chat.completions.create(model="m", messages=MESSAGES)
         assert reply.choices[0].message.content == ECHO
         stats = handle.stats()
-        assert stats["calls"] == 1 and [r["path"] for r in stats["requests"]] == ["/models", "/chat/completions"]
+        assert stats["calls"] == 1
+        assert [r["path"] for r in stats["requests"]] == ["/v1/models", "/v1/chat/completions"]
         assert handle.stats(bodies=True)["requests"][1]["body"]["messages"] == MESSAGES
         handle.reset()
         assert handle.stats()["requests"] == []
@@ -325,7 +328,8 @@ def test_responder_dicts_tool_calls_and_usage():
         assert plain.choices[0].message.content == "fixed"
         assert (plain.usage.prompt_tokens, plain.usage.total_tokens) == (11, 14)
         with client_for(srv) as client:
-            with client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, stream=True) as stream:
+            stream = client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, stream=True)
+            with stream:
                 deltas = [c.choices[0].delta for c in stream if c.choices]
         streamed = [tc for d in deltas for tc in d.tool_calls or []]
         assert streamed[0].function.arguments == '{"a": 1, "b": 2}'
@@ -338,7 +342,8 @@ def test_responder_error_is_a_500():
 
 
 def test_embeddings_are_unit_vectors_and_similar_texts_are_close(server):
-    texts = ["load the csv file and plot columns", "load the csv file and plot rows", "quantum chromodynamics"]
+    texts = ["load the csv file and plot columns", "load the csv file and plot rows",
+             "quantum chromodynamics"]
     with client_for(server) as client:
         got = client.embeddings.create(model="e", input=texts).data  # the SDK asks for base64
         floats = client.embeddings.create(model="e", input=texts[0], encoding_format="float").data[0]
