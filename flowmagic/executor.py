@@ -218,6 +218,7 @@ class Executor:
         if node is not None:
             self._agents[node.agent] -= 1
         if task.cancelled():
+            self._unstart(node)
             return
         outcome = task.result()
         if node is None or node.status != "running":
@@ -267,13 +268,17 @@ class Executor:
             node = wf.nodes.get(node_id) if node_id else None
             if node is not None:
                 self._agents[node.agent] -= 1
-            if node is not None and node.status == "running":
-                node.status, node.start, node.end, node.clone = "pending", None, None, None
-                self._emit("stopped", node.id)
+            self._unstart(node)
         if self._update_task is not None:
             self._update_task.cancel()
             await asyncio.gather(self._update_task, return_exceptions=True)
             self._update_task = None
+
+    def _unstart(self, node: Node | None) -> None:
+        """A cancelled node goes back to pending, as if it had never started."""
+        if node is not None and node.status == "running":
+            node.status, node.start, node.end, node.clone = "pending", None, None, None
+            self._emit("stopped", node.id)
 
     def _final_state(self, stepping: bool) -> str:
         if self._stopping:

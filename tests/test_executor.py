@@ -1,0 +1,239 @@
+"""Running a Flow against a loopback server with chosen latencies and faults."""
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import flowmagic
+from flowmagic import metrics
+from flowmagic.errors import NodeError
+from flowmagic.flow import Flow, load
+from flowmagic.llm import LLM
+from flowmagic.loopback import LoopbackServer
+
+from conftest import ROOT
+
+DIAMOND = {"nodes": [{"id": "a", "requirement": "load the data"},
+                     {"id": "b", "requirement": "summarise column x"},
+                     {"id": "c", "requirement": "plot y against z"},
+                     {"id": "d", "requirement": "write the report"}],
+           "edges": [["a", "b"], ["a", "c"], ["b", "d"], ["c", "d"]]}
+
+
+def wide(n=8):
+    nodes = [{"id": "start", "requirement": "prepare"}]
+    nodes += [{"id": f"w{i}", "requirement": f"work on part {i}"} for i in range(n)]
+    nodes += [{"id": "join", "requirement": "combine the parts"}]
+    edges = [["start", f"w{i}"] for i in range(n)] + [[f"w{i}", "join"] for i in range(n)]
+    return {"nodes": nodes, "edges": edges}
+
+
+def chain(n):
+    return {"nodes": [{"id": f"s{i}", "requirement": f"step {i}"} for i in range(n)],
+            "edges": [[f"s{i}", f"s{i + 1}"] for i in range(n - 1)]}
+
+
+def node_of(request) -> str | None:
+    for message in request["body"].get("messages", []):
+        found = re.search(r"Your subtask \((\w+)\)", str(message.get("content")))
+        if found:
+            return found.group(1)
+    return None
+
+
+def node_calls(server) -> list[str]:
+    return [n for n in (node_of(r) for r in server.requests) if n]
+
+
+def make_flow(plan, server, **settings):
+    flowmagic.configure(base_url=server.base_url, model="m")
+    settings.setdefault("consolidate", False)
+    return Flow.from_dict(plan, task="analyse sales.csv", llm=LLM(backoff_base=0.01), **settings)
+
+
+def makespan(flow):
+    rows = flow.timeline()
+    return max(r["end"] for r in rows) - min(r["start"] for r in rows)
+
+
+@pytest.mark.parametrize("plan", [DIAMOND, wide(8)], ids=["diamond", "wide"])
+def test_makespan_close_to_critical_path(plan):
+    with LoopbackServer(latency=(0.1, 0.5), seed=3) as server:
+        flow = make_flow(plan, server, concurrency=None).run()
+        assert flow.status == "done"
+        _, bound = metrics.critical_path(flow.workflow, weight="duration")
+        assert makespan(flow) <= 1.2 * bound, (makespan(flow), bound)
+
+
+def test_child_starts_when_its_last_parent_finishes():
+    # b is slow and c fast: d must not wait for anything but its own parents, and the
+    # fast branch's child must start while the slow sibling still runs.
+    plan = {"nodes": [{"id": "a", "requirement": "a"}, {"id": "slow", "requirement": "slow"},
+                      {"id": "fast", "requirement": "fast"}, {"id": "after_fast", "requirement": "x"}],
+            "edges": [["a", "slow"], ["a", "fast"], ["fast", "after_fast"]]}
+
+    def latency(body):
+        return {"slow": 0.8, "fast": 0.1}.get(node_of({"body": body}), 0.1)
+
+    with LoopbackServer(latency=latency) as server:
+        flow = make_flow(plan, server).run()
+        nodes = flow.workflow.nodes
+        assert nodes["after_fast"].start - nodes["fast"].end < 0.1
+        assert nodes["after_fast"].end < nodes["slow"].end
+
+
+def test_never_more_in_flight_than_the_limit():
+    plan = {"nodes": [{"id": f"n{i}", "requirement": f"part {i}"} for i in range(12)], "edges": []}
+    with LoopbackServer(latency=(0.15, 0.15)) as server:
+        flow = make_flow(plan, server, concurrency=3).run()
+        assert flow.status == "done" and server.max_in_flight == 3
+        clones = [n.clone for n in flow.workflow.nodes.values() if n.clone]
+        assert "assistant#2" in clones and "assistant#3" in clones
+
+
+def test_stop_then_run_reexecutes_nothing_finished():
+    with LoopbackServer(latency=(0.2, 0.2)) as server:
+        flow = make_flow(chain(6), server)
+
+        async def scenario():
+            finished = []
+            flow.subscribe(lambda e: finished.append(e["node"]) if e["kind"] == "finished" else None)
+            task = asyncio.ensure_future(flow.arun())
+            while len(finished) < 2:
+                await asyncio.sleep(0.02)
+            flow.stop()
+            state = await task
+            await flow.llm.aclose()
+            return state
+
+        assert asyncio.run(scenario()) == "stopped"
+        statuses = [n.status for n in flow.workflow.nodes.values()]
+        assert statuses[:2] == ["done", "done"] and "running" not in statuses
+        first = node_calls(server)
+        flow.run()
+        assert flow.status == "done"
+        second = node_calls(server)[len(first):]
+        assert not {"s0", "s1"} & set(second)
+        assert sorted(set(first) | set(second)) == [f"s{i}" for i in range(6)]
+
+
+def test_a_new_process_resumes_from_the_store(flowmagic_home):
+    with LoopbackServer(latency=(0.2, 0.2)) as server:
+        flow = make_flow(chain(5), server, name="resumable")
+
+        async def partial():
+            done = []
+            flow.subscribe(lambda e: done.append(1) if e["kind"] == "finished" else None)
+            task = asyncio.ensure_future(flow.arun())
+            while len(done) < 2:
+                await asyncio.sleep(0.02)
+            flow.stop()
+            await task
+            await flow.llm.aclose()
+
+        asyncio.run(partial())
+        before = node_calls(server)
+        script = ("import flowmagic; f = flowmagic.load('resumable'); f.run(); "
+                  "print(f.status, sum(n.status == 'done' for n in f.workflow.nodes.values()))")
+        env = {**os.environ, "FLOWMAGIC_HOME": str(flowmagic_home),
+               "FLOWMAGIC_BASE_URL": server.base_url, "FLOWMAGIC_MODEL": "m"}
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["done", "5"]
+        after = node_calls(server)[len(before):]
+        assert not {"s0", "s1"} & set(after), after
+
+
+def test_cancelling_the_run_leaves_a_consistent_state():
+    with LoopbackServer(latency=(0.3, 0.3)) as server:
+        flow = make_flow(wide(4), server)
+
+        async def interrupted():
+            task = asyncio.ensure_future(flow.arun())
+            await asyncio.sleep(0.5)   # start done, the four workers in flight
+            task.cancel()              # what KeyboardInterrupt does to asyncio.run's task
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await flow.llm.aclose()
+
+        asyncio.run(interrupted())
+        statuses = {n.id: n.status for n in flow.workflow.nodes.values()}
+        assert statuses["start"] == "done" and "running" not in statuses.values()
+        stored = load(flow.run_id)
+        assert {n.id: n.status for n in stored.workflow.nodes.values()} == statuses
+
+
+def test_step_runs_only_the_ready_nodes():
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server).step()
+        assert [n.status for n in flow.workflow.nodes.values()] == ["done", "pending", "pending", "pending"]
+        flow.step()
+        assert [n.status for n in flow.workflow.nodes.values()] == ["done", "done", "done", "pending"]
+        with pytest.raises(NodeError, match="waits for"):
+            make_flow(DIAMOND, server).run_node("d")
+
+
+def test_fail_rate_fails_nodes_and_independent_branches_go_on():
+    with LoopbackServer() as server:
+        flow = make_flow(wide(6), server, fail_rate=0.5, seed=4, max_attempts=1).run()
+        nodes = flow.workflow.nodes
+        failed = [i for i, n in nodes.items() if n.status == "failed"]
+        assert failed and all("injected failure" in nodes[i].error for i in failed)
+        if nodes["start"].status == "done":
+            assert any(nodes[f"w{i}"].status == "done" for i in range(6))
+        assert flow.status == "incomplete"
+
+
+def test_dead_endpoint_fails_the_node_with_one_line():
+    with LoopbackServer(faults={"500": 1.0}) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(chain(2), task="t", consolidate=False,
+                              llm=LLM(max_retries=1, backoff_base=0.01))
+        flow.run()
+        first = flow.workflow.nodes["s0"]
+        assert first.status == "failed" and "failed 2 times" in first.error
+        assert flow.workflow.nodes["s1"].status == "pending"
+
+
+def test_budget_stops_new_nodes_and_keeps_finished_ones():
+    with LoopbackServer(latency=(0.05, 0.05)) as server:
+        flowmagic.configure(base_url=server.base_url, model="gpt-4o")
+        flowmagic.configure(prices={"gpt-4o": (100000.0, 100000.0)})  # every call costs dollars
+        flow = Flow.from_dict(chain(4), task="t", consolidate=False, budget_usd=0.5,
+                              llm=LLM(backoff_base=0.01)).run()
+        assert flow.status == "budget"
+        assert "budget" in flow.message and "\n" not in flow.message
+        done = [n.id for n in flow.workflow.nodes.values() if n.status == "done"]
+        assert done == ["s0"] and flow.spent_usd >= 0.5
+
+
+def test_result_is_consolidated_and_costs_add_up():
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server, consolidate=True).run()
+        assert flow.result and flow.status == "done"
+        cost = flow.cost()
+        purposes = {row["purpose"] for row in cost["rows"]}
+        assert purposes == {"node", "consolidate"} and cost["total"]["calls"] == 5
+        assert flow.estimate()["calls"] == 1   # nothing left to run but the consolidation
+
+
+def test_prompt_carries_role_parents_and_children():
+    with LoopbackServer() as server:
+        plan = {"nodes": [{"id": "load", "requirement": "load sales.csv", "agent": "engineer"},
+                          {"id": "stats", "requirement": "compute monthly totals", "agent": "analyst"},
+                          {"id": "report", "requirement": "write the report", "agent": "writer"}],
+                "edges": [["load", "stats"], ["stats", "report"]]}
+        flow = make_flow(plan, server).run()
+        body = next(r["body"] for r in server.requests if node_of(r) == "stats")
+        system, user = body["messages"][0]["content"], body["messages"][1]["content"]
+        assert "analyst" in system
+        assert "compute monthly totals" in user                  # its own requirement
+        assert flow.workflow.nodes["load"].output in user        # the parent's output
+        assert "write the report" in user                        # what comes after
+        assert "analyse sales.csv" in user                       # the overall task
