@@ -627,17 +627,15 @@ class SpawnedLoopback:
         except queue.Empty:
             line = ""
         if not line.startswith("http://"):
-            self.stop()
+            self._proc.kill()
+            self._proc.wait(timeout=5)
             reader.join(timeout=5)
-            raise RuntimeError(f"the loopback child did not start: {self._stderr_tail()}")
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode("utf-8", "replace")[-2000:] or "(no stderr)"
+            self.stop()
+            raise RuntimeError(f"the loopback child did not start: {tail}")
         reader.join(timeout=5)
         self.base_url = line
-
-    def _stderr_tail(self) -> str:
-        if self._stderr.closed:
-            return "(no stderr)"
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")[-2000:] or "(no stderr)"
 
     def _call(self, path: str, method: str = "GET") -> dict:
         url = self.base_url.removesuffix("/v1") + path

@@ -60,7 +60,9 @@ def client_for(srv, **kw):
     return OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0, **kw)
 
 
-def chat(srv, messages=MESSAGES, **kw):
+def chat(srv, messages=MESSAGES, client=None, **kw):
+    if client is not None:  # building a client costs ~0.1 s, so loops reuse one
+        return client.chat.completions.create(model="test-model", messages=messages, **kw)
     with client_for(srv, timeout=kw.pop("timeout", 10)) as client:
         return client.chat.completions.create(model="test-model", messages=messages, **kw)
 
@@ -191,11 +193,11 @@ def test_fault_kinds_in_streams(kind):
 
 
 def _outcomes(seed, attempts=6, **options):
-    with LoopbackServer(seed=seed, **options) as srv:
+    with LoopbackServer(seed=seed, **options) as srv, client_for(srv) as client:
         results = []
         for _ in range(attempts):
             try:
-                chat(srv)
+                chat(srv, client=client)
                 results.append("ok")
             except openai.InternalServerError:
                 results.append("500")
@@ -229,9 +231,9 @@ def test_fault_rates_are_validated():
 
 
 def _latencies(bodies, order):
-    with LoopbackServer(latency=(0.02, 0.12), seed=5) as srv:
+    with LoopbackServer(latency=(0.02, 0.12), seed=5) as srv, client_for(srv) as client:
         for i in order:
-            chat(srv, messages=bodies[i])
+            chat(srv, messages=bodies[i], client=client)
         return {json.dumps(r["body"]["messages"]): (r["latency_s"], r["finished"] - r["arrived"])
                 for r in srv.requests}
 
@@ -293,6 +295,12 @@ def test_spawn_runs_in_another_process_and_stops():
     assert handle._proc.returncode is not None
     with pytest.raises(ConfigError, match="callable"):
         LoopbackServer.spawn(responder=lambda body: "x")
+
+
+def test_spawn_failure_reports_the_child_stderr(server):
+    taken = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(RuntimeError, match="did not start(.|\n)*Address already in use"):
+        LoopbackServer.spawn(port=taken)
 
 
 def test_command_line_prints_one_url_line_and_exits():
