@@ -387,6 +387,15 @@ class Flow:
                          "attempts": len(node.attempts), "model": node.model})
         return sorted(rows, key=lambda r: r["start"])
 
+    def draw(self, **options: Any):
+        """The workflow as a graphviz.Digraph (see flowmagic.render.draw for the options)."""
+        from . import render
+        return render.draw(self, **options)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from . import render
+        return render.mimebundle(self, include=include, exclude=exclude)
+
     def estimate(self) -> dict:
         """A rough estimate of a full run: calls, tokens and USD (4 characters a token)."""
         from .endpoints import price_of
