@@ -233,6 +233,20 @@ class Flow:
     def running(self) -> bool:
         return self._executor is not None
 
+    @property
+    def busy(self) -> bool:
+        """A run was started and has not finished (in a notebook it may not have begun yet)."""
+        return self._executor is not None or (self._task is not None and not self._task.done())
+
+    @property
+    def streaming(self) -> bool:
+        """Whether node outputs arrive piece by piece as "text" events (Show output uses it)."""
+        return self._streaming
+
+    @streaming.setter
+    def streaming(self, on: bool) -> None:
+        self._streaming = bool(on)
+
     # -- updates ---------------------------------------------------------------------------
     def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
         strategy = self.settings["update"]
