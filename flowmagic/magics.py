@@ -1,0 +1,477 @@
+"""`%load_ext flowmagic`: the `%%flow` cell magic and the `%flow` subcommands.
+
+One `Magics` class with one entry point (`flow`) that dispatches to `handle_*` methods;
+the grammar lives in `parsers.py`. A `%%flow` cell plans its body (the task, `{{var}}`
+filled from the notebook), binds the `Flow` to NAME and shows the drawing with the
+control panel; `--run` / `--step` also start it as a task on the kernel's loop, so the
+cell returns at once and the panel's buttons stay live.
+
+Defaults come, weakest first, from flowmagic's own, `[tool.flowmagic]` in the project's
+pyproject.toml, `%config FlowMagics.default_model = ...`, `%flow config key=value`, and
+the cell's options. Errors flowmagic raises (`FlowError`) print one line on stderr;
+`--debug` (or `%config FlowMagics.debug = True`) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
+
+from .errors import BudgetError, ConfigError, FlowError
+from .parsers import (Command, command_usage, interpolate, parse_assignments,
+                      parse_command, parse_flow_line)
+
+__all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
+           "pyproject_settings"]
+
+# %%flow option -> trait; everything else in flow.DEFAULTS goes to the `settings` trait.
+_TRAITS = {"k": "default_k", "model": "default_model", "strategy": "default_strategy",
+           "update": "default_update", "validate": "default_validate",
+           "concurrency": "default_concurrency", "context": "default_context",
+           "budget_usd": "default_budget_usd", "mode": "default_mode"}
+_KEY_VARS = ("OPENAI_API_KEY", "FLOWMAGIC_API_KEY")
+
+
+class Report:
+    """A display object: a text table in a terminal, Markdown (or SVG) in a notebook."""
+
+    def __init__(self, text: str, markdown: str | None = None, *, svg: str | None = None,
+                 run: str | None = None):
+        self.text, self.markdown, self.svg, self.run = text, markdown, svg, run
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"text/plain": self.text}
+        if self.markdown:
+            data["text/markdown"] = self.markdown
+        if self.svg:
+            data["image/svg+xml"] = self.svg
+        return data, {"flowmagic": {"run": self.run}}
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
+    """(aligned text, Markdown) of the same table."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    md = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells[1:]]
+    return text, "\n".join(md)
+
+
+def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
+    """`[tool.flowmagic]` of the nearest pyproject.toml at or above `start` (the cwd)."""
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return {}, None
+    here = (start or Path.cwd()).resolve()
+    for folder in [here, *here.parents]:
+        path = folder / "pyproject.toml"
+        if path.is_file():
+            try:
+                data = tomllib.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{path} cannot be read as TOML ({exc}); fix it or "
+                                  "remove its [tool.flowmagic] table") from None
+            table = data.get("tool", {}).get("flowmagic")
+            return (dict(table), path) if table else ({}, None)
+    return {}, None
+
+
+def _run_blocking(make: Callable[[], Any]) -> Any:
+    """Await `make()` to the end: with asyncio.run when no loop runs here, else in a worker
+    thread with its own loop (a notebook cell runs inside the kernel's loop)."""
+    from .llm import get_llm
+
+    async def main():
+        try:
+            return await make()
+        finally:
+            await get_llm().aclose()   # the HTTP clients belong to this short-lived loop
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    box: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            box["value"] = asyncio.run(main())
+        except BaseException as exc:   # handed back to the cell's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=worker, name="flowmagic-plan", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@magics_class
+class FlowMagics(Magics):
+    """`%%flow` plans and shows a workflow; `%flow SUBCOMMAND` steers it (see `%flow help`)."""
+
+    default_k = Int(3, help="candidate plans per %%flow cell (--k)").tag(config=True)
+    default_model = Unicode(None, allow_none=True,
+                            help="model id for planning and nodes (--model)").tag(config=True)
+    default_strategy = Unicode("balanced", help="planning strategy (--strategy)").tag(config=True)
+    default_update = Unicode("on-failure", help="update strategy (--update)").tag(config=True)
+    default_validate = Unicode("none", help="validation of outputs (--validate)").tag(config=True)
+    default_concurrency = Int(8, help="nodes running at once (--concurrency)").tag(config=True)
+    default_context = Enum(("parents", "ancestors"), "parents",
+                           help="which results a node sees (--context)").tag(config=True)
+    default_budget_usd = Float(None, allow_none=True,
+                               help="USD a run may spend (--budget-usd)").tag(config=True)
+    default_mode = Enum(("plan-only", "run", "step"), "plan-only",
+                        help="what a %%flow cell does after planning").tag(config=True)
+    settings = Dict(help="other Flow settings, e.g. {'max_tokens': 256, 'seed': 1}").tag(config=True)
+    debug = Bool(False, help="show tracebacks instead of one-line errors").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs: Any):
+        super().__init__(shell=shell, **kwargs)
+        self.pyproject: Path | None = None
+        try:
+            given, self.pyproject = pyproject_settings()
+            configured = set(self.config.get("FlowMagics", {})) if self.config else set()
+            self._apply(given, skip=configured, source=f"[tool.flowmagic] in {self.pyproject}")
+        except FlowError as exc:   # a broken pyproject.toml must not stop the notebook
+            print(f"flowmagic: {exc}", file=sys.stderr)
+
+    # -- the entry point ---------------------------------------------------------------
+    @line_cell_magic
+    def flow(self, line: str, cell: str | None = None):
+        """%%flow [NAME] [options]: plan the cell's task; %flow SUBCOMMAND: see %flow help."""
+        debug = self.debug or "--debug" in line.split()
+        try:
+            if cell is None:
+                return self.handle_command(parse_command(line))
+            return self.handle_cell(line, cell)
+        except FlowError as exc:
+            if debug:
+                raise
+            print(f"flowmagic: {exc}", file=sys.stderr)
+            return None
+
+    def handle_command(self, command: Command):
+        return getattr(self, f"handle_{command.name}")(*command.args)
+
+    # -- %%flow ------------------------------------------------------------------------
+    def handle_cell(self, line: str, cell: str):
+        args = parse_flow_line(line)
+        if args.help:
+            print(command_usage())
+            return None
+        task = interpolate(cell, self.shell.user_ns) if args.interpolate else cell
+        settings = self.flow_settings(args.settings)
+        from .flow import aplan
+
+        flow = _run_blocking(lambda: aplan(task, name=args.name, **settings))
+        self.shell.user_ns[args.name] = flow
+        self._show(flow)
+        mode = args.mode or self.default_mode
+        if mode != "plan-only":
+            self._check_budget(flow)
+        if mode == "run":
+            flow.run()
+        elif mode == "step":
+            flow.step()
+        return None
+
+    def flow_settings(self, given: dict | None = None) -> dict:
+        """The settings a new flow gets: defaults, then the cell's options."""
+        out = {key: getattr(self, trait) for key, trait in _TRAITS.items() if key != "mode"}
+        out.update(self.settings)
+        out.update(given or {})
+        return out
+
+    @staticmethod
+    def _check_budget(flow) -> None:
+        budget = flow.settings.get("budget_usd")
+        if budget is None:
+            return
+        estimate = flow.estimate()["cost_usd"]
+        if flow.spent_usd + estimate > float(budget):
+            raise BudgetError(
+                f"a run of {flow.name!r} is estimated at ${estimate:.4f} (spent so far "
+                f"${flow.spent_usd:.4f}), over the budget of ${float(budget):.4f}; raise "
+                f"--budget-usd, prune or downgrade nodes, then %flow run {flow.name}")
+
+    def _in_kernel(self) -> bool:
+        return getattr(self.shell, "kernel", None) is not None
+
+    def _show(self, flow) -> None:
+        """The panel in a notebook; a few lines of text in a terminal."""
+        if self._in_kernel():
+            from .widgets import Panel
+            display(Panel(flow))
+            return
+        print(self._describe(flow))
+
+    @staticmethod
+    def _describe(flow) -> str:
+        from .render import summary
+
+        wf = flow.workflow
+        lines = [summary(flow)]
+        for node_id in wf.nodes:
+            node = wf.nodes[node_id]
+            after = ", ".join(wf.parents(node_id)) if node.status != "pruned" else ""
+            lines.append(f"  {node_id} [{node.agent}, {node.status}]"
+                         f"{' after ' + after if after else ''}: {node.requirement}")
+        est = flow.estimate()
+        lines.append(f"estimate of a run: {est['calls']} calls, ~{est['input_tokens']:,} tokens in, "
+                     f"~{est['output_tokens']:,} out, ~${est['cost_usd']:.4f}")
+        lines += [f"warning: {w}" for w in wf.warnings]
+        return "\n".join(lines)
+
+    # -- %flow subcommands ---------------------------------------------------------------
+    def _flows(self) -> dict:
+        from .flow import Flow
+        return {k: v for k, v in self.shell.user_ns.items()
+                if isinstance(v, Flow) and not k.startswith("_")}
+
+    def _flow(self, name: str):
+        flows = self._flows()
+        if name not in flows:
+            known = ", ".join(flows) or "none yet (make one with a %%flow NAME cell)"
+            raise ConfigError(f"no flow named {name!r}; flows in this notebook: {known}")
+        return flows[name]
+
+    def handle_help(self) -> None:
+        print(command_usage())
+
+    def handle_list(self) -> Report:
+        from .store import get_store
+
+        flows = self._flows()
+        rows = [[name, f.run_id, f.status, f"{f.counts().get('done', 0)}/{f.total()}",
+                 f"${f.spent_usd:.4f}", f.task.splitlines()[0][:50] if f.task else ""]
+                for name, f in flows.items()]
+        text, md = _table(["flow", "run", "status", "done", "cost", "task"], rows)
+        runs = get_store().list_runs(10)
+        stored = [[r["id"], r["name"] or "", r["status"],
+                   time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"])),
+                   (r["task"] or "").splitlines()[0][:50] if r["task"] else ""] for r in runs]
+        s_text, s_md = _table(["run", "name", "status", "updated", "task"], stored)
+        none = "no flows in this notebook yet (make one with a %%flow NAME cell)"
+        text = (text if rows else none) + "\n\nrecent runs (flowmagic.load(RUN)):\n" + s_text
+        md = (md if rows else none) + "\n\n**recent runs** (`flowmagic.load(RUN)`)\n\n" + s_md
+        return Report(text, md)
+
+    def handle_show(self, name: str) -> None:
+        self._show(self._flow(name))
+
+    def _started(self, flow, what: str) -> None:
+        if flow.busy:
+            print(f"flow {flow.name!r}: {what} started; %flow show {flow.name} for the panel")
+        else:
+            from .render import summary
+            print(summary(flow) + (f" ({flow.message})" if flow.message else ""))
+
+    def handle_run(self, name: str) -> None:
+        flow = self._flow(name)
+        self._started(flow.run(), "run")
+
+    def handle_step(self, name: str) -> None:
+        flow = self._flow(name)
+        self._started(flow.step(), "step")
+
+    def handle_stop(self, name: str) -> None:
+        flow = self._flow(name)
+        was = flow.busy
+        flow.stop()
+        print(f"flow {name!r}: " + ("stopping; running nodes go back to pending" if was
+                                    else "nothing is running"))
+
+    def handle_prune(self, name: str, node: str) -> None:
+        flow = self._flow(name)
+        flow.prune(node)
+        print(f"flow {name!r}: pruned {node!r}; {flow.total()} nodes left")
+
+    def handle_downgrade(self, name: str, node: str, model: str) -> None:
+        flow = self._flow(name)
+        flow.downgrade(node, model)
+        print(f"flow {name!r}: {node!r} runs on {model} from now on")
+
+    def handle_rerun(self, name: str, node: str) -> None:
+        flow = self._flow(name)
+        self._started(flow.rerun(node), f"rerun of {node!r}")
+
+    def handle_edit(self, name: str, node: str, requirement: str) -> None:
+        flow = self._flow(name)
+        flow.edit(node, requirement)
+        print(f"flow {name!r}: {node!r} has a new requirement; it runs again on the next run")
+
+    def handle_cost(self, name: str) -> Report:
+        flow = self._flow(name)
+        cost = flow.cost()
+        rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
+                 r["input_tokens"] or 0, r["output_tokens"] or 0, f"${r['cost_usd'] or 0:.6f}"]
+                for r in cost["rows"]]
+        t = cost["total"]
+        rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
+                     t["output_tokens"], f"${t['cost_usd']:.6f}"])
+        text, md = _table(["purpose", "node", "model", "calls", "cached", "tokens in",
+                           "tokens out", "USD"], rows)
+        return Report(text, md, run=flow.run_id)
+
+    def handle_timeline(self, name: str) -> Report:
+        from .render import timeline_svg
+
+        flow = self._flow(name)
+        rows = flow.timeline()
+        if not rows:
+            return Report(f"flow {name!r}: nothing has run yet", run=flow.run_id)
+        t0 = rows[0]["start"]
+        table = [[r["node"], r["clone"] or r["agent"], r["status"], f"{r['start'] - t0:.2f}",
+                  f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "",
+                  r["tokens_out"], f"${r['cost_usd']:.6f}"] for r in rows]
+        text, _ = _table(["node", "agent", "status", "start s", "took s", "tokens out", "USD"], table)
+        return Report(text, svg=timeline_svg(flow), run=flow.run_id)
+
+    def handle_export(self, name: str, path: str) -> None:
+        flow = self._flow(name)
+        write = getattr(flow, "to_notebook", None)
+        if write is None:
+            try:
+                from .notebook import export
+            except ImportError:
+                raise ConfigError("exporting needs flowmagic.notebook, which this install "
+                                  "lacks; reinstall flowmagic") from None
+            write = lambda p: export(flow, p)  # noqa: E731
+        result = write(path)
+        print(f"flow {name!r}: wrote {result or path}")
+
+    def handle_config(self, *pairs: str) -> Report | None:
+        if pairs:
+            self._apply(parse_assignments(list(pairs)), source="%flow config")
+            return None
+        rows = [[key, repr(getattr(self, trait))] for key, trait in _TRAITS.items()]
+        rows += [[key, repr(value)] for key, value in self.settings.items()]
+        rows.append(["debug", repr(self.debug)])
+        text, md = _table(["setting", "value"], rows)
+        where = f"\n(also read from {self.pyproject})" if self.pyproject else ""
+        return Report(text + where, md)
+
+    def _apply(self, values: dict, *, skip: set = frozenset(), source: str = "") -> None:
+        """Set defaults by short name (k=2) or trait name (default_k=2), all checked first."""
+        if not values:
+            return
+        # flow.py's own check, so a bad default fails here and not at the next %%flow.
+        from .flow import DEFAULTS, _check_settings
+
+        traits, extra = {}, dict(self.settings)
+        for key, value in values.items():
+            trait = _TRAITS.get(key, key if key in _TRAITS.values() or key == "debug" else None)
+            if trait is None and key not in DEFAULTS:
+                known = ", ".join([*_TRAITS, "debug", *(k for k in DEFAULTS if k not in _TRAITS)])
+                raise ConfigError(f"{source}: unknown setting {key!r}; known: {known}")
+            if trait in skip:
+                continue   # %config FlowMagics.<trait> wins over pyproject.toml
+            if trait is None:
+                extra[key] = value
+            else:
+                traits[trait] = value
+        merged = {k: traits.get(t, getattr(self, t)) for k, t in _TRAITS.items() if k != "mode"}
+        try:
+            _check_settings({**merged, **extra})
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        for trait, value in traits.items():
+            try:
+                setattr(self, trait, value)
+            except TraitError as exc:
+                raise ConfigError(f"{source}: {trait}={value!r} is not valid "
+                                  f"({str(exc).splitlines()[0][:160]})") from None
+        self.settings = extra
+
+    def handle_models(self) -> Report:
+        import os
+
+        from .endpoints import PRICES, endpoints
+
+        rows = []
+        for ep in endpoints():
+            d = ep.describe()
+            key = "not needed" if ep.local else d["key"]
+            tick = "✓" if d["key_set"] else "✗"
+            rows.append([tick, d["name"], d["base_url"], d["model"] or "(first listed)", key])
+        text, md = _table(["key", "endpoint", "base URL", "model", "key from"], rows)
+        env = [[("✓" if os.environ.get(v) else "✗"), v] for v in _KEY_VARS]
+        e_text, e_md = _table(["set", "environment variable"], env)
+        prices = [[name, f"{p[0]:g}", f"{p[1]:g}"] for name, p in
+                  sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0]))]
+        p_text, p_md = _table(["model", "USD/1M in", "USD/1M out"], prices)
+        return Report(f"{text}\n\n{e_text}\n\n{p_text}", f"{md}\n\n{e_md}\n\n{p_md}")
+
+    def handle_log(self, n: str = "10") -> Report:
+        from .store import get_store
+
+        try:
+            count = int(n)
+        except ValueError:
+            raise ConfigError(f"%flow log takes a number of calls, not {n!r}") from None
+        calls = get_store().recent_calls(count)
+        rows = [[c["id"], time.strftime("%H:%M:%S", time.localtime(c["ts"])), c["model"],
+                 c["purpose"] or "", c["node_id"] or "", c["input_tokens"] or 0,
+                 c["output_tokens"] or 0, f"{c['latency_s'] or 0:.2f}",
+                 f"${c['cost_usd'] or 0:.6f}", "yes" if c["cached"] else "",
+                 (c["error"] or "")[:60]] for c in calls]
+        text, md = _table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
+                           "cached", "error"], rows)
+        return Report(text if rows else "no model calls yet", md if rows else None)
+
+
+def _notebook_magics(shell, magics: FlowMagics) -> None:
+    """`%%flow_plan` / `%%flow_node` when notebook.py provides their handlers."""
+    try:
+        from . import notebook
+    except ImportError:
+        return
+    for name in ("flow_plan", "flow_node"):
+        handler = getattr(notebook, f"handle_{name}", None)
+        if handler is None:
+            continue
+
+        def magic(line, cell=None, _handler=handler):
+            debug = magics.debug or "--debug" in line.split()
+            try:
+                return _handler(shell, line, cell)
+            except FlowError as exc:
+                if debug:
+                    raise
+                print(f"flowmagic: {exc}", file=sys.stderr)
+                return None
+        shell.register_magic_function(magic, magic_kind="cell", magic_name=name)
+
+
+def load_ipython_extension(shell) -> None:
+    magics = FlowMagics(shell=shell, config=shell.config)
+    shell.register_magics(magics)
+    shell.configurables.append(magics)
+    _notebook_magics(shell, magics)
+
+
+def unload_ipython_extension(shell) -> None:
+    for magics in [m for m in shell.configurables if isinstance(m, FlowMagics)]:
+        shell.configurables.remove(magics)
+    registry = shell.magics_manager.magics
+    for kind in ("line", "cell"):
+        for name in ("flow", "flow_plan", "flow_node"):
+            registry[kind].pop(name, None)

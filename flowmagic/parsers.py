@@ -1,0 +1,231 @@
+"""The grammar of the magics: `%%flow` options, `%flow` subcommands, `{{var}}` interpolation.
+
+Pure functions over strings (no IPython here), so the grammar is tested on its own.
+Lines are split with `shlex`, so `%flow edit report intro "two words"` keeps its quotes.
+Every mistake raises `ConfigError` with one line that says what would have been right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import keyword
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+__all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
+           "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name"]
+
+# name -> (argument names, one line of help)
+SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "list": ((), "the flows in this notebook and the recent runs in the store"),
+    "show": (("NAME",), "the drawing and the control panel of a flow"),
+    "run": (("NAME",), "run every node that can run (returns at once in a notebook)"),
+    "step": (("NAME",), "run the nodes that are ready now"),
+    "stop": (("NAME",), "cancel running nodes; they go back to pending"),
+    "prune": (("NAME", "NODE"), "remove a node; its parents are linked to its children"),
+    "downgrade": (("NAME", "NODE", "MODEL"), "run a node on another model from now on"),
+    "rerun": (("NAME", "NODE"), "run a node again; its descendants become pending"),
+    "edit": (("NAME", "NODE", "REQUIREMENT"), "give a node a new requirement"),
+    "cost": (("NAME",), "tokens and USD of a flow, by node and purpose"),
+    "timeline": (("NAME",), "when each node ran (a Gantt chart)"),
+    "export": (("NAME", "PATH"), "write the executed flow as a notebook"),
+    "config": (("[KEY=VALUE ...]",), "show or set the defaults of %%flow"),
+    "models": ((), "configured endpoints and priced models, with whether each key is set"),
+    "log": (("[N]",), "the last N model calls (default 10)"),
+    "help": ((), "this list"),
+}
+_VARIADIC = {"config": (0, None), "log": (0, 1)}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
+
+FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
+              "[--validate V] [--concurrency N] [--context parents|ancestors] "
+              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--debug]")
+
+
+@dataclass
+class FlowArgs:
+    """What a `%%flow` line asked for; None means "use the configured default"."""
+    name: str = "flow"
+    mode: str | None = None            # "plan-only" | "run" | "step"
+    interpolate: bool = True
+    debug: bool = False
+    help: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Command:
+    """A `%flow` subcommand and its arguments."""
+    name: str
+    args: list[str]
+    debug: bool = False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing usage and exiting the kernel."""
+
+    def error(self, message: str):
+        raise ConfigError(f"%%flow: {message}; see %flow help")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise ConfigError(f"%%flow: {(message or 'bad arguments').strip()}; see %flow help")
+
+
+def _positive(kind: type, what: str, minimum: float):
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, not {text}")
+        return value
+    convert.__name__ = what
+    return convert
+
+
+def _flow_parser() -> _Parser:
+    p = _Parser(prog="%%flow", add_help=False, allow_abbrev=False)
+    p.add_argument("name", nargs="?", default="flow")
+    p.add_argument("--k", type=_positive(int, "--k", 1))
+    p.add_argument("--model")
+    p.add_argument("--strategy")
+    p.add_argument("--update")
+    p.add_argument("--validate")
+    p.add_argument("--concurrency", type=_positive(int, "--concurrency", 1))
+    p.add_argument("--context", choices=("parents", "ancestors"))
+    p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0))
+    p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--plan-only", dest="mode", action="store_const", const="plan-only")
+    mode.add_argument("--run", dest="mode", action="store_const", const="run")
+    mode.add_argument("--step", dest="mode", action="store_const", const="step")
+    p.add_argument("--debug", action="store_true")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def _split(line: str, where: str) -> list[str]:
+    try:
+        return shlex.split(line or "")
+    except ValueError as exc:   # an unclosed quote
+        raise ConfigError(f"{where}: cannot split the line ({exc}); close the quote") from None
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name) or keyword.iskeyword(name):
+        raise ConfigError(f"flow name {name!r} must be a Python identifier (it becomes a "
+                          "variable), e.g. report or flow2")
+    return name
+
+
+def parse_flow_line(line: str) -> FlowArgs:
+    """The options of a `%%flow` cell; settings hold only the options given."""
+    ns = _flow_parser().parse_args(_split(line, "%%flow"))
+    settings = {key: getattr(ns, key) for key in
+                ("k", "model", "strategy", "update", "validate", "concurrency", "context",
+                 "budget_usd") if getattr(ns, key) is not None}
+    return FlowArgs(name=check_name(ns.name), mode=ns.mode, interpolate=ns.interpolate,
+                    debug=ns.debug, help=ns.help, settings=settings)
+
+
+def command_usage() -> str:
+    shapes = {n: " ".join([n, *a]) for n, (a, _) in SUBCOMMANDS.items()}
+    width = max(map(len, shapes.values()))
+    rows = [f"  %flow {shapes[n]:<{width}}  {h}" for n, (_, h) in SUBCOMMANDS.items()]
+    return "\n".join([f"usage: {FLOW_USAGE}", "       %flow SUBCOMMAND ... [--debug]", *rows])
+
+
+def parse_command(line: str) -> Command:
+    """A `%flow` line: the subcommand, its arguments checked for count, and --debug."""
+    words = _split(line, "%flow")
+    debug = "--debug" in words
+    words = [w for w in words if w != "--debug"]
+    if not words:
+        return Command("help", [], debug)
+    name, args = words[0], words[1:]
+    if name in ("-h", "--help"):
+        name = "help"
+    if name not in SUBCOMMANDS:
+        raise ConfigError(f"unknown subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)}")
+    names = SUBCOMMANDS[name][0]
+    lo, hi = _VARIADIC.get(name, (len(names), len(names)))
+    if len(args) < lo or (hi is not None and len(args) > hi):
+        shape = " ".join(names)
+        raise ConfigError(f"%flow {name} takes {shape or 'no arguments'}, got "
+                          f"{len(args)} argument(s): %flow {name} {shape}".rstrip())
+    return Command(name, args, debug)
+
+
+def _value(text: str) -> Any:
+    if text.lower() in ("none", "null"):
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_assignments(words: list[str]) -> dict[str, Any]:
+    """`["k=2", "model=gpt-4o-mini"]` -> {"k": 2, "model": "gpt-4o-mini"} (literals parsed)."""
+    out = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"%flow config takes key=value pairs, not {word!r}; "
+                              "e.g. %flow config k=2 model=gpt-4o-mini")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
+# ---------------------------------------------------------------------------- interpolation
+def _lookup(node: ast.AST, ns: Mapping[str, Any], source: str) -> Any:
+    if isinstance(node, ast.Name):
+        if node.id not in ns:
+            raise ConfigError(f"{{{{{source}}}}} in the cell: {node.id!r} is not defined in the "
+                              "notebook; define it, or use --no-interpolate to keep {{...}} as text")
+        return ns[node.id]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_lookup(node.operand, ns, source)
+    if isinstance(node, ast.Attribute):
+        return getattr(_lookup(node.value, ns, source), node.attr)
+    if isinstance(node, ast.Subscript):
+        return _lookup(node.value, ns, source)[_lookup(node.slice, ns, source)]
+    if isinstance(node, ast.Slice):
+        parts = (node.lower, node.upper, node.step)
+        return slice(*(None if p is None else _lookup(p, ns, source) for p in parts))
+    raise ConfigError(f"{{{{{source}}}}} in the cell is not a name, attribute or index; put the "
+                      "value in a variable first, or use --no-interpolate")
+
+
+def _evaluate(source: str, ns: Mapping[str, Any]) -> Any:
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError:
+        raise ConfigError(f"{{{{{source}}}}} in the cell is not a Python name or index; "
+                          "use --no-interpolate to keep {{...}} as text") from None
+    try:
+        return _lookup(tree.body, ns, source.strip())
+    except (LookupError, AttributeError, TypeError) as exc:
+        raise ConfigError(f"{{{{{source.strip()}}}}} in the cell: {type(exc).__name__}: "
+                          f"{exc}") from None
+
+
+def interpolate(text: str, ns: Mapping[str, Any]) -> str:
+    """Fill `{{name}}`, `{{Out[3]}}`, `{{d['key']}}`, `{{obj.attr}}` from `ns`.
+
+    Only names, attributes, indexes and slices are evaluated (jupysql's `{{var}}`
+    convention, without running arbitrary code from a task). Single braces stay as they
+    are, because tasks quote code and JSON.
+    """
+    return _TEMPLATE.sub(lambda m: str(_evaluate(m.group(1), ns)), text)

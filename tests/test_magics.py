@@ -1,0 +1,291 @@
+"""The magics through a real IPython InteractiveShell, with a loopback model server.
+
+The loopback answers planning requests (they ask for JSON) with a fixed three-node plan,
+and every other request with text, so each cell is fast and deterministic.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from traitlets.config import Config
+
+import flowmagic
+from flowmagic.flow import Flow
+from flowmagic.loopback import LoopbackServer
+from flowmagic.parsers import interpolate, parse_command, parse_flow_line
+
+from conftest import ROOT
+
+PLAN = {"subtasks": [
+    {"id": "facts", "requirement": "List three facts about tea.", "agent": "researcher",
+     "depends_on": []},
+    {"id": "photo", "requirement": "Describe a photo of a teacup.", "agent": "designer",
+     "depends_on": []},
+    {"id": "post", "requirement": "Write the post from the facts and the photo.",
+     "agent": "writer", "depends_on": ["facts", "photo"]}]}
+
+
+def responder(body):
+    if body.get("response_format"):
+        return json.dumps(PLAN)
+    return "A result, with **Markdown**."
+
+
+def planning_prompts(server):
+    return [m["content"] for r in server.requests if r["body"].get("response_format")
+            for m in r["body"]["messages"] if m["role"] == "user"]
+
+
+def node_requests(server):
+    return [r for r in server.requests if "/chat/" in r["path"]
+            and not r["body"].get("response_format")]
+
+
+@pytest.fixture
+def server():
+    with LoopbackServer(responder=responder) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        yield srv
+
+
+@pytest.fixture
+def shell(server, tmp_path, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.chdir(tmp_path)   # no [tool.flowmagic] from the repository's pyproject.toml
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "flowmagic")
+    yield ip
+    ip.run_line_magic("unload_ext", "flowmagic")
+    InteractiveShell.clear_instance()
+
+
+def run(ip, capsys, source):
+    """Run a cell; (stdout, stderr, result)."""
+    result = ip.run_cell(source, store_history=True)
+    out, err = capsys.readouterr()
+    return out, err, result
+
+
+def one_line_error(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("flowmagic: ") and "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------- loading
+def test_load_ext_is_fast_and_lazy():
+    code = ("import sys, time; from IPython.core.interactiveshell import InteractiveShell;"
+            "from traitlets.config import Config; c = Config(); c.HistoryManager.hist_file=':memory:';"
+            "ip = InteractiveShell.instance(config=c); t = time.perf_counter();"
+            "ip.run_line_magic('load_ext', 'flowmagic'); took = time.perf_counter() - t;"
+            "m = ip.magics_manager.magics;"
+            "print(took, 'flow' in m['line'], 'flow' in m['cell'],"
+            " *[x in sys.modules for x in ('ipywidgets', 'flowmagic.flow', 'networkx', 'openai')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT / "tests", check=True).stdout.split()
+    assert out[1:] == ["True", "True", "False", "False", "False", "False"], out
+    assert float(out[0]) < 1.0
+
+
+# ---------------------------------------------------------------------------------- %%flow
+def test_cell_interpolates_notebook_values_and_keeps_json(shell, server, capsys):
+    shell.user_ns["topic"] = "green tea"
+    first = shell.run_cell("'quoted from Out'", store_history=True)
+    capsys.readouterr()
+    body = ("Write about {{topic}} for {{ audience['who'] }}; cite {{Out[%d]}}.\n"
+            'Reply as JSON like {"title": "x", "tags": ["a", {"b": 1}]} and keep f"{x}" too.'
+            % first.execution_count)
+    shell.user_ns["audience"] = {"who": "students"}
+    out, err, result = run(shell, capsys, "%%flow report --k 2\n" + body)
+    assert result.success and err == ""
+    prompts = planning_prompts(server)
+    assert len(prompts) == 2   # two candidates, no node has run (plan-only is the default)
+    assert ("Write about green tea for students; cite quoted from Out.\n"
+            'Reply as JSON like {"title": "x", "tags": ["a", {"b": 1}]} and keep f"{x}" too.'
+            ) in prompts[0]
+    flow = shell.user_ns["report"]
+    assert isinstance(flow, Flow) and flow.name == "report" and flow.status == "planned"
+    assert len(flow.candidates) == 2 and flow.settings["k"] == 2
+    assert set(flow.workflow.nodes) == {"facts", "photo", "post"}
+    assert "estimate of a run:" in out and "facts [researcher, pending]" in out
+    assert node_requests(server) == []
+
+
+def test_cell_default_name_and_options_reach_the_flow(shell, server, capsys):
+    out, err, _ = run(shell, capsys, "%%flow --k 1 --update off --concurrency 2 --context "
+                                     "ancestors --validate none --strategy coarse\nMake tea")
+    assert err == ""
+    flow = shell.user_ns["flow"]
+    assert (flow.settings["update"], flow.settings["concurrency"], flow.settings["context"],
+            flow.settings["strategy"]) == ("off", 2, "ancestors", "coarse")
+
+
+def test_no_interpolate_keeps_double_braces(shell, server, capsys):
+    _, err, _ = run(shell, capsys, "%%flow t --k 1 --no-interpolate\nRender {{ name }} in Jinja")
+    assert err == ""
+    assert "Render {{ name }} in Jinja" in planning_prompts(server)[0]
+
+
+def test_run_and_step_modes(shell, server, capsys):
+    run(shell, capsys, "%%flow a --k 1 --step\nMake tea")
+    assert shell.user_ns["a"].counts() == {"done": 2, "pending": 1}
+    run(shell, capsys, "%%flow b --k 1 --run\nMake tea")
+    assert shell.user_ns["b"].counts() == {"done": 3} and shell.user_ns["b"].status == "done"
+
+
+def test_budget_stops_a_run_that_would_exceed_it(shell, server, capsys):
+    out, err, _ = run(shell, capsys, "%%flow pricey --k 1 --model gpt-4o --budget-usd 0.00001 "
+                                     "--run\nMake tea")
+    line = one_line_error(err)
+    assert "over the budget of $0.0000" in line and "%flow run pricey" in line
+    flow = shell.user_ns["pricey"]   # bound and shown, so the user can prune or downgrade
+    assert flow.counts() == {"pending": 3} and node_requests(server) == []
+
+
+def test_defaults_from_config_and_pyproject(server, tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.flowmagic]\nk = 1\nstrategy = "fine"\nmax_tokens = 64\n')
+    monkeypatch.chdir(tmp_path)
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    config.FlowMagics.default_strategy = "coarse"   # %config wins over pyproject.toml
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    try:
+        ip.run_line_magic("load_ext", "flowmagic")
+        ip.run_line_magic("config", "FlowMagics.default_update = 'off'")
+        run(ip, capsys, "%%flow\nMake tea")
+        flow = ip.user_ns["flow"]
+        assert (flow.settings["k"], flow.settings["strategy"], flow.settings["max_tokens"],
+                flow.settings["update"]) == (1, "coarse", 64, "off")
+        out, _, _ = run(ip, capsys, "%flow config")
+        assert "max_tokens" in out and str(tmp_path / "pyproject.toml") in out
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()
+
+
+# ---------------------------------------------------------------------------------- %flow
+def test_every_subcommand(shell, server, capsys, tmp_path, monkeypatch):
+    run(shell, capsys, "%%flow report --k 1\nMake tea")
+    flow = shell.user_ns["report"]
+
+    out, err, _ = run(shell, capsys, "%flow list")
+    assert err == "" and "report" in out and flow.run_id in out and "recent runs" in out
+    out, _, _ = run(shell, capsys, "%flow show report")
+    assert "flow 'report' (planned): 0/3 done" in out
+
+    out, _, _ = run(shell, capsys, "%flow step report")
+    assert flow.counts() == {"done": 2, "pending": 1} and "2/3 done" in out
+    out, _, _ = run(shell, capsys, "%flow prune report photo")
+    assert flow.workflow.nodes["photo"].status == "pruned" and "pruned 'photo'" in out
+    out, _, _ = run(shell, capsys, "%flow downgrade report post gpt-4o-mini")
+    post = flow.workflow.nodes["post"]
+    assert (post.model, post.downgraded_from) == ("gpt-4o-mini", "default")
+    out, _, _ = run(shell, capsys, "%flow run report")
+    assert flow.status == "done" and "2/2 done" in out
+    assert node_requests(server)[-2]["body"]["model"] == "gpt-4o-mini"   # then consolidation
+
+    before = len(node_requests(server))
+    out, _, _ = run(shell, capsys, "%flow rerun report facts")
+    assert len(node_requests(server)) > before and flow.workflow.nodes["facts"].status == "done"
+    out, _, _ = run(shell, capsys, '%flow edit report post "Write a two-line post, with quotes"')
+    assert post.requirement == "Write a two-line post, with quotes" and post.status == "pending"
+
+    out, _, _ = run(shell, capsys, "%flow cost report")
+    assert "purpose" in out and "total" in out and "plan" in out
+    out, _, _ = run(shell, capsys, "%flow timeline report")
+    assert "facts" in out and "took s" in out
+    out, _, _ = run(shell, capsys, "%flow stop report")
+    assert "nothing is running" in out
+
+    out, err, _ = run(shell, capsys, f"%flow export report {tmp_path / 'report.ipynb'}")
+    if err:   # notebook export is a separate module; without it the error is one line
+        assert "export" in one_line_error(err)
+    else:
+        assert (tmp_path / "report.ipynb").exists() and "wrote" in out
+
+    out, _, _ = run(shell, capsys, "%flow log 3")
+    assert out.count("default:") >= 3 and "purpose" in out
+    out, _, _ = run(shell, capsys, "%flow help")
+    assert "%flow downgrade NAME NODE MODEL" in out
+
+
+def test_config_subcommand_sets_defaults(shell, server, capsys):
+    out, err, _ = run(shell, capsys, "%flow config k=1 max_tokens=32 budget_usd=none")
+    assert err == "" and out == ""
+    out, _, _ = run(shell, capsys, "%flow config")
+    assert re.search(r"^max_tokens +32$", out, re.M)
+    run(shell, capsys, "%%flow\nMake tea")
+    assert shell.user_ns["flow"].settings["max_tokens"] == 32
+    assert len(planning_prompts(server)) == 1
+
+
+def test_models_ticks_key_variables(shell, capsys, monkeypatch):
+    monkeypatch.setenv("FLOWMAGIC_API_KEY", "sk-not-shown")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    out, err, _ = run(shell, capsys, "%flow models")
+    assert err == "" and "sk-not-shown" not in out
+    assert re.search(r"^✓ +FLOWMAGIC_API_KEY$", out, re.M)
+    assert re.search(r"^✗ +OPENAI_API_KEY$", out, re.M)
+    assert "gpt-4o-mini" in out and "default" in out
+
+
+# ---------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("line, expected", [
+    ("%flow frob", "unknown subcommand 'frob'; subcommands: list, show, run"),
+    ("%flow show nope", "no flow named 'nope'; flows in this notebook: report"),
+    ("%flow prune report nope", "unknown node 'nope'; known nodes: facts, photo, post"),
+    ("%flow rerun report", "%flow rerun takes NAME NODE, got 1 argument(s)"),
+    ("%flow edit report post 'unclosed", "cannot split the line"),
+    ("%flow config colour=blue", "unknown setting 'colour'; known: k, model"),
+    ("%flow config update=sometimes", "update strategy 'sometimes' is not one of"),
+    ("%flow log many", "takes a number of calls"),
+    ("%%flow x --k 0\nMake tea", "argument --k: must be at least 1"),
+    ("%%flow x --run --step\nMake tea", "not allowed with argument --run"),
+    ("%%flow my-flow\nMake tea", "must be a Python identifier"),
+    ("%%flow x --frob\nMake tea", "unrecognized arguments: --frob"),
+    ("%%flow x\n   ", "the task is empty"),
+    ("%%flow x\nAbout {{missing}}", "'missing' is not defined in the notebook"),
+    ("%%flow x\nAbout {{ f(1) }}", "is not a name, attribute or index"),
+    ("%%flow x --update sometimes\nMake tea", "update strategy 'sometimes'"),
+])
+def test_errors_are_one_line(shell, capsys, line, expected):
+    run(shell, capsys, "%%flow report --k 1\nMake tea")
+    out, err, result = run(shell, capsys, line)
+    assert result.success
+    assert expected in one_line_error(err)
+
+
+def test_debug_shows_the_traceback(shell, capsys):
+    _, _, result = run(shell, capsys, "%flow show nope --debug")
+    assert isinstance(result.error_in_exec, flowmagic.ConfigError)
+
+
+def test_a_bug_is_not_hidden(shell, capsys):
+    # Only FlowError becomes one line; anything else keeps its traceback.
+    shell.user_ns["report"] = Flow.from_dict(PLAN, task="t", name="report")
+    shell.user_ns["report"].workflow = None   # a broken object: a bug, not a user error
+    _, _, result = run(shell, capsys, "%flow prune report facts")
+    assert isinstance(result.error_in_exec, AttributeError)
+
+
+# ---------------------------------------------------------------------------------- grammar
+def test_grammar_units():
+    args = parse_flow_line("report --k 2 --budget-usd 0.5 --plan-only --debug")
+    assert (args.name, args.mode, args.debug, args.settings) == (
+        "report", "plan-only", True, {"k": 2, "budget_usd": 0.5})
+    assert parse_command("edit r n 'a b' --debug").args == ["r", "n", "a b"]
+    ns = {"Out": {3: "three"}, "rows": [1, 2, 3], "cfg": {"a": {"b": "deep"}}}
+    assert interpolate("{{Out[3]}} {{rows[-1]}} {{rows[:2]}} {{ cfg['a']['b'] }} {x} {{}",
+                       ns) == "three 3 [1, 2] deep {x} {{}"
