@@ -1,0 +1,310 @@
+"""Planning: prompts, K concurrent candidates over real HTTP, caps, scores and selection."""
+
+import asyncio
+import json
+import time
+
+import networkx as nx
+import pytest
+
+import flowmagic
+from flowmagic import metrics
+from flowmagic.errors import ConfigError, PlanError
+from flowmagic.graph import parse_plan
+from flowmagic.llm import LLM
+from flowmagic.loopback import LoopbackServer
+from flowmagic.planner import (STRATEGIES, Candidate, plan, plan_candidates, plan_schema,
+                               planning_messages, score, select)
+from flowmagic.store import Store
+
+TASK = "Write a short report on tea"
+
+
+def sub(id, deps=(), agent="writer", **extra):
+    return {"id": id, "requirement": f"Do {id}.", "agent": agent, "depends_on": list(deps), **extra}
+
+
+CHAIN = {"subtasks": [sub("a"), sub("b", ["a"]), sub("c", ["b"])]}                 # P 1/3
+FAN_IN = {"subtasks": [sub("a"), sub("b"), sub("c", ["a", "b"])]}                   # P 1/2, C 0.47
+PAIRS = {"subtasks": [sub("a"), sub("b", ["a"]), sub("c"), sub("d", ["c"])]}        # P 1/2, C 0
+PAIR = {"subtasks": [sub("a"), sub("b", ["a"])]}                                    # P 1/2, C 0
+# A plan only the repair can read: other key names, index references, a wrapper.
+MESSY = {"steps": [{"name": "Gather sources", "description": "Find three sources on tea.",
+                    "role": "researcher"},
+                   {"name": "Draft", "description": "Draft the report.", "role": "writer",
+                    "Depends On": "step 1"}]}
+
+
+def fast_llm(**kwargs):
+    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("backoff_max", 0.02)
+    kwargs.setdefault("timeout", 10.0)
+    return LLM(Store(), **kwargs)
+
+
+def by_seed(replies):
+    """A loopback responder answering with replies[seed] (a dict is sent as JSON text)."""
+    def respond(body):
+        reply = replies[body.get("seed")]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply if isinstance(reply, str) else json.dumps(reply)
+    return respond
+
+
+def run(coro_fn, llm):
+    async def main():
+        try:
+            return await coro_fn()
+        finally:
+            await llm.aclose()
+    return asyncio.run(main())
+
+
+def candidate(index, plan_obj=None, error=None, **scores):
+    wf = parse_plan(plan_obj, task=TASK) if plan_obj is not None else None
+    base = score(wf) if wf is not None else {}
+    return Candidate(index=index, seed=index, workflow=wf, scores={**base, **scores}, error=error)
+
+
+# -- selection ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("plans, expected", [
+    ([CHAIN, FAN_IN, PAIRS], 2),   # P ties between FAN_IN and PAIRS: lower complexity wins
+    ([PAIRS, PAIR], 1),            # ties on P and complexity: fewer nodes wins
+    ([PAIR, PAIR, PAIR], 0),       # ties on everything: lower index wins
+    ([CHAIN, PAIR], 1),            # higher P wins
+    ([FAN_IN, CHAIN], 0),
+])
+def test_selection_rule(plans, expected):
+    cands = [candidate(i, p) for i, p in enumerate(plans)]
+    assert select(cands) == expected
+
+
+def test_selection_ties_are_within_1e9():
+    a = candidate(0, PAIRS, parallelism=0.5 + 4e-10, dependency_complexity=0.3)
+    b = candidate(1, PAIRS, parallelism=0.5, dependency_complexity=0.3 - 4e-10, nodes=3)
+    assert select([a, b]) == 1          # both ties hold, so fewer nodes decides
+    c = candidate(2, PAIRS, parallelism=0.5 + 1e-6)
+    assert select([a, b, c]) == 2       # a real difference in P is not a tie
+
+
+def test_failed_candidate_with_better_scores_is_never_chosen():
+    failed = candidate(0, PAIRS, error="ModelOutputError: no JSON", parallelism=1.0,
+                       dependency_complexity=0.0, nodes=1)
+    no_workflow = Candidate(index=1, seed=1, scores={"parallelism": 1.0,
+                                                     "dependency_complexity": 0.0, "nodes": 1})
+    chosen = candidate(2, CHAIN)
+    assert select([failed, no_workflow, chosen]) == 2
+
+
+def test_all_failed_is_one_plan_error_line():
+    cands = [Candidate(0, 0, error="ModelOutputError: the model's answer has no JSON value"),
+             Candidate(1, 1, error="ModelOutputError: the model's answer has no JSON value"),
+             Candidate(2, 2, error="TruncatedError: the model's JSON answer was cut off")]
+    with pytest.raises(PlanError) as info:
+        select(cands)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("all 3 candidate plans failed: 2 x the model did not answer with JSON")
+    assert "cut off" in message and message.endswith("or use a stronger model")
+    with pytest.raises(PlanError):
+        select([])
+
+
+def test_candidate_round_trips_through_json():
+    cand = candidate(1, {"subtasks": [sub("a", estimate_s=5), sub("b", ["a"], estimate_s=7.5)]})
+    cand.warnings, cand.tokens_in, cand.cost_usd, cand.call_id = ["w"], 12, 0.25, 7
+    back = Candidate.from_dict(json.loads(json.dumps(cand.to_dict())))
+    assert back.to_dict() == cand.to_dict()
+    assert back.workflow.nodes["b"].estimate_s == 7.5 and back.workflow.edges() == [("a", "b")]
+    failed = Candidate(2, 2, error="PlanError: empty")
+    assert Candidate.from_dict(failed.to_dict()).to_dict() == failed.to_dict()
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+def test_strategies_change_the_prompt():
+    systems = {s: planning_messages(TASK, strategy=s)[0]["content"] for s in STRATEGIES}
+    assert len(set(systems.values())) == len(STRATEGIES)
+    assert "few, large subtasks (2 to 4)" in systems["coarse"]
+    assert "many small subtasks (6 to 12)" in systems["fine"]
+    assert "longest chain" in systems["critical-path"] and "estimate_s" in systems["critical-path"]
+    assert "estimate_s" not in systems["balanced"]
+    for text in systems.values():
+        assert "id" in text and "depends_on" in text and "agent" in text and "parallel" in text
+    assert plan_schema("critical-path")["properties"]["subtasks"]["items"]["required"][-1] == "estimate_s"
+    assert "estimate_s" not in plan_schema()["properties"]["subtasks"]["items"]["required"]
+
+
+def test_prompt_example_is_valid_and_short():
+    for strategy in STRATEGIES:
+        system, user = planning_messages(TASK, strategy=strategy, max_subtasks=5, max_agents=2)
+        example = system["content"][system["content"].index('{"subtasks"'):]
+        wf = parse_plan(example)
+        assert list(wf.nodes) == ["facts", "photo", "post"] and not wf.warnings
+        schema_note = json.dumps(plan_schema(strategy, 5), separators=(",", ":"))
+        # SmolLM2 has 8k tokens of context; the whole request stays far below (~4 chars a token).
+        assert len(system["content"]) + len(user["content"]) + len(schema_note) < 3200
+        assert user["content"] == f"Task: {TASK}"
+
+
+def test_caps_and_context_reach_the_prompt():
+    system, user = planning_messages(TASK, strategy="fine", max_subtasks=4, max_agents=2,
+                                     context={"csv_path": "tea.csv"})
+    assert "many small subtasks (4)" in system["content"]  # the usual range yields to the cap
+    assert "at most 4 subtasks" in system["content"] and "at most 2 different agent roles" in system["content"]
+    assert '"csv_path": "tea.csv"' in user["content"]
+    assert plan_schema("fine", 4)["properties"]["subtasks"]["maxItems"] == 4
+    assert plan_schema("fine", 1)["properties"]["subtasks"]["minItems"] == 1
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"strategy": "greedy"}, "balanced, coarse, fine, critical-path"),
+    ({"k": 0}, "k is the number"),
+    ({"max_subtasks": 0}, "max_subtasks"),
+    ({"max_agents": "2"}, "max_agents"),
+])
+def test_bad_settings_are_one_line_config_errors(kwargs, word):
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(plan_candidates(TASK, llm=fast_llm(), **kwargs))
+    assert word in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError):
+        asyncio.run(plan_candidates("  ", llm=fast_llm()))
+
+
+# -- K candidates over HTTP ---------------------------------------------------------------------
+
+def test_k_candidates_are_concurrent_with_distinct_seeds():
+    replies = {10: CHAIN, 11: MESSY, 12: PAIRS, 13: "Sorry, I cannot plan that."}
+    llm = fast_llm()
+    with LoopbackServer(responder=by_seed(replies), latency=0.4) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        cands = run(lambda: plan_candidates(TASK, k=4, seed=10, llm=llm, run_id="r1"), llm)
+        stats = server.stats(bodies=True)
+    bodies = [r["body"] for r in stats["requests"] if r["path"].endswith("/chat/completions")]
+    assert sorted(b["seed"] for b in bodies) == [10, 11, 12, 13]
+    assert {b["temperature"] for b in bodies} == {0.7}
+    assert all(b["response_format"]["type"] == "json_schema" for b in bodies)
+    assert stats["max_in_flight"] == 4   # all four were waiting out their 0.4 s together
+    assert [c.index for c in cands] == [0, 1, 2, 3] and [c.seed for c in cands] == [10, 11, 12, 13]
+
+    chain, messy, pairs, garbage = cands
+    assert chain.ok and chain.scores == pytest.approx(
+        {"parallelism": 1 / 3, "dependency_complexity": metrics.dependency_complexity(chain.workflow),
+         "nodes": 3, "edges": 2, "depth": 3, "width": 1})
+    assert messy.ok and messy.workflow.edges() == [("gather_sources", "draft")]
+    assert messy.workflow.nodes["draft"].agent == "writer" and messy.warnings
+    assert messy.warnings == messy.workflow.warnings
+    assert pairs.scores["parallelism"] == 0.5 and pairs.scores["width"] == 2
+    assert garbage.workflow is None and garbage.error.startswith("ModelOutputError: ")
+    assert "\n" not in garbage.error
+    for c in (chain, messy, pairs):
+        assert c.tokens_in > 0 and c.tokens_out > 0 and c.call_id and c.model == "default:m"
+        assert c.workflow.task == TASK
+    assert select(cands) == 1   # MESSY and PAIRS tie on P = 1/2; MESSY has C = 0 and 2 nodes
+    calls = llm.store.recent_calls(10, run_id="r1")
+    assert len(calls) == 4 and {c["purpose"] for c in calls} == {"plan"}
+    assert {c.call_id for c in cands if c.ok} <= {c["id"] for c in calls}
+    assert [c["error"] is not None for c in calls].count(True) == 1   # the garbage reply
+
+
+def test_repeat_is_served_from_the_cache():
+    llm = fast_llm()
+    with LoopbackServer(responder=by_seed({0: CHAIN, 1: PAIRS})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        first = run(lambda: plan_candidates(TASK, k=2, llm=llm), llm)
+        again = run(lambda: plan_candidates(TASK, k=2, llm=llm), llm)
+        assert server.stats()["calls"] == 2
+    assert all(c.cached for c in again) and not any(c.cached for c in first)
+    assert [c.workflow.to_dict() for c in again] == [c.workflow.to_dict() for c in first]
+
+
+def test_failures_are_recorded_per_candidate_and_summarised_when_all_fail():
+    replies = {0: {"subtasks": []}, 1: "no plan here", 2: RuntimeError("boom"), 3: PAIR}
+    llm = fast_llm(max_retries=1)
+    with LoopbackServer(responder=by_seed(replies)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        cands, chosen = run(lambda: plan(TASK, k=4, llm=llm), llm)
+    kinds = [c.error.partition(":")[0] if c.error else None for c in cands]
+    assert kinds == ["PlanError", "ModelOutputError", "EndpointError", None]
+    assert chosen == 3 and cands[0].tokens_out > 0   # the unusable plan still cost tokens
+    with pytest.raises(PlanError) as info:
+        select(cands[:3])
+    message = str(info.value)
+    assert message.startswith("all 3 candidate plans failed: the plan had no usable subtasks")
+    assert "the model did not answer with JSON" in message and "the endpoint failed" in message
+    assert "\n" not in message
+
+
+def test_critical_path_strategy_carries_estimates():
+    timed = {"subtasks": [sub("a", estimate_s=30), sub("b", estimate_s=5), sub("c", ["a", "b"], estimate_s=10)]}
+    llm = fast_llm()
+    with LoopbackServer(responder=by_seed({0: timed})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(TASK, k=1, strategy="critical-path", llm=llm), llm)
+        body = server.stats(bodies=True)["requests"][-1]["body"]
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert "estimate_s" in schema["properties"]["subtasks"]["items"]["required"]
+    assert "longest chain" in body["messages"][0]["content"]
+    assert cand.workflow.nodes["a"].estimate_s == 30 and cand.scores["critical_path_s"] == 40
+
+
+def test_caps_cut_subtasks_and_map_agent_roles_with_warnings():
+    # f is dropped by the cap, but b depended on it and f on a: b must still come after a.
+    big = {"subtasks": [sub("a", agent="coder"), sub("b", ["f"], agent="coder"),
+                        sub("c", agent="writer"), sub("d", ["c"], agent="Coder"),
+                        sub("e", agent="designer"), sub("f", ["a"], agent="tester")]}
+    llm = fast_llm()
+    with LoopbackServer(responder=by_seed({0: big})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(TASK, k=1, max_subtasks=4, max_agents=2,
+                                              llm=llm), llm)
+        body = server.stats(bodies=True)["requests"][-1]["body"]
+    assert "at most 4 subtasks" in body["messages"][0]["content"]
+    wf = cand.workflow
+    assert list(wf.nodes) == ["a", "b", "c", "d"]
+    assert wf.edges() == [("a", "b"), ("c", "d")]
+    assert [wf.nodes[i].agent for i in wf.nodes] == ["coder", "coder", "writer", "coder"]
+    cap_warnings = [w for w in cand.warnings if "max_" in w]
+    assert len(cap_warnings) == 2
+    assert "kept the first 4 of 6 subtasks (max_subtasks=4); dropped e, f" in cap_warnings[0]
+    assert "Coder -> coder" in cap_warnings[1] and "max_agents=2" in cap_warnings[1]
+    assert cand.scores["nodes"] == 4 and cand.warnings == wf.warnings
+
+
+# -- the real embedded model -------------------------------------------------------------------
+
+@pytest.mark.embedded
+def test_embedded_model_plans_three_candidates(embedded_url):
+    task = "Build a conference website with a schedule page and a venue page with a map"
+    llm = LLM(timeout=240)
+    started = time.perf_counter()
+    cands = run(lambda: plan_candidates(task, k=3, llm=llm, model="local", max_tokens=400), llm)
+    elapsed = time.perf_counter() - started
+    print(f"\nembedded planning, k=3: {elapsed:.1f} s")
+    assert [c.seed for c in cands] == [0, 1, 2]
+    for c in cands:
+        if c.ok:
+            wf = c.workflow
+            assert nx.is_directed_acyclic_graph(wf.graph) and wf.nodes
+            assert all(n.requirement.strip() for n in wf.nodes.values())
+            assert c.scores["parallelism"] == pytest.approx(metrics.parallelism(wf))
+            assert c.model == "local:smollm2-135m-instruct" and c.tokens_out > 0
+            print(f"  candidate {c.index}: {c.tokens_out} tokens in {c.latency_s:.1f} s, "
+                  f"scores {c.scores}")
+            for node_id, node in wf.nodes.items():
+                print(f"    {node_id} [{node.agent}] {node.requirement[:70]!r} <- {wf.parents(node_id)}")
+        else:
+            assert c.workflow is None and "\n" not in c.error
+            print(f"  candidate {c.index} failed: {c.error}")
+    ok = [c for c in cands if c.ok]
+    if not ok:
+        with pytest.raises(PlanError):
+            select(cands)
+        return
+    best = sorted(ok, key=lambda c: (-round(c.scores["parallelism"], 9),
+                                     round(c.scores["dependency_complexity"], 9),
+                                     c.scores["nodes"], c.index))[0]
+    assert select(cands) == best.index
+    print(f"  chosen: {best.index}")
