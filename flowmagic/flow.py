@@ -236,7 +236,11 @@ class Flow:
     @property
     def busy(self) -> bool:
         """A run was started and has not finished (in a notebook it may not have begun yet)."""
-        return self._executor is not None or (self._task is not None and not self._task.done())
+        task = self._task
+        if self._executor is not None:
+            return True
+        # Seen from inside the run's own task (its last "run" event), the run is over.
+        return task is not None and not task.done() and task is not asyncio.current_task()
 
     @property
     def streaming(self) -> bool:
