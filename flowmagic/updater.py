@@ -507,12 +507,12 @@ def _choose(candidates: list[UpdateCandidate], select: Callable | None, warn) ->
 
 
 async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, model, seed: int,
-                     run_id) -> UpdateCandidate:
+                     run_id, max_tokens) -> UpdateCandidate:
     cand = UpdateCandidate(index=i, seed=seed + i)
     try:
         reply = await llm.complete(messages, model=model, schema=UPDATE_SCHEMA, seed=seed + i,
                                    temperature=None if k == 1 else 0.7, run_id=run_id,
-                                   purpose="update")
+                                   max_tokens=max_tokens, purpose="update")
         cand.raw, cand.update, cand.call_id = reply.text, reply.data, reply.call_id
         cand.tokens_in, cand.tokens_out, cand.cost_usd = (reply.input_tokens, reply.output_tokens,
                                                           reply.cost_usd)
@@ -529,7 +529,7 @@ async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, m
 
 async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str | None = None,
                   seed: int = 0, run_id: str | None = None, select: Callable | None = None,
-                  budget_chars: int = 6000) -> UpdateResult:
+                  budget_chars: int = 6000, max_tokens: int | None = None) -> UpdateResult:
     """Ask for K update candidates concurrently (seeds seed..seed+K-1), merge each, choose one.
 
     `select(candidates) -> index` defaults to `flowmagic.planner.select` (max P_avg, then
@@ -543,8 +543,8 @@ async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str
     messages = build_update_prompt(before, budget_chars=budget_chars)
     k = max(1, int(k))
     cands = list(await asyncio.gather(*(
-        _candidate(before, messages, i, llm=llm, k=k, model=model, seed=seed, run_id=run_id)
-        for i in range(k))))
+        _candidate(before, messages, i, llm=llm, k=k, model=model, seed=seed, run_id=run_id,
+                   max_tokens=max_tokens) for i in range(k))))
     errors = [f"candidate {c.index}: {c.error}" for c in cands if c.error]
     if not any(c.ok for c in cands):
         diff = {key: [] for key in DIFF_KEYS}

@@ -113,10 +113,11 @@ def _read_judge(data: Any) -> tuple[str, str, str | None] | str:
 
 
 async def _judge(node: Any, output: str, task: str, llm: Any, model: str | None,
-                 run_id: str | None) -> tuple[str, str, str | None] | str:
+                 run_id: str | None, max_tokens: int | None) -> tuple[str, str, str | None] | str:
     try:
         reply = await llm.complete(judge_messages(node, output, task), model=model,
                                    schema=JUDGE_SCHEMA, temperature=0, purpose="validate",
+                                   max_tokens=max_tokens,
                                    node_id=getattr(node, "id", None), run_id=run_id)
     except ModelOutputError as exc:  # EndpointError goes up: a dead endpoint is not a verdict
         return str(exc)
@@ -149,11 +150,11 @@ async def _run_output_code(blocks: list[str], tests: str | None, timeout: float)
 
 
 async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str | None,
-                        run_id: str | None, code_timeout: float) -> Verdict:
+                        run_id: str | None, code_timeout: float, max_tokens: int | None) -> Verdict:
     if llm is None:
         from .llm import get_llm
         llm = get_llm()
-    judged = await _judge(node, output, task, llm, model, run_id)
+    judged = await _judge(node, output, task, llm, model, run_id, max_tokens)
     unreadable = isinstance(judged, str)
     verdict, feedback, tests = ("pass", "", None) if unreadable else judged
     if unreadable:
@@ -174,7 +175,7 @@ async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str 
 
 async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm", llm: Any = None,
                    model: str | None = None, run_id: str | None = None,
-                   code_timeout: float = 10.0) -> Verdict:
+                   code_timeout: float = 10.0, max_tokens: int | None = None) -> Verdict:
     """The verdict on `output` for `node` (see the module docstring for the modes).
 
     Raises ConfigError for an unknown mode or a broken user validator, and lets
@@ -187,7 +188,8 @@ async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm",
     if mode == "none" or mode is None:
         return Verdict(True, "", "none")
     if mode == "llm":
-        return await _validate_llm(node, output, task, llm, model, run_id, code_timeout)
+        return await _validate_llm(node, output, task, llm, model, run_id, code_timeout,
+                                   max_tokens)
     raise ConfigError(f"validate must be 'llm', 'none' or a function (node, output) -> bool, "
                       f"not {mode!r}")
 

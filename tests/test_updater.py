@@ -279,7 +279,8 @@ def test_propose_merges_and_keeps_finished_nodes():
 
 
 def test_propose_no_change():
-    result, _ = propose_with(chain_wf(), lambda body: {"action": "no_change"})
+    result, seen = propose_with(chain_wf(), lambda body: {"action": "no_change"}, max_tokens=300)
+    assert seen[0]["max_tokens"] == 300
     assert result.no_change and result.workflow.to_dict() == chain_wf().to_dict()
     assert result.stats["change_ratio"] == 0.0
 

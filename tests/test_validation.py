@@ -46,9 +46,11 @@ def judged(output, reply, *, node=NODE, **kwargs):
 
 
 def test_judge_says_pass():
-    verdict, seen = judged("The square of 3 is 9.", {"verdict": "pass", "feedback": "Correct."})
+    verdict, seen = judged("The square of 3 is 9.", {"verdict": "pass", "feedback": "Correct."},
+                           max_tokens=200)
     assert verdict == Verdict(True, "Correct.", "judge")
     body = seen[0]
+    assert body["max_tokens"] == 200 and body["temperature"] == 0
     assert "The square of 3 is 9." in body["messages"][-1]["content"]
     assert "square(x)" in body["messages"][-1]["content"]   # the requirement is shown
     assert body["response_format"]["json_schema"]["schema"] == JUDGE_SCHEMA
