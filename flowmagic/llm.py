@@ -6,7 +6,9 @@ exponential backoff on 429 / 5xx / timeouts / connection errors, and limited by 
 process-wide concurrency cap (and an optional requests-per-minute cap).
 Structured output asks for `json_schema`, falls back to `json_object` with the
 schema (llama.cpp turns it into a grammar), then to plain text with extraction, and
-remembers per endpoint what worked.
+remembers per endpoint what worked. With `tools`, the reply carries the model's
+`tool_calls` (OpenAI wire shape); an endpoint that rejects `tools` raises
+`ToolsUnsupportedError` once and is remembered, so callers switch to a JSON protocol.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .extract import extract_json
 from .store import Store, get_store
 
-__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key"]
+__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError"]
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
@@ -47,6 +49,7 @@ class Reply:
     call_id: int | None = None
     finish_reason: str | None = None
     cache_key: str = ""
+    tool_calls: list[dict] | None = None   # [{"id", "type": "function", "function": {"name", "arguments"}}]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +58,10 @@ class Reply:
 def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
     blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ToolsUnsupportedError(EndpointError):
+    """The endpoint refused a request with `tools`; use a JSON action protocol instead."""
 
 
 class _Retryable(Exception):
@@ -95,6 +102,7 @@ class LLM:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
+        self._tool_modes: dict[str, str] = {}   # endpoint identity -> "native" | "action"
         self._per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
             weakref.WeakKeyDictionary())
         self._sent: deque[float] = deque()
@@ -162,15 +170,21 @@ class LLM:
                        seed: int | None = None, max_tokens: int | None = None,
                        cache: bool = True, run_id: str | None = None,
                        node_id: str | None = None, purpose: str | None = None,
-                       on_text: Callable[[str], None] | None = None) -> Reply:
-        """One chat completion; `on_text` receives the text as it streams in."""
+                       on_text: Callable[[str], None] | None = None,
+                       tools: list[dict] | None = None) -> Reply:
+        """One chat completion; `on_text` receives the text as it streams in.
+
+        `tools` are OpenAI function specs; the reply's `tool_calls` holds what the model
+        asked for (None when it answered in text).
+        """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         endpoint, model_name = _endpoints.resolve(model)
         if not model_name:
             model_name = await self._first_model(endpoint)
         params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
-                                    ("max_tokens", max_tokens), ("schema", schema)) if v is not None}
+                                    ("max_tokens", max_tokens), ("schema", schema),
+                                    ("tools", tools or None)) if v is not None}
         key = cache_key(endpoint.identity, model_name, messages, params)
         model_id = f"{endpoint.name}:{model_name}"
         log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
@@ -185,17 +199,18 @@ class LLM:
                     on_text(hit["text"])
                 return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
                              hit["output_tokens"], 0.0, 0.0, True, call_id,
-                             hit.get("finish_reason"), key)
+                             hit.get("finish_reason"), key, hit.get("tool_calls"))
         started = time.perf_counter()
         try:
             raw, attempts = await self._call_with_retries(
-                endpoint, model_name, messages, schema, temperature, seed, max_tokens, on_text)
+                endpoint, model_name, messages, schema, temperature, seed, max_tokens, on_text,
+                tools or None)
         except EndpointError as exc:
             self.store.log_call(**log, error=str(exc),
                                 latency_s=time.perf_counter() - started)
             raise
         latency = time.perf_counter() - started
-        text, finish, tokens_in, tokens_out = raw
+        text, finish, tokens_in, tokens_out, tool_calls = raw
         cost = _cost(endpoint, model_name, tokens_in, tokens_out)
         data, error = None, None
         if schema is not None:
@@ -205,6 +220,8 @@ class LLM:
                 error = str(exc)
         payload = {"text": text, "data": data, "finish_reason": finish,
                    "input_tokens": tokens_in, "output_tokens": tokens_out, "attempts": attempts}
+        if tool_calls:
+            payload["tool_calls"] = tool_calls
         call_id = self.store.log_call(**log, response=payload, input_tokens=tokens_in,
                                       output_tokens=tokens_out, latency_s=latency,
                                       cost_usd=cost, error=error)
@@ -214,7 +231,7 @@ class LLM:
         if cache:
             self.store.cache_put(key, payload)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
-                     call_id, finish, key)
+                     call_id, finish, key, tool_calls or None)
 
     def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
         """`complete` for scripts; from inside a running loop it uses a worker thread."""
@@ -257,15 +274,24 @@ class LLM:
         endpoint.model = ids[0]
         return ids[0]
 
+    def tool_mode(self, model: str | None = None) -> str:
+        """"native" (OpenAI `tools`) or "action" (a JSON action protocol) for this endpoint.
+
+        The embedded llama.cpp server accepts `tools` but its chat template ignores them,
+        so it starts on "action"; others start on "native" until they refuse `tools`.
+        """
+        endpoint, _ = _endpoints.resolve(model)
+        return self._tool_modes.get(endpoint.identity, "action" if endpoint.local else "native")
+
     async def _call_with_retries(self, endpoint, model, messages, schema, temperature, seed,
-                                 max_tokens, on_text):
+                                 max_tokens, on_text, tools=None):
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self._backoff(attempt, last))
             try:
                 return await self._call_once(endpoint, model, messages, schema, temperature,
-                                             seed, max_tokens, on_text), attempt + 1
+                                             seed, max_tokens, on_text, tools), attempt + 1
             except _Retryable as exc:
                 last = exc
         where = "the embedded model" if endpoint.local else endpoint.base_url
@@ -282,7 +308,7 @@ class LLM:
         return delay
 
     async def _call_once(self, endpoint, model, messages, schema, temperature, seed,
-                         max_tokens, on_text):
+                         max_tokens, on_text, tools=None):
         import openai
 
         client = await self._client(endpoint)
@@ -290,6 +316,8 @@ class LLM:
                                else "json_schema") if schema is not None else None
         while True:
             kwargs = self._request(model, messages, schema, mode, temperature, seed, max_tokens)
+            if tools:
+                kwargs["tools"] = tools
             try:
                 await self._pace()
                 limit = self._limit(endpoint)
@@ -300,6 +328,11 @@ class LLM:
                         return await self._send(client, kwargs, on_text)
             except openai.APIStatusError as exc:
                 status = exc.status_code
+                if tools and status in (400, 422, 500, 501):
+                    self._tool_modes[endpoint.identity] = "action"
+                    raise ToolsUnsupportedError(
+                        f"{endpoint.base_url} refused function calling (HTTP {status}); "
+                        "flowmagic uses its JSON action protocol there from now on") from None
                 if mode in ("json_schema", "json_object") and status in (400, 422, 500, 501):
                     mode = _MODES[_MODES.index(mode) + 1]   # try the next structured mode
                     self._modes[endpoint.identity] = mode
@@ -350,19 +383,22 @@ class LLM:
         return kwargs
 
     @staticmethod
-    async def _send(client, kwargs: dict, on_text) -> tuple[str, str | None, int, int]:
+    async def _send(client, kwargs: dict, on_text) -> tuple[str, str | None, int, int, list]:
         if on_text is None:
             response = await client.chat.completions.create(**kwargs)
             if isinstance(response, (str, bytes)) or not getattr(response, "choices", None):
                 raise ValueError("the body is not a chat completion")
             choice = response.choices[0]
             usage = response.usage
+            calls = [{"id": c.id, "type": "function",
+                      "function": {"name": c.function.name, "arguments": c.function.arguments or ""}}
+                     for c in choice.message.tool_calls or [] if getattr(c, "function", None)]
             return (choice.message.content or "", choice.finish_reason,
                     getattr(usage, "prompt_tokens", 0) or 0,
-                    getattr(usage, "completion_tokens", 0) or 0)
+                    getattr(usage, "completion_tokens", 0) or 0, calls)
         stream = await client.chat.completions.create(
             **kwargs, stream=True, stream_options={"include_usage": True})
-        parts, finish, tokens_in, tokens_out = [], None, 0, 0
+        parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, {}
         async for chunk in stream:
             if chunk.usage:
                 tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
@@ -370,8 +406,21 @@ class LLM:
                 if choice.delta and choice.delta.content:
                     parts.append(choice.delta.content)
                     on_text(choice.delta.content)
+                for piece in (choice.delta.tool_calls or []) if choice.delta else []:
+                    _add_tool_delta(calls, piece)
                 finish = choice.finish_reason or finish
-        return "".join(parts), finish, tokens_in or 0, tokens_out or 0
+        return "".join(parts), finish, tokens_in or 0, tokens_out or 0, list(calls.values())
+
+
+def _add_tool_delta(calls: dict, piece) -> None:
+    """Streamed tool calls arrive in pieces keyed by index: the id and name once, the
+    arguments as text fragments to join."""
+    slot = calls.setdefault(piece.index, {"id": None, "type": "function",
+                                          "function": {"name": "", "arguments": ""}})
+    slot["id"] = piece.id or slot["id"] or f"call_{piece.index}"
+    if piece.function is not None:
+        slot["function"]["name"] += piece.function.name or ""
+        slot["function"]["arguments"] += piece.function.arguments or ""
 
 
 _shared: LLM | None = None
