@@ -102,7 +102,47 @@ def m001_initial(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial]
+def m002_tools(db: sqlite3.Connection) -> None:
+    """Every tool call a node made, and the messages of orchestrator runs."""
+    _script(
+        db,
+        """
+        CREATE TABLE tool_calls (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT,
+            node_id TEXT,
+            ts REAL NOT NULL,
+            tool TEXT NOT NULL,
+            arguments TEXT,
+            result TEXT,
+            duration_s REAL,
+            error TEXT,
+            round INTEGER,
+            protocol TEXT
+        );
+        CREATE INDEX tool_calls_run ON tool_calls(run_id);
+        CREATE TABLE orchestrator (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            turn INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            sender TEXT NOT NULL,
+            recipient TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            content TEXT,
+            tokens_in INTEGER,
+            tokens_out INTEGER,
+            cost_usd REAL,
+            cached INTEGER NOT NULL DEFAULT 0,
+            call_id INTEGER
+        );
+        CREATE INDEX orchestrator_run ON orchestrator(run_id);
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_tools]
 
 
 def _dumps(value: Any) -> str:
@@ -290,6 +330,48 @@ class Store:
             "INSERT INTO updates (run_id, ts, data) VALUES (?,?,?)",
             (run_id, time.time(), _dumps(data)),
         )
+
+    # -- tool calls and orchestrator transcripts -------------------------------
+    def add_tool_call(self, run_id: str | None, node_id: str | None, *, tool: str,
+                      arguments: Any = None, result: str | None = None,
+                      duration_s: float | None = None, error: str | None = None,
+                      round: int | None = None, protocol: str | None = None) -> int:  # noqa: A002
+        cur = self._execute(
+            "INSERT INTO tool_calls (run_id, node_id, ts, tool, arguments, result, duration_s,"
+            " error, round, protocol) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (run_id, node_id, time.time(), tool, _dumps(arguments), result, duration_s, error,
+             round, protocol))
+        return int(cur.lastrowid)
+
+    def tool_calls(self, run_id: str, node_id: str | None = None) -> list[dict]:
+        sql, args = "SELECT * FROM tool_calls WHERE run_id = ?", [run_id]
+        if node_id is not None:
+            sql += " AND node_id = ?"
+            args.append(node_id)
+        rows = self._query(sql + " ORDER BY id", tuple(args))
+        for row in rows:
+            row["arguments"] = json.loads(row["arguments"]) if row["arguments"] else None
+        return rows
+
+    def add_message(self, run_id: str, message: dict) -> int:
+        """One orchestrator transcript message (seq, turn, sender, recipient, kind, ...)."""
+        m = message
+        cur = self._execute(
+            "INSERT INTO orchestrator (run_id, seq, turn, ts, sender, recipient, kind, content,"
+            " tokens_in, tokens_out, cost_usd, cached, call_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, m["seq"], m["turn"], m.get("time") or time.time(), m["sender"],
+             m["recipient"], m.get("kind") or "message", m.get("content"),
+             m.get("tokens_in") or 0, m.get("tokens_out") or 0, m.get("cost_usd") or 0.0,
+             int(bool(m.get("cached"))), m.get("call_id")))
+        return int(cur.lastrowid)
+
+    def transcript(self, run_id: str) -> list[dict]:
+        rows = self._query("SELECT * FROM orchestrator WHERE run_id = ? ORDER BY seq, id",
+                           (run_id,))
+        for row in rows:
+            row["cached"] = bool(row["cached"])
+            row["time"] = row.pop("ts")
+        return rows
 
     def load_run(self, run_id: str) -> dict:
         rows = self._query("SELECT * FROM runs WHERE id = ? OR name = ? ORDER BY updated DESC",

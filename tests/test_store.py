@@ -17,6 +17,10 @@ COLUMNS = {
     "nodes": ["run_id", "node_id", "data", "updated"],
     "events": ["id", "run_id", "node_id", "ts", "kind", "data"],
     "updates": ["id", "run_id", "ts", "data"],
+    "tool_calls": ["id", "run_id", "node_id", "ts", "tool", "arguments", "result", "duration_s",
+                   "error", "round", "protocol"],
+    "orchestrator": ["id", "run_id", "seq", "turn", "ts", "sender", "recipient", "kind", "content",
+                     "tokens_in", "tokens_out", "cost_usd", "cached", "call_id"],
 }
 
 
@@ -25,7 +29,7 @@ def test_schema_is_exact_and_migrations_recorded(tmp_path):
     for table, columns in COLUMNS.items():
         assert store.columns(table) == columns
     names = [r[0] for r in sqlite3.connect(tmp_path / "s.db").execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial"]
+    assert names == ["m001_initial", "m002_tools"]
     assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     Store(tmp_path / "s.db")  # opening again applies nothing twice
 
