@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
     "seed": 0, "temperature": None, "max_tokens": 512, "context_chars": 6000,
     "max_subtasks": None, "max_agents": None, "consolidate": True,
+    # tools (flowmagic.tools): how many are offered per node, rounds of calls, seconds per call
+    "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
+    "tool_similarity": "tfidf",
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 
@@ -69,7 +72,8 @@ class Flow:
 
     def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
                  chosen: int = 0, run_id: str | None = None, llm: LLM | None = None,
-                 store: Store | None = None, save: bool = True, **settings: Any):
+                 store: Store | None = None, save: bool = True, tools: Any = None,
+                 **settings: Any):
         self.workflow = workflow
         self.name = name
         self.candidates = list(candidates or [])
@@ -87,6 +91,9 @@ class Flow:
         self._executor: Executor | None = None
         self._task: asyncio.Task | None = None
         self._streaming = False
+        self._tools = None   # None: every @flowmagic.tool; a list: exactly these
+        if tools is not None:
+            self.tools = tools
         if save:
             self._save_run()
 
@@ -250,6 +257,28 @@ class Flow:
     @streaming.setter
     def streaming(self, on: bool) -> None:
         self._streaming = bool(on)
+
+    @property
+    def tools(self) -> list:
+        """The functions nodes may call: those set here, else every @flowmagic.tool."""
+        from .tools import registry
+        return list(self._tools) if self._tools is not None else list(registry().values())
+
+    @tools.setter
+    def tools(self, value: Any) -> None:
+        from .tools import as_tools
+        self._tools = None if value is None else as_tools(value)
+
+    def tools_for(self, node_id: str) -> list:
+        """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
+        from .tools import select_tools
+        return select_tools(self.workflow.node(node_id).requirement, self.tools,
+                            top_n=self.settings["tools_top_n"],
+                            similarity=self.settings["tool_similarity"])
+
+    def tool_calls(self, node_id: str | None = None) -> list[dict]:
+        """Every tool call of this run (or of one node): tool, arguments, result, duration, error."""
+        return self.store.tool_calls(self.run_id, node_id)
 
     # -- updates ---------------------------------------------------------------------------
     def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
@@ -440,7 +469,8 @@ def _settings_from(kwargs: dict) -> dict:
 
 
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
-                *, name: str = "flow", llm: LLM | None = None, **settings: Any) -> Flow:
+                *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
+                **settings: Any) -> Flow:
     """Plan `task` as K candidate graphs and keep the most parallel, least tangled one."""
     from . import planner
 
@@ -454,7 +484,7 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
         max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id)
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
-                llm=llm, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})
+                llm=llm, tools=tools, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})
     flow.spent_usd = sum(c.cost_usd for c in candidates)
     return flow
 

@@ -87,6 +87,30 @@ class NodeRunner:
                                  or self.flow.settings["model"], run_id=self.flow.run_id)
         return verdict.passed, verdict.feedback
 
+    async def _reply(self, node, messages: list[dict], seed: int):
+        """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
+        flow, settings = self.flow, self.flow.settings
+        kwargs = dict(model=node.model or settings["model"], seed=seed,
+                      temperature=settings["temperature"], max_tokens=settings["max_tokens"],
+                      run_id=flow.run_id, node_id=node.id, purpose="node",
+                      on_text=flow._text_sink(node.id))
+        offered = flow.tools_for(node.id) if flow.tools else []
+        if not offered:
+            return await flow.llm.complete(messages, **kwargs), []
+        from .toolloop import run_with_tools
+
+        def called(call) -> None:
+            flow.store.add_tool_call(flow.run_id, node.id, tool=call.tool, arguments=call.arguments,
+                                     result=call.summary(), duration_s=call.duration_s,
+                                     error=call.error, round=call.round, protocol=call.protocol)
+            flow._emit("tool", node.id, {"call": call.to_dict()})
+
+        result = await run_with_tools(
+            flow.llm, messages, offered, max_rounds=int(settings["tool_rounds"]),
+            timeout_s=settings["tool_timeout_s"], protocol=settings["tool_protocol"],
+            on_call=called, **kwargs)
+        return result.reply, result.calls
+
     async def run(self, node_id: str) -> Outcome:
         flow = self.flow
         settings = flow.settings
@@ -104,12 +128,8 @@ class NodeRunner:
                 continue
             messages = node_messages(flow, node_id, _retry_note(attempts))
             try:
-                reply = await flow.llm.complete(
-                    messages, model=node.model or settings["model"],
-                    seed=settings["seed"] + history + attempt,
-                    temperature=settings["temperature"], max_tokens=settings["max_tokens"],
-                    run_id=flow.run_id, node_id=node_id, purpose="node",
-                    on_text=flow._text_sink(node_id))
+                reply, tool_calls = await self._reply(node, messages,
+                                                      settings["seed"] + history + attempt)
             except EndpointError as exc:
                 record.update(end=time.time(), passed=False, output=None, error=str(exc))
                 attempts.append(record)
@@ -123,6 +143,8 @@ class NodeRunner:
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
                           cost_usd=reply.cost_usd, seed=settings["seed"] + history + attempt)
+            if tool_calls:
+                record["tool_calls"] = [c.to_dict() for c in tool_calls]
             try:
                 passed, feedback = await self._verdict(node, reply.text)
             except FlowError as exc:
