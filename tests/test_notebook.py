@@ -1,0 +1,277 @@
+"""Export of an executed flow to a notebook, and its replay: nbformat, nbclient, nbval, IPython.
+
+Model traffic goes to a loopback server whose answers name the subtask they answer, so an
+edited requirement gives a visibly different output. "Zero new calls" counts rows of the
+store's `calls` table with cached=0.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import flowmagic
+from flowmagic.flow import Flow
+from flowmagic.loopback import LoopbackServer
+from flowmagic.notebook import NBVAL_IGNORE, build, export, load_cache, save_cache
+from flowmagic.store import get_store
+
+PLAN = {"task": "Write a short guide to green tea", "nodes": [
+    {"id": "leaves", "requirement": "Pick the leaves.", "agent": "researcher"},
+    {"id": "water", "requirement": "Heat the water to 80 C.", "agent": "chemist"},
+    {"id": "steep", "requirement": "Steep the tea.", "agent": "writer"},
+    {"id": "serve", "requirement": "Serve it.", "agent": "host"}],
+    "edges": [["leaves", "steep"], ["water", "steep"], ["steep", "serve"]]}
+SECRET = "sk-test-DO-NOT-LEAK-0123456789abcdef"
+
+
+def responder(body):
+    """Name the subtask (or the final write-up) the request is for."""
+    text = body["messages"][-1]["content"]
+    match = re.search(r"Your subtask \((\w+)\):\n(.*)", text)
+    if match:
+        return f"**{match.group(1)}** done: {match.group(2)}"
+    return "All together: a guide to green tea."
+
+
+@pytest.fixture
+def server(monkeypatch):
+    with LoopbackServer(responder=responder) as srv:
+        # The kernel is another process: it finds the server through the environment.
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", srv.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        monkeypatch.setenv("FLOWMAGIC_API_KEY", SECRET)
+        yield srv
+
+
+@pytest.fixture
+def tea(server):
+    flow = Flow.from_dict(PLAN, name="tea", max_tokens=64)
+    flow.run()
+    assert flow.status == "done"
+    return flow
+
+
+def uncached():
+    return get_store().count_calls(cached=False)
+
+
+def execute(nb, cwd, client=None):
+    client = client or NotebookClient(nb, timeout=120, kernel_name="python3",
+                                      resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+    return nb
+
+
+def outputs(cell):
+    """What nbval compares: output types, stream text and MIME data except images."""
+    seen = []
+    for out in cell.get("outputs", []):
+        data = {k: v for k, v in out.get("data", {}).items() if not k.startswith("image/")}
+        seen.append((out["output_type"], out.get("text"), data))
+    return seen
+
+
+def node_cell(nb, node_id):
+    return next(i for i, c in enumerate(nb.cells)
+                if c.cell_type == "code" and c.source.startswith(f"%%flow_node tea {node_id} "))
+
+
+def test_export_layout_and_metadata(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    sources = [c.source.splitlines()[0] for c in nb.cells]
+    assert nb.cells[0].cell_type == "markdown" and PLAN["task"] in nb.cells[0].source
+    assert sources[1] == "%load_ext flowmagic"
+    assert sources[2:4] == ["%%flow_plan tea", "%%flow_record tea"]
+    assert sources[4:8] == ["%%flow_node tea leaves --agent researcher",
+                            "%%flow_node tea water --agent chemist",
+                            "%%flow_node tea steep --after leaves,water --agent writer",
+                            "%%flow_node tea serve --after steep --agent host"]
+    assert sources[8:] == ["show_result(tea)", "show_drawings(tea)"]
+    assert nb.cells[3].metadata["jupyter"]["source_hidden"] is True
+    assert NBVAL_IGNORE in nb.cells[9].metadata["tags"]
+    steep = nb.cells[6]
+    assert steep.source.splitlines()[1] == "Steep the tea."
+    out = steep.outputs[0]
+    assert out.data["text/markdown"] == tea.workflow.nodes["steep"].output
+    assert out.metadata["flowmagic"]["node"] == "steep"
+    assert out.metadata["flowmagic"]["cache_keys"]
+    # The drawings: PNG beside SVG for the graph and the timeline.
+    graph, timeline = nb.cells[9].outputs
+    assert {"image/png", "image/svg+xml"} <= set(graph.data) and "image/png" in timeline.data
+    meta = nb.metadata["flowmagic"]
+    assert meta["run"] == tea.run_id and meta["settings"]["max_tokens"] == 64
+    node = meta["nodes"]["steep"]
+    assert node["seeds"] == [0] and len(node["cache_keys"]) == 1 and node["models"] == ["default:m"]
+    assert node["tokens_out"] > 0 and node["duration_s"] >= 0
+    assert meta["cost"]["calls"] == 5 and meta["update_log"] == []
+    assert [r["node"] for r in meta["timeline"]][:2] == ["leaves", "water"]
+    plan = json.loads(nb.cells[2].source.split("\n", 1)[1])
+    assert plan["edges"] == PLAN["edges"]
+
+
+def test_executed_export_replays_with_zero_calls_and_equal_outputs(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    before = uncached()
+    nb = execute(nbformat.read(path, as_version=4), tmp_path)
+    assert uncached() == before, "replaying an exported notebook called the model"
+    exported = nbformat.read(path, as_version=4)
+    for ran, ref in zip(nb.cells, exported.cells):
+        if ref.cell_type == "code" and NBVAL_IGNORE not in ref.metadata.get("tags", []):
+            assert outputs(ran) == outputs(ref), ref.source[:60]
+            assert not any(o.get("name") == "stderr" for o in ran.outputs), ran.outputs
+    replayed = [c.outputs[0].metadata["flowmagic"]["replayed"] for c in nb.cells[4:8]]
+    assert replayed == [True] * 4
+
+
+def test_replay_needs_neither_the_cache_nor_the_endpoint(tea, tmp_path, monkeypatch):
+    """Another machine: an empty FLOWMAGIC_HOME and no endpoint configured."""
+    path = export(tea, tmp_path / "tea.ipynb")
+    other = tmp_path / "other-home"
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(other))
+    for var in ("FLOWMAGIC_BASE_URL", "FLOWMAGIC_MODEL", "FLOWMAGIC_API_KEY"):
+        monkeypatch.delenv(var)
+    nb = execute(nbformat.read(path, as_version=4), tmp_path)
+    exported = nbformat.read(path, as_version=4)
+    assert [outputs(c) for c in nb.cells[2:9]] == [outputs(c) for c in exported.cells[2:9]]
+    store = flowmagic.Store(other / "flowmagic.db")
+    assert store.count_calls() == 0
+
+
+def test_nbval_passes_on_an_exported_notebook(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    before = uncached()
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval", str(path), "-q",
+                          "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "9 passed" in run.stdout   # the code cells
+    assert uncached() == before
+
+
+def test_editing_one_node_reruns_only_it_and_marks_descendants_stale(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    steep, serve, result = node_cell(nb, "steep"), node_cell(nb, "serve"), len(nb.cells) - 2
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+        before = uncached()
+        nb.cells[steep].source = nb.cells[steep].source.replace("Steep the tea.",
+                                                                "Steep for two minutes.")
+        client.execute_cell(nb.cells[steep], steep)
+        assert uncached() == before + 1, "an edit must re-execute exactly that node"
+        text = nb.cells[steep].outputs[0].data["text/plain"]
+        assert text == "**steep** done: Steep for two minutes."
+        assert "stale now: serve" in nb.cells[steep].outputs[-1]["text"]
+        # The descendant's and the result's cells were updated in place.
+        assert "stale" in nb.cells[serve].outputs[0].data["text/plain"]
+        assert "stale" in nb.cells[result].outputs[0].data["text/plain"]
+        # Running the stale cell brings it up to date: one call for it, one for the write-up.
+        client.execute_cell(nb.cells[serve], serve)
+        client.execute_cell(nb.cells[result], result)
+        assert uncached() == before + 3
+        assert "stale" not in nb.cells[serve].outputs[0].data["text/plain"]
+        # Unchanged cells run again show the same output and call nothing.
+        client.execute_cell(nb.cells[steep], steep)
+        assert uncached() == before + 3
+    # The edited notebook, run top to bottom in a new kernel, comes from the cache.
+    nb2 = execute(nb, tmp_path)
+    assert uncached() == before + 3
+    assert nb2.cells[steep].outputs[0].data["text/plain"] == text
+
+
+def test_an_unfinished_flow_exports_and_its_cells_run_the_nodes(server, tmp_path):
+    flow = Flow.from_dict(PLAN, name="tea", max_tokens=64)
+    path = export(flow, tmp_path / "plan.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[node_cell(nb, "steep")].outputs[0].data["text/plain"] == \
+        "*not run: waits for leaves, water*"
+    before = uncached()
+    nb = execute(nb, tmp_path)
+    assert uncached() == before + 5   # four nodes and the final write-up
+    assert nb.cells[node_cell(nb, "serve")].outputs[0].data["text/plain"] == \
+        "**serve** done: Serve it."
+
+
+def test_a_failed_node_replays_as_failed(server, tmp_path):
+    flow = Flow.from_dict(PLAN, name="tea", max_tokens=64, fail_rate=1.0, max_attempts=1,
+                          update="off")
+    flow.run()
+    assert flow.workflow.nodes["leaves"].status == "failed"
+    path = export(flow, tmp_path / "failed.ipynb")
+    before = uncached()
+    nb = execute(nbformat.read(path, as_version=4), tmp_path)
+    exported = nbformat.read(path, as_version=4)
+    assert [outputs(c) for c in nb.cells[2:9]] == [outputs(c) for c in exported.cells[2:9]]
+    assert uncached() == before
+    assert "failed" in nb.cells[node_cell(nb, "leaves")].outputs[0].data["text/plain"]
+
+
+def test_no_api_key_in_any_exported_file(tea, tmp_path):
+    flowmagic.configure(name="cheap", base_url="https://user:pw@example.com/v1?key=abc",
+                        api_key=SECRET, model="small")
+    tea.downgrade("serve", "cheap:small")
+    path = export(tea, tmp_path / "tea.ipynb")
+    text = path.read_text()
+    assert SECRET not in text and "user:pw" not in text and "key=abc" not in text
+    assert "https://example.com/v1" in text and "FLOWMAGIC_API_KEY" in text
+
+
+def test_magics_in_a_shell(tea, tmp_path, capsys, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    nb = build(tea)
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    try:
+        before = uncached()
+        for cell in nb.cells[1:9]:
+            assert ip.run_cell(cell.source).success
+        out, err = capsys.readouterr()
+        assert err == "" and uncached() == before
+        assert "tea: 4 subtasks (leaves, water, steep, serve), 3 dependencies" in out
+        assert ip.user_ns["tea"].status == "done"
+        # Mistakes are one line on stderr, never a traceback.
+        cases = {"%%flow_node nope steep --after leaves,water --agent writer\nx": "no flow named 'nope'",
+                 "%%flow_node tea steep --after leaves --agent writer\nx": "the plan has 'steep' after",
+                 "%%flow_node tea nope --agent writer\nx": "unknown node 'nope'",
+                 "%%flow_plan tea\n{not json": "is not JSON",
+                 "%%flow_node tea --bogus\nx": "%%flow_node:"}
+        for source, message in cases.items():
+            ip.run_cell(source)
+            out, err = capsys.readouterr()
+            assert err.startswith("flowmagic: ") and message in err and "Traceback" not in err, err
+        # A new plan cell: the node cells must run in order.
+        ip.run_cell(nb.cells[2].source)
+        ip.run_cell(nb.cells[6].source)
+        out, err = capsys.readouterr()
+        assert "waits for leaves, water; run their cells first" in err
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()
+
+
+def test_cache_files_move_answers_between_homes(tea, tmp_path, monkeypatch):
+    saved = save_cache(tmp_path / "cache.json")
+    assert saved == 5
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(tmp_path / "fresh"))
+    store = get_store()
+    assert load_cache(tmp_path / "cache.json", store=store) == 5
+    assert load_cache(tmp_path / "cache.json", store=store) == 0
+    again = Flow.from_dict(PLAN, name="tea", max_tokens=64, llm=flowmagic.LLM(store))
+    again.run()
+    assert store.count_calls(cached=False) == 0 and store.count_calls(cached=True) == 5
+    assert again.result == tea.result
