@@ -444,7 +444,7 @@ def _notebook_magics(shell, magics: FlowMagics) -> None:
         from . import notebook
     except ImportError:
         return
-    for name in ("flow_plan", "flow_node"):
+    for name in getattr(notebook, "MAGICS", ("flow_plan", "flow_node")):
         handler = getattr(notebook, f"handle_{name}", None)
         if handler is None:
             continue
@@ -473,5 +473,5 @@ def unload_ipython_extension(shell) -> None:
         shell.configurables.remove(magics)
     registry = shell.magics_manager.magics
     for kind in ("line", "cell"):
-        for name in ("flow", "flow_plan", "flow_node"):
+        for name in ("flow", "flow_plan", "flow_record", "flow_node"):
             registry[kind].pop(name, None)
