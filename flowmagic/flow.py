@@ -94,6 +94,7 @@ class Flow:
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
+        self.probe = None   # a flowmagic.batch.Probe once attach_probe() was called
         if save:
             self._save_run()
 
@@ -462,6 +463,43 @@ class Flow:
         calls = len(pending) * (2 if self.settings["validate"] == "llm" else 1) + 1
         return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out,
                 "cost_usd": round(cost, 6)}
+
+    # -- batch runs and slimming (flowmagic.batch, flowmagic.slimming) ----------------------
+    def map(self, inputs, concurrency: int | None = 4, scorer: Any = None):
+        """This workflow once per input ({{input}}/{{field}} filled in); a BatchRun in input order."""
+        from . import batch
+        return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
+
+    async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
+        from . import batch
+        return await batch.amap(self, inputs, concurrency=concurrency, scorer=scorer)
+
+    def attach_probe(self, examples, scorer: Any, n: int | None = None, seed: int = 0):
+        """Keep a probe set (a seeded shuffle of `examples`, first n) for importance() and slim()."""
+        from . import batch
+        self.probe = batch.probe_set(examples, scorer, n=n, seed=seed)
+        self._emit("probe", None, {"size": len(self.probe), "seed": seed})
+        return self.probe
+
+    def importance(self, probe: Any = None, scorer: Any = None, **options: Any):
+        """The node importance table (see flowmagic.slimming.aimportance for the options)."""
+        from . import batch
+        return batch.run_sync(self, lambda: self.aimportance(probe, scorer, **options), "importance")
+
+    async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
+        from . import slimming
+        options.setdefault("progress", lambda e: self._emit("slim", None, e))
+        return await slimming.aimportance(self, slimming.resolve_probe(self, probe, scorer), **options)
+
+    def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
+        """(slimmed Flow, SlimReport); this flow is untouched (see flowmagic.slimming.aslim)."""
+        from . import batch
+        return batch.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
+
+    async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
+        from . import slimming
+        options.setdefault("progress", lambda e: self._emit("slim", None, e))
+        return await slimming.aslim(self, slimming.resolve_probe(self, probe, scorer), **options)
 
 
 def _settings_from(kwargs: dict) -> dict:
