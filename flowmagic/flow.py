@@ -294,20 +294,21 @@ class Flow:
         from . import updater
 
         trigger = [n.id for n in self.workflow.nodes.values() if n.status in ("failed",)]
-        result = await updater.propose(self.workflow.copy(), llm=self.llm,
-                                       k=int(self.settings["update_k"]),
+        before = self.workflow.copy()
+        result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
                                        model=self.settings["model"], seed=self.settings["seed"],
-                                       run_id=self.run_id)
+                                       run_id=self.run_id, max_tokens=self.settings["max_tokens"])
+        for candidate in result.candidates or []:
+            self._spend(getattr(candidate, "cost_usd", 0.0))
         entry = {"time": time.time(), "strategy": self.settings["update"], "trigger": trigger,
                  "no_change": result.no_change, "stats": result.stats, "diff": result.diff,
-                 "errors": [c.get("error") for c in (result.candidates or [])
-                            if isinstance(c, dict) and c.get("error")]}
+                 "errors": list(result.errors or [])}
         if not result.no_change:
             # Merge onto the live workflow: nodes may have finished since the snapshot.
             merged, diff = updater.merge(self.workflow, result.update)
             self.workflow = merged
             entry["diff"] = diff
-            entry["stats"] = updater.stats(diff, result.before if hasattr(result, "before") else merged)
+            entry["stats"] = updater.stats(diff, before)
             self._save_run()
         self.update_log.append(entry)
         self.store.add_update(self.run_id, entry)

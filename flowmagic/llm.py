@@ -227,7 +227,11 @@ class LLM:
                                       cost_usd=cost, error=error)
         if error is not None:
             cls = TruncatedError if "cut off" in error else ModelOutputError
-            raise cls(error)
+            exc = cls(error)
+            # The call happened and was paid for: callers account for it from the error.
+            exc.call_id, exc.input_tokens, exc.output_tokens, exc.cost_usd = (
+                call_id, tokens_in, tokens_out, cost)
+            raise exc
         if cache:
             self.store.cache_put(key, payload)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,

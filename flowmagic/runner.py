@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .errors import EndpointError, FlowError
 from .executor import Outcome
+from .validation import retry_prompt
 
 if TYPE_CHECKING:
     from .flow import Flow
@@ -57,17 +58,6 @@ def node_messages(flow: "Flow", node_id: str, retry_note: str = "") -> list[dict
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def _retry_note(attempts: list[dict], limit: int = 3000) -> str:
-    if not attempts:
-        return ""
-    lines = ["Your earlier attempts were rejected. Fix what the reviewer says:"]
-    share = limit // len(attempts)
-    for i, attempt in enumerate(attempts, 1):
-        lines.append(f"Attempt {i}:\n{cut(attempt.get('output') or '', share)}\n"
-                     f"Reviewer: {cut(attempt.get('feedback') or attempt.get('error') or '', 400)}")
-    return "\n\n".join(lines)
-
-
 class NodeRunner:
     """`await runner.run(node_id) -> Outcome`, the executor's work for a Flow."""
 
@@ -84,7 +74,8 @@ class NodeRunner:
         from .validation import validate
         verdict = await validate(node, text, task=self.flow.workflow.task, mode=mode,
                                  llm=self.flow.llm, model=self.flow.settings["validator_model"]
-                                 or self.flow.settings["model"], run_id=self.flow.run_id)
+                                 or self.flow.settings["model"], run_id=self.flow.run_id,
+                                 max_tokens=self.flow.settings["max_tokens"])
         return verdict.passed, verdict.feedback
 
     async def _reply(self, node, messages: list[dict], seed: int):
@@ -126,7 +117,7 @@ class NodeRunner:
                               error="injected failure (fail_rate)")
                 attempts.append(record)
                 continue
-            messages = node_messages(flow, node_id, _retry_note(attempts))
+            messages = node_messages(flow, node_id, retry_prompt(attempts))
             try:
                 reply, tool_calls = await self._reply(node, messages,
                                                       settings["seed"] + history + attempt)

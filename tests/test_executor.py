@@ -237,3 +237,74 @@ def test_prompt_carries_role_parents_and_children():
         assert flow.workflow.nodes["load"].output in user        # the parent's output
         assert "write the report" in user                        # what comes after
         assert "analyse sales.csv" in user                       # the overall task
+
+
+def purposes(flow) -> list[str]:
+    return [row["purpose"] for row in flow.cost()["rows"] for _ in range(row["calls"])]
+
+
+def test_a_validator_that_always_fails_stops_after_max_attempts():
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server, max_attempts=3, update="off",
+                         validate=lambda node, output: (node.id != "b", "needs a chart"))
+        flow.run()
+        b = flow.workflow.nodes["b"]
+        assert b.status == "failed" and len(b.attempts) == 3
+        assert all(a["feedback"] == "needs a chart" for a in b.attempts)
+        assert "needs a chart" in b.error
+        assert node_calls(server).count("b") == 3
+        # the second and third prompts carried the earlier attempt and its feedback
+        retries = [r for r in server.requests if node_of(r) == "b"][1:]
+        assert all("needs a chart" in r["body"]["messages"][-1]["content"] for r in retries)
+        assert flow.workflow.nodes["d"].status == "pending" and flow.status == "incomplete"
+
+
+def test_on_failure_makes_no_update_call_when_every_node_passes():
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server, update="on-failure").run()
+        assert flow.status == "done" and "update" not in purposes(flow)
+        assert flow.update_log == []
+
+
+def rerun_masked(body):
+    """The updater's answer: rerun every node whose result reads 'none'."""
+    user = body["messages"][-1]["content"]
+    if "Results of done subtasks" not in user:
+        return f"result for {node_of({'body': body})}"
+    masked = re.findall(r"\[(\w+)\]\nnone\b", user)
+    return json.dumps({"action": "update" if masked else "no_change",
+                       "subtasks": [{"id": m, "rerun": True} for m in masked]})
+
+
+def test_masked_outputs_are_recovered_by_the_updater():
+    with LoopbackServer(responder=rerun_masked) as server:
+        flow = make_flow(chain(3), server, mask_rate=1.0, update="on-failure", max_updates=10)
+        flow.run()
+        assert "update" in purposes(flow) and flow.update_log
+        assert any(entry["diff"]["rerun"] for entry in flow.update_log)
+        nodes = flow.workflow.nodes
+        assert flow.status == "done"
+        assert all(n.output.startswith("result for") for n in nodes.values()), \
+            {i: n.output for i, n in nodes.items()}
+        # every node ran twice: once masked, once re-run on the updater's request
+        assert all(node_calls(server).count(i) == 2 for i in nodes)
+
+
+def test_after_completion_updates_between_nodes_and_keeps_finished_work():
+    def add_node(body):
+        user = body["messages"][-1]["content"]
+        if "Results of done subtasks" not in user:
+            return f"result for {node_of({'body': body})}"
+        if "extra" in user:
+            return json.dumps({"action": "no_change"})
+        # leaves every existing node out: they must not be lost
+        return json.dumps({"action": "update", "subtasks": [
+            {"id": "extra", "requirement": "double-check the totals", "depends_on": ["s0"]}]})
+
+    with LoopbackServer(responder=add_node) as server:
+        flow = make_flow(chain(2), server, update="after-completion").run()
+        nodes = flow.workflow.nodes
+        assert set(nodes) == {"s0", "s1", "extra"} and flow.status == "done"
+        assert nodes["s0"].output == "result for s0" and node_calls(server).count("s0") == 1
+        assert flow.update_log[0]["diff"]["added"] == ["extra"]
+        assert flow.update_log[0]["stats"]["initial_tasks"] == 2
