@@ -30,7 +30,8 @@ from .errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .extract import extract_json
 from .store import Store, get_store
 
-__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError"]
+__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
+           "EmbeddingsUnsupportedError"]
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
@@ -62,6 +63,17 @@ def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
 
 class ToolsUnsupportedError(EndpointError):
     """The endpoint refused a request with `tools`; use a JSON action protocol instead."""
+
+
+class EmbeddingsUnsupportedError(EndpointError):
+    """The endpoint has no usable /embeddings (remembered per endpoint by `LLM.embed`)."""
+
+
+# Statuses that mean "this endpoint does not embed" until it has embedded once: llama.cpp
+# started without --embedding answers 500, chat-only servers 404/405/501, and a chat
+# model named as the embedding model 400/422.
+_NO_EMBEDDINGS = {400, 404, 405, 422, 500, 501}
+_EMBED_BATCH = 256
 
 
 class _Retryable(Exception):
@@ -103,6 +115,7 @@ class LLM:
         self.backoff_max = backoff_max
         self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
         self._tool_modes: dict[str, str] = {}   # endpoint identity -> "native" | "action"
+        self._embeds: dict[str, bool] = {}   # endpoint identity -> /embeddings works
         self._per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
             weakref.WeakKeyDictionary())
         self._sent: deque[float] = deque()
@@ -263,6 +276,140 @@ class LLM:
         if "error" in box:
             raise box["error"]
         return box["reply"]
+
+    # -- embeddings -------------------------------------------------------------
+    def embeddings_supported(self, model: str | None = None) -> bool | None:
+        """Whether the endpoint of `model` embeds: True / False once known, None before."""
+        endpoint, _ = _endpoints.resolve(model)
+        return self._embeds.get(endpoint.identity)
+
+    async def embed(self, texts: list[str] | str, *, model: str | None = None,
+                    cache: bool = True, run_id: str | None = None,
+                    purpose: str = "embed") -> list[list[float]]:
+        """One vector per text from the endpoint's `/embeddings`, in order.
+
+        Texts are cached one by one (endpoint, model, text), so only new ones are sent;
+        each request is logged as a call, and a request answered wholly from the cache
+        as one cached call. An endpoint that cannot embed raises
+        `EmbeddingsUnsupportedError`, at once on later calls. Blank texts get [].
+        """
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        endpoint, model_name = _endpoints.resolve(model)
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        if self._embeds.get(endpoint.identity) is False:
+            raise EmbeddingsUnsupportedError(f"{where} has no /embeddings; use TF-IDF similarity")
+        if not model_name:
+            model_name = await self._first_model(endpoint)
+        keys = {t: cache_key(endpoint.identity, model_name, [t], {"embed": True})
+                for t in texts if t.strip()}
+        found: dict[str, list[float]] = {}
+        for text, key in keys.items() if cache else ():
+            hit = self.store.cache_get(key)
+            if hit is not None:
+                found[text] = hit["vector"]
+        missing = [t for t in keys if t not in found]
+        log = dict(endpoint=endpoint.identity, model=f"{endpoint.name}:{model_name}",
+                   messages=[{"role": "input", "content": t} for t in missing or list(keys)],
+                   params={"embed": True}, run_id=run_id, purpose=purpose)
+        if not missing:
+            self.store.log_call(**log, response={"vectors": len(keys)}, cached=True)
+            return [found.get(t, []) for t in texts]
+        started, tokens = time.perf_counter(), 0
+        try:
+            for i in range(0, len(missing), _EMBED_BATCH):
+                batch = missing[i:i + _EMBED_BATCH]
+                vectors, used = await self._embed_with_retries(endpoint, model_name, batch)
+                found.update(zip(batch, vectors))
+                tokens += used
+        except EndpointError as exc:
+            self.store.log_call(**log, error=str(exc), latency_s=time.perf_counter() - started)
+            raise
+        self._embeds[endpoint.identity] = True
+        self.store.log_call(**log, response={"vectors": len(missing)}, input_tokens=tokens,
+                            latency_s=time.perf_counter() - started,
+                            cost_usd=_cost(endpoint, model_name, tokens, 0))
+        for text in missing if cache else ():
+            self.store.cache_put(keys[text], {"vector": found[text]})
+        return [found.get(t, []) for t in texts]
+
+    def embed_sync(self, texts: list[str] | str, **kwargs) -> list[list[float]]:
+        """`embed` for scripts and sync callers; inside a running loop it uses a worker thread."""
+        async def once() -> list[list[float]]:
+            try:
+                return await self.embed(texts, **kwargs)
+            finally:
+                await self.aclose()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(once())
+        box: dict[str, Any] = {}
+
+        def worker() -> None:
+            try:
+                box["vectors"] = asyncio.run(once())
+            except BaseException as exc:  # handed back to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["vectors"]
+
+    async def _embed_with_retries(self, endpoint: Endpoint, model: str, texts: list[str]):
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, last))
+            try:
+                return await self._embed_once(endpoint, model, texts)
+            except _Retryable as exc:
+                last = exc
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        raise EndpointError(f"{where} /embeddings failed {self.max_retries + 1} times ({last}); "
+                            "check that the server is up, or use TF-IDF similarity")
+
+    async def _embed_once(self, endpoint: Endpoint, model: str, texts: list[str]):
+        import openai
+
+        client = await self._client(endpoint)
+        try:
+            await self._pace()
+            limit = self._limit(endpoint)
+            async with self._state()["all"]:
+                if limit is None:
+                    response = await client.embeddings.create(model=model, input=texts,
+                                                              encoding_format="float")
+                else:
+                    async with limit:
+                        response = await client.embeddings.create(model=model, input=texts,
+                                                                  encoding_format="float")
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            if status in _NO_EMBEDDINGS and not self._embeds.get(endpoint.identity):
+                self._embeds[endpoint.identity] = False
+                where = "the embedded model" if endpoint.local else endpoint.base_url
+                raise EmbeddingsUnsupportedError(
+                    f"{where} cannot embed with {model!r} (HTTP {status}: "
+                    f"{' '.join(str(exc).split())[:120]}); use TF-IDF similarity") from None
+            if status in _RETRY_STATUS:
+                raise _Retryable(f"HTTP {status}") from None
+            raise EndpointError(self._status_message(endpoint, model, exc)) from None
+        except openai.APITimeoutError:
+            raise _Retryable(f"no answer within {self.timeout:g} s") from None
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            raise _Retryable(f"cannot connect: {type(cause).__name__}: {cause}") from None
+        except (openai.APIResponseValidationError, ValueError, AttributeError) as exc:
+            raise _Retryable(f"malformed response: {exc}") from None
+        data = sorted(getattr(response, "data", None) or [], key=lambda d: d.index)
+        if len(data) != len(texts):
+            raise _Retryable(f"{len(data)} vectors for {len(texts)} texts")
+        used = getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
+        return [[float(x) for x in d.embedding] for d in data], used
 
     async def _first_model(self, endpoint: Endpoint) -> str:
         client = await self._client(endpoint)
