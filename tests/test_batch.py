@@ -12,6 +12,13 @@ from flowmagic.flow import Flow
 from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer, default_responder
 
+@pytest.fixture(autouse=True)
+def own_prices(monkeypatch):
+    """configure(prices=...) edits a process-wide table: give each test its own copy."""
+    from flowmagic import endpoints
+    monkeypatch.setattr(endpoints, "PRICES", dict(endpoints.PRICES))
+
+
 PAIR = {"nodes": [{"id": "ask", "requirement": "Look up {{input}}"},
                   {"id": "say", "requirement": "Say what was found"}],
         "edges": [["ask", "say"]]}

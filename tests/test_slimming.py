@@ -24,6 +24,13 @@ from flowmagic.graph import Node, Workflow
 from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer, default_responder
 
+@pytest.fixture(autouse=True)
+def own_prices(monkeypatch):
+    """configure(prices=...) edits a process-wide table: give each test its own copy."""
+    from flowmagic import endpoints
+    monkeypatch.setattr(endpoints, "PRICES", dict(endpoints.PRICES))
+
+
 PLAN = {"nodes": [{"id": "lookup", "requirement": "LOOKUP {{input}}", "model": "big"},
                   {"id": "relay", "requirement": "RELAY the facts", "model": "big"},
                   {"id": "verify", "requirement": "VERIFY {{input}}", "model": "big"},
