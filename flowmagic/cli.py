@@ -1,20 +1,281 @@
-"""The `flowmagic` command. Each subcommand is one function `cmd_NAME(args)`."""
+"""The `flowmagic` command. Each subcommand is one function `cmd_NAME(args)`.
+
+Results go to stdout, progress (one line per node event or notebook cell, and a
+"still working" line when nothing happened for a while) to stderr, so `> file` keeps
+only the results.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
+import threading
 import time
+from pathlib import Path
 
-from .errors import FlowError
+from .errors import ConfigError, FlowError
 
 __all__ = ["main", "build_parser"]
+
+_QUIET_S = 15.0   # a "still working" line after this long without any other line
+_STOP = {"a", "an", "the", "to", "of", "and", "or", "for", "with", "on", "in", "write", "make",
+         "build", "create", "short", "some", "about", "my", "your"}
 
 
 def _truncate(text: str, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class Progress:
+    """Lines on stderr: `[  12.3s] message`, plus a heartbeat while nothing happens."""
+
+    def __init__(self, stream=None, quiet_s: float = _QUIET_S):
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self.quiet_s = quiet_s
+        self.doing = ""
+        self.running: dict[str, str] = {}
+        self._last = self.t0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def say(self, message: str) -> None:
+        now = time.perf_counter()
+        self._last = now
+        print(f"[{now - self.t0:7.1f}s] {message}", file=self.stream, flush=True)
+
+    def __enter__(self) -> "Progress":
+        self._thread = threading.Thread(target=self._beat, name="flowmagic-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.doing and time.perf_counter() - self._last >= self.quiet_s:
+                busy = ", ".join(self.running) or ("the final write-up" if self.doing == "running"
+                                                  else "")
+                busy = f": {busy}" if busy else ""
+                self.say(f"… still {self.doing}{busy}")
+
+    def event(self, e: dict) -> None:
+        """A Flow event, as one line."""
+        kind, node = e.get("kind"), e.get("node")
+        if kind == "started":
+            self.running[node] = e.get("clone") or e.get("agent") or ""
+            self.say(f"▶ {node} ({self.running[node]})")
+        elif kind == "finished":
+            self.running.pop(node, None)
+            self.say(f"✓ {node}" + (" (output masked: fault injection)" if e.get("masked") else ""))
+        elif kind == "failed":
+            self.running.pop(node, None)
+            self.say(f"✗ {node}: {_truncate(e.get('error') or '', 100)}")
+        elif kind == "stopped":
+            self.running.pop(node, None)
+        elif kind == "updated":
+            self.say("↻ the workflow was updated" + (" (no change)" if e.get("no_change") else ""))
+        elif kind == "budget":
+            self.say(f"$ {e.get('message')}")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _settings(pairs: list[str] | None) -> dict:
+    from .parsers import parse_assignments
+
+    try:
+        return parse_assignments(list(pairs)) if pairs else {}
+    except ConfigError:
+        raise ConfigError(f"--set takes key=value, not {' '.join(pairs)!r}") from None
+
+
+def _name_from(task: str) -> str:
+    words = [w for w in re.findall(r"[a-z0-9]+", task.lower()) if w not in _STOP]
+    name = "_".join(words[:3]) or "flow"
+    return name if name[0].isalpha() else f"flow_{name}"
+
+
+def _plan(args, progress: Progress):
+    from .flow import plan
+
+    settings = _settings(getattr(args, "set", None))
+    if getattr(args, "max_tokens", None):
+        settings["max_tokens"] = args.max_tokens
+    name = args.name or _name_from(args.task)
+    progress.doing = "planning"
+    progress.say(f"planning {args.task!r}: {args.k} candidate plan(s) on {args.model or 'the default model'}")
+    flow = plan(args.task, k=args.k, model=args.model, strategy=args.strategy, name=name,
+                **settings)
+    progress.doing = ""
+    scores = flow.metrics()
+    progress.say(f"plan: {flow.total()} subtasks, {len(flow.workflow.edges())} dependencies, "
+                 f"P_avg {scores.get('parallelism', 0):.2f} (candidate {flow.chosen} of "
+                 f"{len(flow.candidates)})")
+    return flow
+
+
+def _describe(flow) -> str:
+    wf = flow.workflow
+    lines = []
+    for node_id in wf.order():
+        node = wf.nodes[node_id]
+        after = ", ".join(wf.parents(node_id))
+        lines.append(f"  {node_id} [{node.agent}]{' after ' + after if after else ''}: "
+                     f"{_truncate(node.requirement, 90)}")
+    return "\n".join(lines)
+
+
+def _drawings(flow, folder: Path, name: str) -> list[Path]:
+    from . import render
+
+    written = [folder / f"{name}.svg"]
+    written[0].write_text(render.svg(flow), encoding="utf-8")
+    if render.have_dot():
+        written.append(folder / f"{name}.png")
+        written[-1].write_bytes(render.png(flow))
+    return written
+
+
+def _summary(flow, seconds: float) -> str:
+    counts = flow.counts()
+    total = flow.cost()["total"]
+    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    return (f"{flow.name}: {flow.status}; {counts.get('done', 0)}/{flow.total()} nodes done{failed}; "
+            f"{seconds:.1f} s; {total['calls'] - total['cached']} model calls "
+            f"(+{total['cached']} from the cache); tokens {total['input_tokens']:,} in, "
+            f"{total['output_tokens']:,} out; ${total['cost_usd']:.4f}")
+
+
+# ----------------------------------------------------------------------------- commands
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.task.endswith(".ipynb"):
+        return _run_notebook(args)
+    if args.params:
+        raise ConfigError("-p fills a notebook's parameters; for a task use --set key=value")
+    from .notebook import export
+
+    started = time.perf_counter()
+    with Progress() as progress:
+        flow = _plan(args, progress)
+        print(_describe(flow))
+        unsubscribe = flow.subscribe(progress.event)
+        progress.doing = "running"
+        flow.run()
+        unsubscribe()
+        progress.doing = ""
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = export(flow, out / f"{flow.name}.ipynb")
+        files = [path, *_drawings(flow, out, flow.name)]
+        seconds = time.perf_counter() - started
+        if not args.no_execute:
+            replay = _execute(path, None, [], progress, args.timeout)
+            if replay["calls"]:
+                progress.say(f"warning: replaying the notebook made {replay['calls']} model call(s)")
+    print(_summary(flow, seconds))
+    if not args.no_execute:
+        print(f"replayed {path} in a kernel: {replay['calls']} model calls, "
+              f"{replay['seconds']:.1f} s")
+    print("wrote " + ", ".join(str(f) for f in files))
+    if flow.message:
+        print(flow.message)
+    return 0 if flow.status == "done" else 1
+
+
+def _execute(path: Path, out, params, progress: Progress, timeout: float) -> dict:
+    from .nbrun import execute
+
+    progress.doing = f"running {path.name}"
+    progress.say(f"running {path} in a kernel")
+    stats = execute(path, out, params=params, timeout=timeout, progress=progress.say)
+    progress.doing = ""
+    return stats
+
+
+def _run_notebook(args: argparse.Namespace) -> int:
+    path = Path(args.task)
+    out = None
+    if args.out_given:
+        out = Path(args.out)
+        out = out if out.suffix == ".ipynb" else out / path.name
+    with Progress() as progress:
+        stats = _execute(path, out, args.params, progress, args.timeout)
+    print(f"ran {stats['cells']} cells of {path} in {stats['seconds']:.1f} s: "
+          f"{stats['calls']} model calls (+{stats['cached']} from the cache); wrote {stats['path']}")
+    for line in stats["errors"]:
+        print(f"flowmagic error in {line}")
+    return 1 if stats["errors"] else 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    with Progress() as progress:
+        flow = _plan(args, progress)
+    if args.json:
+        print(json.dumps({"run": flow.run_id, "name": flow.name, "chosen": flow.chosen,
+                          "candidates": [c.to_dict() for c in flow.candidates],
+                          "workflow": flow.workflow.to_dict()}, indent=2, ensure_ascii=False))
+        return 0
+    for c in flow.candidates:
+        mark = "*" if c.index == flow.chosen else " "
+        what = (f"{c.scores.get('nodes')} nodes, P_avg {c.scores.get('parallelism', 0):.2f}, "
+                f"C {c.scores.get('dependency_complexity', 0):.2f}") if c.ok else c.error
+        print(f"{mark} candidate {c.index} (seed {c.seed}): {what}")
+    print(_describe(flow))
+    for warning in flow.workflow.warnings:
+        print(f"  warning: {warning}")
+    if args.svg:
+        from .render import svg
+
+        Path(args.svg).write_text(svg(flow), encoding="utf-8")
+        print(f"wrote {args.svg}")
+    print(f"run {flow.run_id}: `flowmagic export {flow.run_id} {flow.name}.ipynb` writes a "
+          "notebook whose cells run it node by node")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .flow import load
+    from .notebook import export
+
+    flow = load(args.run)
+    path = export(flow, args.path, name=args.name)
+    print(f"wrote {path} ({flow.counts().get('done', 0)}/{flow.total()} nodes done in run "
+          f"{flow.run_id})")
+    if args.execute:
+        with Progress() as progress:
+            stats = _execute(path, None, [], progress, args.timeout)
+        print(f"replayed it in a kernel: {stats['calls']} model calls, {stats['seconds']:.1f} s")
+    return 0
+
+
+def cmd_templates(args: argparse.Namespace) -> int:
+    from .nbrun import templates
+
+    found = templates()
+    if args.json:
+        print(json.dumps([{k: (str(v) if k == "path" else v) for k, v in t.items()} for t in found],
+                         indent=2, ensure_ascii=False))
+        return 0
+    width = max((len(t["name"]) for t in found), default=0) + 2
+    for t in found:
+        params = " ".join(f"-p {k}={shlex.quote(str(v))}" for k, v in t["parameters"].items())
+        print(f"{t['name']:<{width}}{t['title']}: {t['description']}\n{'':<{width}}{params}")
+    return 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from .nbrun import new
+
+    path = new(args.template, args.path, args.params, force=args.force)
+    print(f"wrote {path}; run it with `flowmagic run {path}` or open it in Jupyter")
+    return 0
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -38,21 +299,79 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- the parser
+def _planning_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=3, help="candidate plans (default 3)")
+    p.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
+    p.add_argument("--strategy", default="balanced",
+                   help="balanced, coarse, fine or critical-path (default balanced)")
+    p.add_argument("--name", help="the flow's name (default: from the task's words)")
+    p.add_argument("--max-tokens", type=int, help="token limit of each node's answer")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any other flow setting, e.g. --set validate=llm (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="flowmagic", description="Plan, run and export multi-agent task graphs.")
+        prog="flowmagic", description="Plan, run and export multi-agent task graphs.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=30))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="plan and run a task, or run a notebook headless",
+                         description="TASK: plan, run, write OUT/NAME.ipynb (replayed in a "
+                         "kernel) and OUT/NAME.svg/.png. NOTEBOOK.ipynb: run it top to bottom.")
+    run.add_argument("task", metavar="TASK|NOTEBOOK.ipynb")
+    _planning_options(run)
+    run.add_argument("--out", default="out",
+                     help="folder for a task's files (default out); for a notebook, where to "
+                     "write it (default: in place)")
+    run.add_argument("-p", dest="params", action="append", metavar="KEY=VALUE",
+                     help="a notebook parameter (repeatable)")
+    run.add_argument("--no-execute", action="store_true",
+                     help="write the notebook without replaying it in a kernel")
+    run.add_argument("--timeout", type=float, default=1800, help="seconds per notebook cell")
+    run.set_defaults(func=cmd_run)
+
+    plan = sub.add_parser("plan", help="plan a task and show the candidates and the chosen graph")
+    plan.add_argument("task", metavar="TASK")
+    _planning_options(plan)
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.add_argument("--svg", metavar="PATH", help="also write the drawing")
+    plan.set_defaults(func=cmd_plan)
+
+    export = sub.add_parser("export", help="write a stored run as a notebook that replays it")
+    export.add_argument("run", metavar="RUN", help="run id or flow name (see `flowmagic log`)")
+    export.add_argument("path", metavar="OUT.ipynb")
+    export.add_argument("--name", help="the flow's variable name in the notebook")
+    export.add_argument("--execute", action="store_true", help="then replay it in a kernel")
+    export.add_argument("--timeout", type=float, default=1800, help="seconds per notebook cell")
+    export.set_defaults(func=cmd_export)
+
     log = sub.add_parser("log", help="recent model calls, newest first")
     log.add_argument("-n", type=int, default=10, help="how many calls (default 10)")
     log.add_argument("--json", action="store_true", help="print JSON")
     log.set_defaults(func=cmd_log)
+
+    tpl = sub.add_parser("templates", help="list the notebook templates")
+    tpl.add_argument("--json", action="store_true", help="print JSON")
+    tpl.set_defaults(func=cmd_templates)
+
+    new = sub.add_parser("new", help="make a notebook from a template")
+    new.add_argument("template", metavar="TEMPLATE")
+    new.add_argument("path", metavar="OUT.ipynb")
+    new.add_argument("-p", dest="params", action="append", metavar="KEY=VALUE",
+                     help="a parameter (repeatable)")
+    new.add_argument("--force", action="store_true", help="overwrite OUT.ipynb")
+    new.set_defaults(func=cmd_new)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.out_given = any(a == "--out" or a.startswith("--out=") for a in argv)
     try:
         return int(args.func(args) or 0)
     except FlowError as exc:

@@ -1,0 +1,189 @@
+"""The `flowmagic` command end to end: run (a task, a notebook), plan, export, templates, new, log.
+
+Commands run in-process through `cli.main`; notebooks run in a real kernel (nbclient)
+that reaches the loopback model server through the environment.
+"""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from flowmagic import cli
+from flowmagic.loopback import LoopbackServer
+from flowmagic.nbrun import parameters_of, templates
+from flowmagic.parsers import interpolate
+from flowmagic.store import get_store
+
+from conftest import ROOT
+
+TASK = "Write a short guide to brewing green tea"
+SECRET = "sk-test-DO-NOT-LEAK-cli-0123456789"
+PLAN = {"subtasks": [
+    {"id": "leaves", "requirement": "Pick the leaves.", "agent": "researcher", "depends_on": []},
+    {"id": "water", "requirement": "Heat the water.", "agent": "chemist", "depends_on": []},
+    {"id": "guide", "requirement": "Write the guide.", "agent": "writer",
+     "depends_on": ["leaves", "water"]}]}
+# One value per parameter of each template, of the default's type.
+VALUES = {"conference": "EuroSciPy 2026", "days": "3", "talks_per_day": "4",
+          "venue": "Kraków Old Town", "board_size": "19", "language": "JavaScript",
+          "topic": "reinforcement learning", "audience": "engineers", "pages": "20",
+          "csv_path": "sales.csv", "target": "revenue", "max_plots": "2", "dataset": "wine",
+          "model_a": "SVM", "model_b": "k-NN", "metric": "F1", "folds": "10",
+          "notes_folder": "my_notes", "words": "150", "k": "2"}
+
+
+def responder(body):
+    if body.get("response_format"):
+        return json.dumps(PLAN)
+    text = body["messages"][-1]["content"]
+    match = re.search(r"Your subtask \((\w+)\)", text)
+    return f"Answer for {match.group(1)}." if match else "The whole guide."
+
+
+@pytest.fixture
+def server(monkeypatch):
+    with LoopbackServer(responder=responder) as srv:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", srv.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        monkeypatch.setenv("FLOWMAGIC_API_KEY", SECRET)
+        yield srv
+
+
+def flowmagic(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_a_task_writes_the_replayed_notebook_and_the_drawing(server, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    code, out, err = flowmagic(capsys, "run", TASK, "--k", "2", "--out", out_dir)
+    assert code == 0, err
+    name = "guide_brewing_green"
+    files = {p.name for p in out_dir.iterdir()}
+    assert {f"{name}.ipynb", f"{name}.svg", f"{name}.png"} <= files
+    assert f"{name}: done; 3/3 nodes done" in out and "tokens" in out and "$0.0000" in out
+    assert "0 model calls" in out.split("replayed")[1]
+    # Progress: planning, every node event, every notebook cell.
+    for line in ("planning", "▶ leaves (researcher)", "✓ guide", "running", "cell 1/"):
+        assert line in err, err
+    nb = nbformat.read(out_dir / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    node_cells = [c for c in nb.cells if c.source.startswith("%%flow_node")]
+    assert [c.outputs[0].data["text/plain"] for c in node_cells] == [
+        "Answer for leaves.", "Answer for water.", "Answer for guide."]
+    assert all(c.execution_count for c in nb.cells if c.cell_type == "code")
+    assert all(c.outputs[0].metadata["flowmagic"]["replayed"] for c in node_cells)
+    for path in out_dir.iterdir():
+        assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_plan_then_export_gives_a_notebook_that_runs_the_nodes(server, tmp_path, capsys):
+    code, out, err = flowmagic(capsys, "plan", TASK, "--k", "1", "--name", "tea",
+                               "--svg", tmp_path / "plan.svg")
+    assert code == 0, err
+    assert "* candidate 0 (seed 0): 3 nodes, P_avg 0.50, C 0.47" in out
+    assert "guide [writer] after leaves, water: Write the guide." in out
+    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
+    assert (tmp_path / "plan.svg").read_text().lstrip().startswith(("<?xml", "<svg", "//"))
+    before = get_store().count_calls(cached=False)
+    code, out, err = flowmagic(capsys, "export", run_id, tmp_path / "tea.ipynb", "--execute")
+    assert code == 0, err
+    assert "0/3 nodes done" in out and "4 model calls" in out   # three nodes, one write-up
+    assert get_store().count_calls(cached=False) == before + 4
+    code, out, err = flowmagic(capsys, "plan", TASK, "--k", "1", "--json")
+    assert json.loads(out)["workflow"]["edges"] == [["leaves", "guide"], ["water", "guide"]]
+
+
+def test_every_template_fills_its_parameters(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_notes").mkdir()
+    (tmp_path / "my_notes" / "a.md").write_text("Buy a kettle.")
+    found = templates()
+    assert {t["name"] for t in found} >= {"conference_website", "gobang", "beamer_slides",
+                                          "csv_eda", "model_comparison", "notes_summary"}
+    for t in found:
+        out = tmp_path / f"{t['name']}.ipynb"
+        args = [a for key in t["parameters"] for a in ("-p", f"{key}={VALUES[key]}")]
+        code, _, err = flowmagic(capsys, "new", t["name"], out, *args)
+        assert code == 0, err
+        nb = nbformat.read(out, as_version=4)
+        nbformat.validate(nb)
+        ns = {}
+        flow_cell = None
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            if cell.source.startswith("%%flow "):
+                flow_cell = cell
+                break
+            exec(compile("\n".join(line for line in cell.source.splitlines()
+                                   if not line.startswith("%")), "cell", "exec"), ns)
+        capsys.readouterr()
+        injected = next(c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", []))
+        assert injected.source.startswith("# Parameters")
+        for key, default in t["parameters"].items():
+            assert ns[key] == type(default)(VALUES[key]), (t["name"], key)
+        task = interpolate(flow_cell.source.split("\n", 1)[1], ns)
+        assert "{{" not in task, t["name"]
+        typed = [str(type(d)(VALUES[k])) for k, d in t["parameters"].items() if k != "k"]
+        assert all(v in task for v in typed), (t["name"], task)
+        assert "{k}" in flow_cell.source.splitlines()[0]
+
+
+def test_new_and_run_reject_bad_parameters_in_one_line(tmp_path, capsys):
+    code, _, err = flowmagic(capsys, "new", "gobang", tmp_path / "g.ipynb", "-p", "colour=red")
+    assert code == 1 and err.startswith("flowmagic: unknown parameter 'colour'")
+    assert "board_size" in err and len(err.splitlines()) == 1
+    code, _, err = flowmagic(capsys, "new", "gobang", tmp_path / "g.ipynb", "-p", "board_size=big")
+    assert code == 1 and "should be a int like the default 15" in err
+    code, _, err = flowmagic(capsys, "new", "nope", tmp_path / "g.ipynb")
+    assert code == 1 and "no template 'nope'; templates: beamer_slides" in err
+    assert flowmagic(capsys, "new", "gobang", tmp_path / "g.ipynb")[0] == 0
+    code, _, err = flowmagic(capsys, "new", "gobang", tmp_path / "g.ipynb")
+    assert code == 1 and "exists" in err
+    code, _, err = flowmagic(capsys, "export", "no-such-run", tmp_path / "x.ipynb")
+    assert code == 1 and err.startswith("flowmagic: no run 'no-such-run'")
+
+
+def test_run_a_template_notebook_headless(server, tmp_path, capsys):
+    path = tmp_path / "slides.ipynb"
+    assert flowmagic(capsys, "new", "beamer_slides", path, "-p", "pages=8", "-p", "k=1")[0] == 0
+    code, out, err = flowmagic(capsys, "run", path, "-p", "topic=bandits",
+                               "--out", tmp_path / "ran.ipynb")
+    assert code == 0, out + err
+    assert "model calls" in out and "cell 1/" in err
+    nb = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
+    injected = next(c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", []))
+    assert "topic = 'bandits'" in injected.source
+    assert "The whole guide." in json.dumps(nb.cells[-3].outputs)   # the flow's result
+    exported = tmp_path / "slides_run.ipynb"   # written by the notebook's last cell
+    assert exported.exists()
+    first = nbformat.read(exported, as_version=4).cells[0].source
+    assert "bandits" in first and "8 frames" in first
+
+
+def test_log_lists_calls(server, capsys):
+    assert flowmagic(capsys, "log")[1] == "no model calls logged yet\n"
+    flowmagic(capsys, "plan", TASK, "--k", "1")
+    code, out, _ = flowmagic(capsys, "log", "-n", "1")
+    assert code == 0 and out.startswith("#1 ") and " call  default:m " in out
+    assert json.loads(flowmagic(capsys, "log", "--json")[1])[0]["purpose"] == "plan"
+
+
+def test_the_command_is_installed_and_its_help_is_in_the_readme():
+    env = {**os.environ, "COLUMNS": "100"}
+    run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "flowmagic"), "--help"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0 and "new" in run.stdout
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    assert run.stdout.strip() in section, "README's `flowmagic --help` block is out of date"
+    for command in ("run", "plan", "export", "log", "templates", "new"):
+        assert f"flowmagic {command}" in section, command
