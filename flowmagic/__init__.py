@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "configure", "LLM", "Reply", "get_llm", "Store", "get_store",
     "Workflow", "Node", "Flow", "plan", "aplan", "load", "tool", "evaluate",
+    "orchestrate", "aorchestrate",
     "FlowError", "ConfigError", "EndpointError", "ModelOutputError", "TruncatedError",
     "PlanError", "NodeError", "BudgetError", "StoreError", "SandboxError",
     "load_ipython_extension", "unload_ipython_extension",
@@ -28,6 +29,7 @@ _LAZY = {
     "Workflow": "graph", "Node": "graph",
     "Flow": "flow", "plan": "flow", "aplan": "flow", "load": "flow",
     "tool": "tools",
+    "orchestrate": "orchestrator", "aorchestrate": "orchestrator",
 }
 
 

@@ -1,0 +1,303 @@
+"""Orchestrator mode over real HTTP: turns in order, concurrent workers, budgets, replay."""
+
+import asyncio
+import json
+import time
+
+import nbformat
+import pytest
+
+import flowmagic
+from flowmagic.errors import ConfigError
+from flowmagic.llm import LLM
+from flowmagic.loopback import LoopbackServer
+from flowmagic.orchestrator import Orchestrator, aorchestrate, load_orchestration, orchestrate
+from flowmagic.store import get_store
+from flowmagic.tools import unregister
+
+
+@pytest.fixture(autouse=True)
+def empty_registry():
+    unregister()
+    yield
+    unregister()
+
+
+def fast_llm(**kwargs):
+    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("backoff_max", 0.02)
+    kwargs.setdefault("timeout", 10.0)
+    return LLM(**kwargs)
+
+
+def system(body) -> str:
+    messages = body.get("messages") or []
+    return messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+
+
+def is_orchestrator(body) -> bool:
+    return system(body).startswith("You are the orchestrator of a team") and not is_final(body)
+
+
+def is_final(body) -> bool:
+    return "Write only the final answer" in system(body)
+
+
+def worker(body) -> str:
+    return system(body).split(".")[0].replace("You are the ", "")
+
+
+def send(agent, content):
+    return {"function": {"name": "send_message",
+                         "arguments": json.dumps({"agent": agent, "content": content})}}
+
+
+def submit(answer):
+    return {"function": {"name": "submit_answer", "arguments": json.dumps({"answer": answer})}}
+
+
+def scripted(body):
+    """A planner-mediated run: plan + analysis at once, a refined task for the coder, submit."""
+    if is_final(body):
+        return "best answer so far"
+    if is_orchestrator(body):
+        replies = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not replies:
+            return {"tool_calls": [send("planner", "Plan: sum the sales column."),
+                                   send("analyst", "Which column holds sales?")]}
+        if len(replies) == 2:
+            return {"tool_calls": [send("coder", f"Write code. Plan: {replies[0]}")]}
+        return {"tool_calls": [submit(f"final: {replies[-1]}")]}
+    last = body["messages"][-1]["content"]
+    return f"{worker(body)} did: {last[:40]}"
+
+
+def worker_latency(seconds):
+    return lambda body: 0.0 if is_orchestrator(body) or is_final(body) else seconds
+
+
+def test_turns_are_ordered_workers_run_concurrently_and_all_is_stored():
+    with LoopbackServer(responder=scripted, latency=worker_latency(0.3)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        events = []
+        o = orchestrate("Total the sales in sales.csv", agents="planner,analyst,coder",
+                        llm=fast_llm(), on_event=events.append, budget_s=30, max_turns=5)
+        assert o.status == "submitted" and o.ended_by == "submit"
+        assert o.answer == "final: coder did: Write code. Plan: planner did: Plan: sum"
+        assert server.max_in_flight == 2   # planner and analyst at once
+        kinds = [(m.turn, m.sender, m.recipient, m.kind) for m in o.transcript]
+        assert kinds[0] == (0, "user", "orchestrator", "task")
+        assert kinds[1:3] == [(1, "orchestrator", "planner", "send"), (1, "orchestrator", "analyst", "send")]
+        assert sorted(kinds[3:5]) == [(1, "analyst", "orchestrator", "reply"),
+                                      (1, "planner", "orchestrator", "reply")]
+        assert kinds[5:] == [(2, "orchestrator", "coder", "send"), (2, "coder", "orchestrator", "reply"),
+                             (3, "orchestrator", "user", "submit")]
+        assert [m.seq for m in o.transcript] == list(range(len(o.transcript)))
+        assert [t["turn"] for t in o.turns] == [1, 2, 3]
+        assert o.calls == 6 and o.tokens_in > 0 and o.tokens_out > 0
+        assert all(m.tokens_out > 0 for m in o.transcript if m.kind == "reply")
+        # stored as it happened, and announced live in the same order
+        stored = get_store().transcript(o.run_id)
+        assert [(r["seq"], r["sender"], r["kind"]) for r in stored] == [
+            (m.seq, m.sender, m.kind) for m in o.transcript]
+        live = [e["message"]["seq"] for e in events if e["kind"] == "message"]
+        assert live == list(range(len(o.transcript)))
+        assert events[-1]["kind"] == "submitted" and events[-1]["answer"] == o.answer
+        loaded = load_orchestration(o.run_id)
+        assert loaded.answer == o.answer and len(loaded.transcript) == len(o.transcript)
+        assert loaded.turns == o.turns and [a.name for a in loaded.agents] == ["planner", "analyst", "coder"]
+
+
+def never_submits(body):
+    if is_final(body):
+        return "best answer so far"
+    if is_orchestrator(body):
+        n = sum(1 for m in body["messages"] if m["role"] == "tool")
+        return {"tool_calls": [send("analyst", f"look again ({n})")]}
+    return "still looking"
+
+
+def test_the_turn_budget_forces_one_best_answer():
+    with LoopbackServer(responder=never_submits) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["analyst"], llm=fast_llm(), max_turns=2, budget_s=None)
+        assert (o.status, o.ended_by, o.answer, o.final) == ("forced", "turns", "best answer so far", "answered")
+        bodies = [r["body"] for r in server.requests]
+        assert sum(map(is_orchestrator, bodies)) == 2 and sum(map(is_final, bodies)) == 1
+        assert o.transcript[-1].kind == "submit" and o.transcript[-2].kind == "note"
+
+
+def test_the_time_budget_cuts_slow_workers_and_still_submits():
+    with LoopbackServer(responder=never_submits, latency=worker_latency(5.0)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        started = time.perf_counter()
+        o = orchestrate("t", agents=["analyst"], llm=fast_llm(), budget_s=1.0, max_turns=5)
+        elapsed = time.perf_counter() - started
+        assert elapsed < 1.6, elapsed
+        assert (o.status, o.ended_by, o.answer) == ("forced", "time", "best answer so far")
+        assert o.turns == [{"turn": 1, "action": "send", "answered": [False]}]
+        assert any(m.kind == "note" and "no reply from analyst" in m.content for m in o.transcript)
+
+
+def test_a_failing_final_call_submits_the_last_worker_reply_with_a_note():
+    def final_fails(body):
+        if is_final(body):
+            raise RuntimeError("the final call breaks")
+        return never_submits(body)
+
+    with LoopbackServer(responder=final_fails) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["analyst"], llm=fast_llm(max_retries=1), max_turns=1)
+        assert (o.status, o.final, o.answer) == ("fallback", "failed", "still looking")
+        assert "last reply, from analyst" in o.note
+        assert o.transcript[-1].kind == "submit" and o.transcript[-1].sender == "flowmagic"
+
+
+def test_a_dead_orchestrator_still_ends_with_a_submission():
+    def broken(body):
+        raise RuntimeError("down")
+
+    with LoopbackServer(responder=broken) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["analyst"], llm=fast_llm(max_retries=0), max_turns=3)
+        assert (o.ended_by, o.status, o.answer) == ("error", "fallback", "")
+        assert o.note == "no agent answered within the budget"
+        assert [m.kind for m in o.transcript][-1] == "submit"
+
+
+def json_actions(body):
+    """An endpoint without function calling: JSON actions by schema."""
+    if body.get("tools"):
+        raise ValueError("tools are not supported here")
+    if is_orchestrator(body):
+        last = body["messages"][-1]["content"]
+        if last.startswith("Replies:"):
+            return json.dumps({"action": "submit", "answer": "done: " + last.splitlines()[2]})
+        return json.dumps({"action": "send", "messages": [
+            {"agent": "writer", "content": "Write one line."},
+            {"agent": "nobody", "content": "?"}]})
+    return "one line"
+
+
+def test_an_endpoint_without_function_calling_gets_json_actions():
+    with LoopbackServer(responder=json_actions) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        o = orchestrate("t", agents=["writer"], llm=llm, max_turns=3)
+        assert o.answer == "done: [writer]: one line" and o.status == "submitted"
+        assert llm.tool_mode() == "action"
+        second = [r["body"] for r in server.requests if is_orchestrator(r["body"])][-1]
+        assert "(not sent: there is no agent 'nobody'; agents: writer)" in second["messages"][-1]["content"]
+
+
+def test_export_and_replay_from_the_cache_with_zero_calls(tmp_path):
+    with LoopbackServer(responder=scripted) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("Total the sales", llm=fast_llm(), max_turns=5, seed=3)
+        path = o.to_notebook(tmp_path / "orch.ipynb")
+        nb = nbformat.read(path, as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert "replay=" in code[0] and "**planner → orchestrator** (reply" in markdown
+        assert nb.metadata["flowmagic"]["run"] == o.run_id
+        before = server.calls
+        namespace = {}
+        exec(compile(code[0], "cell", "exec"), namespace)   # the replay cell
+        again = namespace["orch"]
+        assert server.calls == before   # zero model calls
+        assert again.answer == o.answer and again.cached_calls == again.calls == o.calls
+        assert [(m.sender, m.kind) for m in again.transcript] == [(m.sender, m.kind) for m in o.transcript]
+
+
+def test_a_run_cut_by_time_replays_exactly_without_calls():
+    with LoopbackServer(responder=never_submits, latency=worker_latency(5.0)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["analyst"], llm=fast_llm(), budget_s=1.0, max_turns=5)
+        before = server.calls
+        again = orchestrate("t", agents=["analyst"], llm=fast_llm(), replay=o.script())
+        assert server.calls == before
+        assert (again.answer, again.ended_by, again.turns) == (o.answer, o.ended_by, o.turns)
+
+
+def test_a_worker_with_tools_calls_them_and_they_are_stored():
+    def lookup(symbol: str) -> str:
+        """Look up the price of a stock symbol."""
+        return {"ACME": "12.5"}.get(symbol, "unknown")
+
+    def responder(body):
+        if is_orchestrator(body):
+            if any(m["role"] == "tool" for m in body["messages"]):
+                return {"tool_calls": [submit("ok")]}
+            return {"tool_calls": [send("researcher", "What is the price of ACME?")]}
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if body.get("tools") and not results:
+            return {"tool_calls": [{"function": {"name": "lookup", "arguments": '{"symbol": "ACME"}'}}]}
+        return f"ACME costs {results[-1]}"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        events = []
+        o = orchestrate("price", agents=[{"name": "researcher", "tools": [lookup]}],
+                        llm=fast_llm(), on_event=events.append)
+        assert [m.content for m in o.transcript if m.kind == "reply"] == ["ACME costs 12.5"]
+        rows = get_store().tool_calls(o.run_id)
+        assert [(r["node_id"], r["tool"], r["result"]) for r in rows] == [("researcher", "lookup", "12.5")]
+        assert [e["call"]["tool"] for e in events if e["kind"] == "tool"] == ["lookup"]
+
+
+def test_start_in_a_running_loop_and_stop_submits_at_once():
+    async def main(server):
+        orch = flowmagic.orchestrator.start("t", ["analyst"], llm=fast_llm(), budget_s=None,
+                                            max_turns=50)
+        await asyncio.sleep(0.3)
+        orch.stop()
+        o = await orch.wait()
+        await orch.llm.aclose()
+        return o
+
+    with LoopbackServer(responder=never_submits, latency=worker_latency(10.0)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        started = time.perf_counter()
+        o = asyncio.run(main(server))
+        assert time.perf_counter() - started < 3
+        assert o.ended_by == "stopped" and o.answer == "best answer so far"
+
+
+def test_mistakes_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match="task is empty"):
+        Orchestrator("  ")
+    with pytest.raises(ConfigError, match="reserved or given twice"):
+        Orchestrator("t", ["coder", "coder"])
+    with pytest.raises(ConfigError, match="protocol"):
+        Orchestrator("t", protocol="smoke")
+    with pytest.raises(ConfigError, match="max_turns"):
+        Orchestrator("t", max_turns=0)
+
+    async def inside():
+        orchestrate("t")
+
+    with pytest.raises(ConfigError, match="aorchestrate"):
+        asyncio.run(inside())
+    agents = Orchestrator("t", "planner, reviewer, statistician").agents
+    assert [a.name for a in agents] == ["planner", "reviewer", "statistician"]
+    assert agents[2].role == "You are the statistician."
+
+
+@pytest.mark.embedded
+def test_the_embedded_model_orchestrates_within_its_budget(embedded_url):
+    started = time.perf_counter()
+    llm = LLM(timeout=120)
+
+    async def main():
+        try:
+            return await aorchestrate("Name one colour of the sky.", ["writer"], model="local",
+                                      llm=llm, max_turns=1, budget_s=240, max_tokens=32, seed=1)
+        finally:
+            await llm.aclose()
+
+    o = asyncio.run(main())
+    elapsed = time.perf_counter() - started
+    print(f"embedded orchestration: {elapsed:.1f} s, {o.calls} call(s), status={o.status}, "
+          f"ended_by={o.ended_by}, answer={o.answer[:80]!r}")
+    assert o.transcript[-1].kind == "submit" and o.status in ("submitted", "forced", "fallback")
+    assert elapsed < 240 + 5
