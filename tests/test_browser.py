@@ -1,0 +1,234 @@
+"""End to end in a real browser: JupyterLab, headless Debian chromium driven by Playwright.
+
+A JupyterLab server on 127.0.0.1 with a token serves a notebook whose `%%flow` cell plans
+on the embedded model; the test clicks Step, then Prune on a node, and reads from the page
+that the drawing changed each time. A screenshot is saved under artifacts/.
+Playwright never downloads a browser here: it drives /usr/bin/chromium (`make browser-deps`).
+"""
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.embedded]
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "artifacts"
+# Stop chromium phoning home (component updates, sync, field trials, QUIC probes).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-default-apps", "--disable-extensions",
+                 "--metrics-recording-only", "--no-default-browser-check"]
+CELLS = ["%load_ext flowmagic\n%flow config max_tokens=48",
+         "%%flow demo --k 1\nList two facts about green tea, then write one sentence using them."]
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return Boolean(k && k.status === 'idle');
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> dict | list | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read() or b"null")
+    except OSError:
+        return None
+
+
+def _write_notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def lab(tmp_path, flowmagic_home):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing; run `make browser-deps` (apt-get install chromium)")
+    root, jupyter = tmp_path / "root", tmp_path / "jupyter"
+    root.mkdir()
+    for sub in ("config", "runtime", "settings", "workspaces", "ipython"):
+        (jupyter / sub).mkdir(parents=True)
+    (jupyter / "config" / "jupyter_server_config.json").write_text(json.dumps({
+        "LabApp": {"expose_app_in_browser": True, "news_url": None,
+                   "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+                   "extension_manager": "readonly"},
+        "ServerApp": {"terminals_enabled": False},
+        # The kernel's atexit stops its embedded model server (up to 5 s); give it time.
+        "KernelManager": {"shutdown_wait_time": 20}}))
+    # Never ask to fetch news (a network call, and a toast over the screenshot).
+    notify = jupyter / "settings" / "@jupyterlab" / "apputils-extension"
+    notify.mkdir(parents=True)
+    (notify / "notification.jupyterlab-settings").write_text(json.dumps(
+        {"fetchNews": "false", "checkForUpdates": False}))
+    _write_notebook(root / "flow.ipynb")
+    token, port = secrets.token_hex(16), _free_port()
+    env = {**os.environ, "FLOWMAGIC_HOME": str(flowmagic_home),
+           "JUPYTER_CONFIG_DIR": str(jupyter / "config"),
+           "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(jupyter / "workspaces"),
+           "IPYTHONDIR": str(jupyter / "ipython")}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--IdentityProvider.token={token}",
+           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--ServerApp.root_dir={root}"]
+    if os.geteuid() == 0:   # CI containers run as root; jupyter refuses that unless told
+        cmd.append("--allow-root")
+    log = open(tmp_path / "jupyter.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while _get(f"{base}/api/status?token={token}") is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("jupyter lab did not start:\n"
+                                   + (tmp_path / "jupyter.log").read_text()[-3000:])
+            time.sleep(0.3)
+        yield {"base": base, "token": token, "log": tmp_path / "jupyter.log"}
+    finally:
+        _stop_lab(proc, base, token)
+        log.close()
+        _stop_leftovers(flowmagic_home)
+
+
+def _stop_lab(proc: subprocess.Popen, base: str, token: str) -> None:
+    # Shut kernels down through the API first, so each stops its embedded model server.
+    for kernel in _get(f"{base}/api/kernels?token={token}") or []:
+        request = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}",
+                                         method="DELETE")
+        try:
+            urllib.request.urlopen(request, timeout=30).close()
+        except OSError:
+            pass
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _stop_leftovers(home: Path) -> None:
+    """Stop an embedded model server the kernel started and left behind (a kernel killed
+    after the shutdown grace period never runs its atexit handlers). Found by this test's
+    own FLOWMAGIC_HOME, so no other process is touched."""
+    marker = f"FLOWMAGIC_HOME={home}".encode()
+    found = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if (b"llama_cpp.server" in (proc_dir / "cmdline").read_bytes()
+                    and marker in (proc_dir / "environ").read_bytes().split(b"\0")):
+                found.append(int(proc_dir.name))
+        except OSError:
+            continue
+    for pid in found:
+        print(f"\nstopping a leftover embedded model server (pid {pid})")
+        _end(pid)
+
+
+def _end(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 5 s (the server may wait on open connections)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _node_states(page) -> dict:
+    return page.evaluate("""() => Object.fromEntries(
+        [...document.querySelectorAll('.flowmagic-drawing svg g.node')]
+          .map(g => [g.id.replace(/^node-/, ''), g.getAttribute('class')]))""")
+
+
+def button(page, label: str):
+    # The label follows an icon; match the whole text so "Run" is not "Rerun".
+    return page.locator(".flowmagic-panel button", has_text=re.compile(rf"^\s*{label}\s*$"))
+
+
+def _outputs_text(page) -> str:
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                         ".map(e => e.innerText).join('\\n---\\n')")
+
+
+@pytest.mark.timeout(600)
+def test_flow_cell_step_and_prune_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser-flow.png"
+    started = time.monotonic()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        try:
+            page.goto(f"{lab['base']}/lab/tree/flow.ipynb?token={lab['token']}")
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            drawing = page.locator(".flowmagic-drawing").first
+            try:
+                drawing.locator("svg").wait_for(timeout=300_000)
+            except Exception:
+                raise AssertionError("no flow drawing appeared; outputs:\n" + _outputs_text(page))
+            planned = time.monotonic()
+            before = drawing.inner_html()
+            states = _node_states(page)
+            assert states and all("pending" in c for c in states.values()), states
+
+            button(page, "Step").click()
+            # The kernel is idle while a node runs: the step is a task on its loop.
+            page.wait_for_function(f"() => document.querySelector("
+                                   f"'.flowmagic-drawing svg g.node.running') && ({KERNEL_IDLE})()",
+                                   timeout=240_000, polling=50)
+            page.wait_for_function("() => document.querySelector('.flowmagic-drawing svg "
+                                   "g.node.done') && !document.querySelector("
+                                   "'.flowmagic-drawing svg g.node.running')", timeout=240_000)
+            stepped = drawing.inner_html()
+            assert stepped != before
+            states = _node_states(page)
+            assert any("done" in c for c in states.values()), states
+
+            # Prune a node that has not run if there is one, else a finished one.
+            node = next((n for n, c in states.items() if "pending" in c),
+                        next(n for n, c in states.items() if "done" in c))
+            page.locator(".flowmagic-panel select").first.select_option(label=node)
+            button(page, "Prune").click()
+            page.wait_for_function(
+                "id => { const g = document.getElementById('node-' + id);"
+                " return g && g.classList.contains('pruned'); }", arg=node, timeout=60_000)
+            assert drawing.inner_html() != stepped
+            assert "pruned" in _node_states(page)[node]
+            page.wait_for_timeout(500)   # the panel's labels settle before the picture
+        finally:
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"\nscreenshot: {shot}")
+            browser.close()
+    print(f"browser test: planned after {planned - started:.1f} s, "
+          f"whole run {time.monotonic() - started:.1f} s")
