@@ -22,8 +22,11 @@ def flowmagic_home(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     from flowmagic import endpoints
     endpoints.reset()
+    prices = dict(endpoints.PRICES)
     yield home
     endpoints.reset()
+    endpoints.PRICES.clear()
+    endpoints.PRICES.update(prices)
 
 
 @pytest.fixture

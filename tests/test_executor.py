@@ -155,8 +155,11 @@ def test_cancelling_the_run_leaves_a_consistent_state():
         flow = make_flow(wide(4), server)
 
         async def interrupted():
+            started = []
+            flow.subscribe(lambda e: started.append(e["node"]) if e["kind"] == "started" else None)
             task = asyncio.ensure_future(flow.arun())
-            await asyncio.sleep(0.5)   # start done, the four workers in flight
+            while len(started) < 5:    # start done, the four workers in flight
+                await asyncio.sleep(0.01)
             task.cancel()              # what KeyboardInterrupt does to asyncio.run's task
             with pytest.raises(asyncio.CancelledError):
                 await task
