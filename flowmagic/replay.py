@@ -400,8 +400,7 @@ def handle_flow_node(shell, line: str, cell: str | None) -> None:
     requirement = (cell or "").strip()
     if not requirement:
         raise NodeError(f"the cell of {args.node!r} is empty; its body is the node's requirement")
-    state = _state(flow)
-    rec = state.record.get("nodes", {}).get(args.node)
+    rec = _state(flow).record.get("nodes", {}).get(args.node)
     waiting = [p for p in wf.parents(args.node) if wf.nodes[p].status != "done"]
     if waiting:
         if rec is not None and rec.get("status") == "pending":
@@ -409,32 +408,37 @@ def handle_flow_node(shell, line: str, cell: str | None) -> None:
             return   # it never ran when exported, and cannot run now: same output as then
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
     changed = _edit(flow, args.node, requirement, args.agent or node.agent, args.model)
-    print_note = None
-    fp = fingerprint(flow, args.node)
-    if node.status in ("done", "failed") and not changed and state.seen.get(args.node) == fp:
-        replayed = args.node in state.replayed   # shown before in this session, unchanged
-        node.stale = False                        # its inputs are what they were then
+    replayed, stale = _replay_or_run(flow, args.node, rec, changed)
+    _show(flow, args.node, node_bundle(flow, args.node, replayed=replayed))
+    if stale:
+        print(f"{args.node} ran again; stale now: {', '.join(stale)} (re-run their cells to update)")
+
+
+def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool) -> tuple[bool, list[str]]:
+    """(replayed, descendants now stale): the replay rule of the module docstring."""
+    state = _state(flow)
+    node = flow.workflow.nodes[node_id]
+    fp = fingerprint(flow, node_id)
+    stale: list[str] = []
+    if node.status in ("done", "failed") and not changed and state.seen.get(node_id) == fp:
+        replayed = node_id in state.replayed   # shown before in this session, unchanged
+        node.stale = False                      # its inputs are what they were then
     elif rec is not None and rec.get("fingerprint") == fp and rec.get("status") in ("done", "failed"):
-        apply_record(flow, args.node, rec)
-        state.replayed.add(args.node)
+        apply_record(flow, node_id, rec)
+        state.replayed.add(node_id)
         replayed = True
         settle(flow)
-        flow._emit("replayed", args.node, {"source_run": state.record.get("run")})
+        flow._emit("replayed", node_id, {"source_run": state.record.get("run")})
     else:
         if node.status in ("done", "failed"):
-            flow.edit(args.node, node.requirement)   # an input changed: run it again
-        _run_one(flow, args.node)
-        state.replayed.discard(args.node)
-        state.executed.add(args.node)
+            flow.edit(node_id, node.requirement)   # an input changed: run it again
+        _run_one(flow, node_id)
+        state.replayed.discard(node_id)
+        state.executed.add(node_id)
         replayed = False
-        stale = _mark_stale(flow, args.node)
-        if stale:
-            print_note = (f"{args.node} ran again; stale now: {', '.join(stale)} "
-                          "(re-run their cells to update)")
-    state.seen[args.node] = fp
-    _show(flow, args.node, node_bundle(flow, args.node, replayed=replayed))
-    if print_note:
-        print(print_note)
+        stale = _mark_stale(flow, node_id)
+    state.seen[node_id] = fp
+    return replayed, stale
 
 
 def show_result(flow) -> None:
