@@ -1,0 +1,133 @@
+"""bench/RESULTS.md: the machine, every measurement beside its target, and the notes."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["machine", "write_results", "verdict"]
+
+
+def _version(package: str) -> str:
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def _first(path: str, prefix: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine() -> dict:
+    import flowmagic
+
+    mem = _first("/proc/meminfo", "MemTotal")
+    dirty = _git("status", "--porcelain", "--", "flowmagic")
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": _first("/proc/cpuinfo", "model name"),
+        "cores": os.cpu_count(),
+        "memory": f"{int(mem.split()[0]) / 2**20:.1f} GiB" if mem[:1].isdigit() else mem,
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "flowmagic": f"{flowmagic.__version__} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
+                     f"{', flowmagic/ modified' if dirty else ''})",
+        "langgraph": _version("langgraph"),
+        "networkx": _version("networkx"),
+        "openai": _version("openai"),
+        "graphviz dot": (subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
+                         if _have("dot") else "not installed"),
+        "load": "%.2f %.2f %.2f" % os.getloadavg(),
+    }
+
+
+def _have(program: str) -> bool:
+    from shutil import which
+    return which(program) is not None
+
+
+def verdict(ok: bool | None) -> str:
+    return "—" if ok is None else ("met" if ok else "**missed**")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _retries(r) -> str:
+    """Requests beyond one per node (a retry after a dropped connection), if any."""
+    extra = {k: v.extra.get("requests", 0) - len(v.spans) for k, v in r.results.items()}
+    extra = {k: v for k, v in extra.items() if v > 0}
+    return "; extra requests: " + ", ".join(f"{k} +{v}" for k, v in extra.items()) if extra else ""
+
+
+def _makespan_rows(cases: list) -> list[list[str]]:
+    rows = []
+    for r in cases:
+        fm, lv, lg = r.results["flowmagic"], r.results["level-sync"], r.results["langgraph"]
+        rows.append([r.case.name, len(fm.spans), r.edges, r.depth, _f(fm.makespan, 2),
+                     _f(fm.bound, 2), _f(fm.makespan / fm.bound), _f(r.server_bound, 2),
+                     _f(lv.makespan, 2), _f(r.ratio("level-sync")), _f(lg.makespan, 2),
+                     _f(r.ratio("langgraph")), _f(r.barrier_starts, 2),
+                     ("yes" if r.same_latency else f"**no** (max diff {r.latency_spread:.3f} s)")
+                     + _retries(r)])
+    return rows
+
+
+def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
+                  notes: list[str], settings: dict, elapsed: float) -> None:
+    lines = ["# flowmagic benchmark results", "",
+             "Written by `make bench` (`bench/run.py`); regenerated on every run, do not edit by hand.",
+             f"Run on {info['date']}, {elapsed:.0f} s in all. Settings: {settings}.", "",
+             "## Machine", ""]
+    lines += _table(["what", "value"], [[k, v] for k, v in info.items()])
+    lines += ["", "The machine is shared (other developers run tests on the same 2 cores), so "
+              "absolute times are noisy; the ratios compare runs made minutes apart in the "
+              "same process against the same server, and are the numbers to read.", "",
+              "## Summary against the targets", ""]
+    lines += _table(["measurement", "measured", "target", "result"],
+                    [[s["what"], s["measured"], s["target"], verdict(s["ok"])] for s in summary])
+    lines += ["", "## Makespans: flowmagic, level-synchronous, LangGraph", "",
+              sections["makespan_intro"], ""]
+    lines += _table(["case", "nodes", "edges", "levels", "flowmagic s", "bound s",
+                     "flowmagic / bound", "server-latency bound s", "level-sync s",
+                     "level-sync / flowmagic", "LangGraph s", "LangGraph / flowmagic",
+                     "LangGraph barrier share", "same latency per node"],
+                    _makespan_rows(sections["cases"]))
+    lines += ["", sections["makespan_legend"], ""]
+    for title in ("overhead", "replay", "drawing", "memory", "faults"):
+        block = sections.get(title)
+        if block:
+            lines += [f"## {block['title']}", ""]
+            if block.get("intro"):
+                lines += [block["intro"], ""]
+            lines += _table(block["header"], block["rows"]) + [""]
+    lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    path.write_text("\n".join(lines))

@@ -1,0 +1,137 @@
+"""The flowmagic benchmark: `make bench`, or `.venv/bin/python bench/run.py [--quick]`.
+
+Starts a loopback OpenAI-compatible server in its own process (latency a hash of the
+request body in a range), runs the DAG families under flowmagic, a level-synchronous
+baseline and LangGraph, measures scheduler overhead, drawing, replay and memory, and
+writes bench/RESULTS.md. See bench/README.md for what each number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+# Before flowmagic is imported: nothing the benchmark does may touch the user's store.
+os.environ["FLOWMAGIC_HOME"] = tempfile.mkdtemp(prefix="fm-bench-home-")
+
+import compare  # noqa: E402
+import extras  # noqa: E402
+import overhead  # noqa: E402
+import report  # noqa: E402
+import results  # noqa: E402
+from compare import Case  # noqa: E402
+
+__all__ = ["main"]
+
+T0 = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f} s] {message}", flush=True)
+
+
+def _plan(quick: bool) -> dict:
+    if quick:
+        return {"cases": [Case("chain", 10), Case("fan", 20), Case("layered", 20, 0),
+                          Case("layered", 100, 0)],
+                "overhead": [(1000, 2), (2000, 1)], "memory": 2000, "draw": [100],
+                "replay": 10, "faults": 20}
+    return {"cases": [Case("chain", 20), Case("chain", 100), Case("fan", 20), Case("fan", 100),
+                      Case("fan", 500)]
+                     + [Case("layered", n, s) for n in (20, 100, 500) for s in (0, 1)],
+            "overhead": [(1000, 3), (10000, 2)], "memory": 10000, "draw": [100, 500],
+            "replay": 50, "faults": 100}
+
+
+def run_makespans(plan: dict, server) -> list:
+    log("makespans: warming up")
+    compare.warm_up(server, log=log)
+    rows = []
+    for i, case in enumerate(plan["cases"]):
+        log(f"makespans: {case.name}")
+        rows.append(compare.run_case(case, server, i, log=log))
+    return rows
+
+
+def run_overhead(plan: dict) -> dict:
+    out: dict = {"flowmagic": [], "langgraph": [], "executor": []}
+    for n, repeats in plan["overhead"]:
+        log(f"overhead: {n} nodes, flowmagic (best of {repeats})")
+        out["flowmagic"].append(overhead.flowmagic_overhead(n, repeats))
+        log(f"    {out['flowmagic'][-1]['run_ms']:.3f} ms/node run, "
+            f"{out['flowmagic'][-1]['total_ms']:.3f} ms/node with the build")
+        log(f"overhead: {n} nodes, flowmagic executor without hooks")
+        out["executor"].append(overhead.executor_only(n, repeats))
+        log(f"overhead: {n} nodes, LangGraph (best of {repeats})")
+        out["langgraph"].append(overhead.langgraph_overhead(n, repeats))
+        log(f"    {out['langgraph'][-1]['run_ms']:.3f} ms/node run, "
+            f"{out['langgraph'][-1]['total_ms']:.3f} ms/node with the compile")
+    return out
+
+
+def run_memory(n: int) -> list[dict]:
+    rows = []
+    # LangGraph under tracemalloc takes minutes at 10,000 nodes: its peak RSS is enough.
+    for lg, traced in ((False, True), (False, False), (True, False)):
+        runner = "LangGraph" if lg else "flowmagic"
+        log(f"memory: {n} nodes, {runner}, {'tracemalloc' if traced else 'peak RSS only'} (child process)")
+        try:
+            rows.append(overhead.memory_in_child(n, langgraph=lg, traced=traced))
+        except (RuntimeError, OSError, ValueError) as exc:
+            rows.append({"n": n, "runner": runner.lower(), "traced": traced, "error": str(exc)})
+        log(f"    {rows[-1]}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, for checking the harness")
+    p.add_argument("--latency", default="0.05:0.5", help="server latency range lo:hi in seconds")
+    p.add_argument("--seed", type=int, default=1, help="the server's latency seed")
+    p.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = p.parse_args(argv)
+    lo, hi = (float(x) for x in args.latency.split(":"))
+    plan = _plan(args.quick)
+    import flowmagic
+    import server as bench_server
+
+    info = report.machine()
+    log(f"machine: {info['cores']} cores, {info['memory']}, load {info['load']}")
+    data: dict = {"latency": (lo, hi), "seed": args.seed}
+    with bench_server.spawn(latency=(lo, hi), seed=args.seed) as server:
+        log(f"loopback server {server.base_url} (latency {lo}-{hi} s from a hash of the body)")
+        flowmagic.configure(base_url=server.base_url, model="m")
+        data["cases"] = run_makespans(plan, server)
+        log("replay: exported notebook")
+        data["replay"] = extras.replay(plan["replay"], server, log=log)
+    log(f"faults: layered-{plan['faults']} with 5% HTTP 429 and 5% HTTP 500")
+    data["faults"] = compare.fault_case(plan["faults"], {"429": 0.05, "500": 0.05},
+                                        seed=args.seed, latency=(lo, hi), log=log)
+    data["overhead"] = run_overhead(plan)
+    data["drawing"] = []
+    for n in plan["draw"]:
+        log(f"drawing: {n} nodes")
+        data["drawing"].append(extras.drawing_time(n))
+        log(f"    {data['drawing'][-1]}")
+    data["memory"] = run_memory(plan["memory"])
+    info["load"] += f" at the start, {'%.2f %.2f %.2f' % os.getloadavg()} at the end"
+    settings = {"latency": f"{lo}-{hi} s", "server seed": args.seed,
+                "mode": "quick" if args.quick else "full"}
+    summary, sections, notes = results.build(data, quick=args.quick)
+    report.write_results(Path(args.out), info, summary, sections, notes, settings,
+                         time.perf_counter() - T0)
+    log(f"wrote {args.out}")
+    for row in summary:
+        log(f"  {row['what']}: {row['measured']} (target {row['target']}) "
+            f"{report.verdict(row['ok'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
