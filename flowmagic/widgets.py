@@ -76,6 +76,7 @@ class Panel:
         self.flow = flow
         self._texts: dict[str, str] = {}    # node id -> text streamed so far
         self._watching: str | None = None   # the node whose output is shown
+        self._following = False             # a task awaits the current run (see follow())
         self.title = w.HTML()
         self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
         self.drawing.add_class("flowmagic-drawing")
@@ -143,8 +144,29 @@ class Panel:
         try:
             action()
         except FlowError as exc:
-            self.message.value = (f'<span style="color:{_RED}">flowmagic: '
-                                  f"{html.escape(str(exc))}</span>")
+            self._error(exc)
+        self.follow()
+        self.refresh()
+
+    def _error(self, exc: BaseException) -> None:
+        self.message.value = (f'<span style="color:{_RED}">flowmagic: '
+                              f"{html.escape(str(exc))}</span>")
+
+    def follow(self) -> None:
+        """When a run is under way on this loop, show how it ends (a FlowError as one line)."""
+        if self.flow.busy and _loop_running() and not self._following:
+            self._following = True
+            asyncio.ensure_future(self._await_run())
+
+    async def _await_run(self) -> None:
+        try:
+            await self.flow.wait()
+        except FlowError as exc:   # e.g. the endpoint failed while consolidating
+            self._error(exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._following = False
         self.refresh()
 
     def _pause_or_resume(self) -> None:

@@ -213,3 +213,33 @@ def test_warnings_and_update_log_are_shown(server):
     assert bundle["text/plain"].startswith("flow 'flow' (planned)")
     assert "application/vnd.jupyter.widget-view+json" in bundle
     panel.close()
+
+
+def test_a_run_that_fails_is_one_line_in_the_panel(server):
+    import socket
+
+    with socket.socket() as sock:   # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    flowmagic.configure(name="dead", base_url=f"http://127.0.0.1:{port}/v1", model="x")
+
+    async def scenario():
+        # The node runs on the loopback; the final consolidation goes to the dead endpoint.
+        plan = {"nodes": [{"id": "only", "requirement": "say hi", "model": "m"}], "edges": []}
+        flow = Flow.from_dict(plan, task="t", llm=LLM(backoff_base=0.001, max_retries=1),
+                              model="dead")
+        panel = Panel(flow)
+        try:
+            panel.run_button.click()
+            for _ in range(500):   # the panel awaits the run and shows how it ended
+                if panel.message.value:
+                    break
+                await asyncio.sleep(0.02)
+            assert flow.workflow.nodes["only"].status == "done" and not flow.busy
+            assert "flowmagic: " in panel.message.value and "failed" in panel.message.value
+            assert panel.stop_button.disabled
+        finally:
+            panel.close()
+            await flow.llm.aclose()
+
+    asyncio.run(scenario())
