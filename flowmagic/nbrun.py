@@ -14,6 +14,7 @@ environment, so FLOWMAGIC_HOME and the endpoint settings are the same on both si
 from __future__ import annotations
 
 import ast
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -190,7 +191,7 @@ def execute(path: str | Path, out: str | Path | None = None, *, params: list[str
     """
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
 
     from .store import get_store
 
@@ -217,13 +218,21 @@ def execute(path: str | Path, out: str | Path | None = None, *, params: list[str
                             resources={"metadata": {"path": str(path.resolve().parent)}},
                             on_cell_start=on_start, on_cell_executed=on_done)
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        client.execute()
-    except CellExecutionError as exc:
-        nbformat.write(nb, str(out))
-        what = f"{getattr(exc, 'ename', 'Error')}: {getattr(exc, 'evalue', '')}".strip()
-        raise FlowError(f"a cell of {path.name} failed ({what}); the notebook with its outputs "
-                        f"so far is in {out}") from None
+    # The kernel's own log (start-up notices) would land on our stderr, or inside the cell
+    # that runs us; it is kept aside and shown only when the kernel dies.
+    with tempfile.TemporaryFile("w+") as log:
+        try:
+            client.execute(stderr=log)
+        except CellExecutionError as exc:
+            nbformat.write(nb, str(out))
+            what = f"{getattr(exc, 'ename', 'Error')}: {getattr(exc, 'evalue', '')}".strip()
+            raise FlowError(f"a cell of {path.name} failed ({what}); the notebook with its "
+                            f"outputs so far is in {out}") from None
+        except DeadKernelError:
+            log.seek(0)
+            tail = " | ".join(log.read().strip().splitlines()[-3:])
+            raise FlowError(f"the kernel running {path.name} died ({tail or 'no message'}); "
+                            "check that ipykernel is installed in this environment") from None
     nbformat.write(nb, str(out))
     return {"path": out, "cells": len(code), "seconds": time.perf_counter() - started,
             "calls": store.count_calls(cached=False) - first,
