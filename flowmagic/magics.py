@@ -179,9 +179,15 @@ class FlowMagics(Magics):
             return None
         task = interpolate(cell, self.shell.user_ns) if args.interpolate else cell
         settings = self.flow_settings(args.settings)
+        tools = None
+        if args.tools:
+            from .tools import resolve_tools
+            tools = resolve_tools(args.tools, self.shell.user_ns)
+        if args.kind == "orchestrate":
+            return self.handle_orchestrate(args, task, settings, tools)
         from .flow import aplan
 
-        flow = _run_blocking(lambda: aplan(task, name=args.name, **settings))
+        flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, **settings))
         self.shell.user_ns[args.name] = flow
         self._show(flow)
         mode = args.mode or self.default_mode
@@ -192,6 +198,44 @@ class FlowMagics(Magics):
         elif mode == "step":
             flow.step()
         return None
+
+    def handle_orchestrate(self, args, task: str, settings: dict, tools) -> None:
+        """`%%flow NAME --mode orchestrate`: agents solve the task by messages; NAME is the
+        Orchestrator (NAME.result, await NAME.wait(), NAME.stop())."""
+        from .orchestrator import Orchestrator
+
+        opts = args.orchestrate
+        orch = Orchestrator(task, opts.get("agents"), tools=tools, model=settings.get("model"),
+                            budget_s=opts.get("budget_s", 300.0), max_turns=opts.get("max_turns", 8),
+                            name=args.name, seed=settings.get("seed") or 0,
+                            max_tokens=settings.get("max_tokens", 512),
+                            temperature=settings.get("temperature"))
+        self.shell.user_ns[args.name] = orch
+        if self._in_kernel():
+            self._chat(orch)
+            orch.start()
+            return None
+        outcome = _run_blocking(orch.run)
+        print(f"{outcome!r}\n{outcome.answer}")
+        return None
+
+    @staticmethod
+    def _chat(orch) -> None:
+        """A live chat view: the panel's, else Markdown redrawn in place at each message."""
+        from .orchestration import transcript_markdown, transcript_text
+        try:
+            from .widgets import ChatView
+        except ImportError:
+            ChatView = None
+        if ChatView is not None:
+            display(ChatView(orch))
+            return
+        o = orch.result
+        handle = display(Report(transcript_text(o), transcript_markdown(o), run=o.run_id),
+                         display_id=True)
+        orch.subscribe(lambda e: handle.update(Report(transcript_text(o), transcript_markdown(o),
+                                                      run=o.run_id))
+                       if e["kind"] in ("message", "submitted") else None)
 
     def flow_settings(self, given: dict | None = None) -> dict:
         """The settings a new flow gets: defaults, then the cell's options."""

@@ -21,7 +21,7 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = ["Agent", "Message", "Orchestration", "ROLES", "DEFAULT_AGENTS", "as_agents",
-           "load_orchestration", "export_notebook"]
+           "load_orchestration", "export_notebook", "transcript_markdown", "transcript_text"]
 
 # name -> (role prompt, what the orchestrator is told the agent does)
 ROLES: dict[str, tuple[str, str]] = {
@@ -264,6 +264,20 @@ def _read_action(data: Any, names: set[str]) -> list[tuple]:
 # ---------------------------------------------------------------------------- export and loading
 def _quote(text: str) -> str:
     return "\n".join(f"> {line}" if line.strip() else ">" for line in (text or "(empty)").splitlines())
+
+
+def transcript_text(o: Orchestration) -> str:
+    """The transcript as plain text, one message a paragraph (a terminal's chat view)."""
+    lines = [repr(o)]
+    for m in o.transcript:
+        lines.append(f"[turn {m.turn}] {m.sender} -> {m.recipient} ({m.kind}): {m.content}")
+    return "\n\n".join(lines)
+
+
+def transcript_markdown(o: Orchestration, turn: int | None = None) -> str:
+    """The transcript (or one turn of it) as Markdown: the exported cells, a simple chat view."""
+    turns = sorted({m.turn for m in o.transcript}) if turn is None else [turn]
+    return "\n\n".join(_turn_markdown(o, t) for t in turns)
 
 
 def _turn_markdown(o: Orchestration, turn: int) -> str:

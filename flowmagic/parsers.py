@@ -45,7 +45,9 @@ _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 
 FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
-              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--debug]")
+              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--debug] "
+              "[--tools FN1,FN2] [--mode aov|orchestrate [--agents A,B] [--budget-s S] "
+              "[--max-turns N]]")
 
 
 @dataclass
@@ -57,6 +59,9 @@ class FlowArgs:
     debug: bool = False
     help: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
+    tools: str | None = None           # --tools fn1,fn2: functions in the notebook
+    kind: str = "aov"                  # --mode: "aov" (a planned workflow) | "orchestrate"
+    orchestrate: dict[str, Any] = field(default_factory=dict)   # agents, budget_s, max_turns
 
 
 @dataclass
@@ -102,6 +107,11 @@ def _flow_parser() -> _Parser:
     p.add_argument("--context", choices=("parents", "ancestors"))
     p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0))
     p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
+    p.add_argument("--tools")
+    p.add_argument("--mode", dest="kind", choices=("aov", "orchestrate"), default="aov")
+    p.add_argument("--agents")
+    p.add_argument("--budget-s", dest="budget_s", type=_positive(float, "--budget-s", 0.001))
+    p.add_argument("--max-turns", dest="max_turns", type=_positive(int, "--max-turns", 1))
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan-only", dest="mode", action="store_const", const="plan-only")
     mode.add_argument("--run", dest="mode", action="store_const", const="run")
@@ -131,7 +141,15 @@ def parse_flow_line(line: str) -> FlowArgs:
     settings = {key: getattr(ns, key) for key in
                 ("k", "model", "strategy", "update", "validate", "concurrency", "context",
                  "budget_usd") if getattr(ns, key) is not None}
+    orchestrate = {key: getattr(ns, key) for key in ("agents", "budget_s", "max_turns")
+                   if getattr(ns, key) is not None}
+    if orchestrate and ns.kind != "orchestrate":
+        raise ConfigError(f"%%flow: --{next(iter(orchestrate)).replace('_', '-')} applies only "
+                          "with --mode orchestrate")
+    if ns.tools is not None and not [t for t in ns.tools.split(",") if t.strip()]:
+        raise ConfigError("%%flow: --tools takes function names, e.g. --tools load_csv,plot")
     return FlowArgs(name=check_name(ns.name), mode=ns.mode, interpolate=ns.interpolate,
+                    tools=ns.tools, kind=ns.kind, orchestrate=orchestrate,
                     debug=ns.debug, help=ns.help, settings=settings)
 
 

@@ -301,3 +301,51 @@ def test_the_embedded_model_orchestrates_within_its_budget(embedded_url):
           f"ended_by={o.ended_by}, answer={o.answer[:80]!r}")
     assert o.transcript[-1].kind == "submit" and o.status in ("submitted", "forced", "fallback")
     assert elapsed < 240 + 5
+
+
+# -- the magic ------------------------------------------------------------------------------
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.chdir(tmp_path)   # no [tool.flowmagic] from the repository's pyproject.toml
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "flowmagic")
+    yield ip
+    ip.run_line_magic("unload_ext", "flowmagic")
+    InteractiveShell.clear_instance()
+
+
+def test_the_magic_orchestrates_with_notebook_tools(shell, capsys):
+    def responder(body):
+        if is_final(body):
+            return "best answer so far"
+        if is_orchestrator(body):
+            if any(m["role"] == "tool" for m in body["messages"]):
+                return {"tool_calls": [submit("the sky is blue")]}
+            return {"tool_calls": [send("writer", "Colour of the sky?")]}
+        if body.get("tools") and not any(m["role"] == "tool" for m in body["messages"]):
+            return {"tool_calls": [{"function": {"name": "sky", "arguments": "{}"}}]}
+        return "blue"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        shell.run_cell('def sky() -> str:\n    """The colour of the sky."""\n    return "blue"')
+        result = shell.run_cell("%%flow chat --mode orchestrate --agents writer --tools sky "
+                                "--max-turns 3 --budget-s 30\nWhat colour is the sky?")
+        out, err = capsys.readouterr()
+        assert result.success and not err, err
+        orch = shell.user_ns["chat"]
+        assert orch.result.answer == "the sky is blue" and "the sky is blue" in out
+        assert orch.result.settings["max_turns"] == 3 and orch.result.settings["budget_s"] == 30
+        assert [r["tool"] for r in get_store().tool_calls(orch.result.run_id)] == ["sky"]
+
+        shell.run_cell("%%flow bad --agents writer\nx")
+        assert "applies only with --mode orchestrate" in capsys.readouterr().err
+        shell.run_cell("%%flow bad --mode orchestrate --tools nothing_here\nx")
+        assert "no function named 'nothing_here' in the notebook" in capsys.readouterr().err

@@ -434,3 +434,37 @@ def test_streamed_tool_calls_are_joined_and_cached():
         assert again.cached and again.tool_calls == first.tool_calls and server.calls == 1
         plain = llm.complete_sync("count")   # the tools are part of the cache key
         assert not plain.cached and plain.tool_calls is None
+
+
+def test_the_magic_gives_a_flow_the_named_notebook_functions(tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    plan = {"subtasks": [{"id": "count", "requirement": "count the words of the text",
+                          "depends_on": []}]}
+
+    def responder(body):
+        if body.get("response_format"):
+            return json.dumps(plan)
+        return flow_responder(body)
+
+    monkeypatch.chdir(tmp_path)
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "flowmagic")
+    try:
+        with LoopbackServer(responder=responder) as server:
+            flowmagic.configure(base_url=server.base_url, model="m")
+            ip.run_cell("def word_count(text: str) -> int:\n"
+                        "    '''Count the words in a text.'''\n    return len(text.split())")
+            result = ip.run_cell("%%flow counting --k 1 --tools word_count --run\nCount words.")
+            assert result.success, capsys.readouterr().err
+            flow = ip.user_ns["counting"]
+            assert [t.name for t in flow.tools] == ["word_count"]
+            assert flow.workflow.nodes["count"].output == "result: 2"
+            assert [r["tool"] for r in flow.tool_calls()] == ["word_count"]
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()
