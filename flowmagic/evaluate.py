@@ -35,6 +35,7 @@ __all__ = [
     "Scores", "compare", "get_similarity", "TfidfSimilarity", "EmbeddingSimilarity",
     "SIMILARITIES", "SHAPES", "METRICS", "load_gold", "load_predictions", "evaluate_records",
     "aevaluate_records", "evaluate_predictions", "summarize", "format_table", "write_results",
+    "evaluate_file", "aevaluate_file",
 ]
 
 SIMILARITIES = ("auto", "tfidf", "embeddings", "minilm")
@@ -590,3 +591,17 @@ def write_results(rows: list[dict], summary: dict, path) -> Path:
     else:
         raise ConfigError(f"cannot write results to {path.name}: use a .csv or .json file")
     return path
+
+
+def evaluate_file(gold, **options):
+    """Plan every task of a gold JSONL file and score it (see `flowmagic.evalrun`)."""
+    from .evalrun import evaluate_file as run
+
+    return run(gold, **options)
+
+
+async def aevaluate_file(gold, **options):
+    """`evaluate_file` for notebook cells: `run = await flowmagic.evaluate.aevaluate_file(...)`."""
+    from .evalrun import aevaluate_file as run
+
+    return await run(gold, **options)
