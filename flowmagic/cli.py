@@ -299,7 +299,54 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evalrun import evaluate_file
+
+    for path in (args.out, args.save_pred):   # fail now, not after an hour of planning
+        if path and not Path(path).parent.is_dir():
+            raise ConfigError(f"cannot write {path}: its folder does not exist")
+    if args.out and Path(args.out).suffix.lower() not in (".csv", ".json"):
+        raise ConfigError(f"--out {args.out}: use a .csv or .json file")
+    with Progress() as progress:
+        progress.doing = "evaluating"
+        run = evaluate_file(args.data, k=args.k, model=args.model, strategy=args.strategy,
+                            similarity=args.similarity, limit=args.limit, sample=args.sample,
+                            concurrency=args.concurrency, context=args.context, pred=args.pred,
+                            max_tokens=args.max_tokens, seed=args.seed, cache=not args.no_cache,
+                            progress=progress.say)
+    print(run.table(), run.summary_text(), sep="\n\n")
+    for path, write in ((args.out, run.write), (args.save_pred, run.save_predictions)):
+        if path:
+            print(f"wrote {write(path)}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- the parser
+def _eval_parser(sub) -> None:
+    ev = sub.add_parser("eval", help="plan each task of a gold JSONL file and score the plans",
+                        description="DATA.jsonl holds {task, nodes: [{id, label}], edges: [[a, b]]} "
+                        "records. Prints per-task scores, then means overall and by gold shape.")
+    ev.add_argument("data", metavar="DATA.jsonl")
+    ev.add_argument("--k", type=int, default=3, help="candidate plans per task (default 3)")
+    ev.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
+    ev.add_argument("--strategy", default="balanced",
+                    choices=("balanced", "coarse", "fine", "critical-path"))
+    ev.add_argument("--max-tokens", type=int, help="token limit of each plan reply")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the first candidate (default 0)")
+    ev.add_argument("--similarity", default="auto", choices=("auto", "tfidf", "embeddings", "minilm"),
+                    help="label similarity (auto: the endpoint's embeddings, else MiniLM, else TF-IDF)")
+    ev.add_argument("--limit", type=int, help="only the first N records")
+    ev.add_argument("--sample", type=int, help="N records taken in turn from each gold shape")
+    ev.add_argument("--concurrency", type=int, default=1, help="tasks planned at once (default 1)")
+    ev.add_argument("--context", action="store_true",
+                    help="give the planner each record's context (WorFBench tools, actions)")
+    ev.add_argument("--pred", metavar="FILE", help="score saved predictions (JSONL); no planning")
+    ev.add_argument("--save-pred", metavar="FILE", help="save the plans as JSONL for --pred")
+    ev.add_argument("--out", metavar="FILE", help="write the results as .csv or .json")
+    ev.add_argument("--no-cache", action="store_true", help="ask the model again, even for cached plans")
+    ev.set_defaults(func=cmd_eval)
+
+
 def _planning_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=3, help="candidate plans (default 3)")
     p.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
@@ -364,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a parameter (repeatable)")
     new.add_argument("--force", action="store_true", help="overwrite OUT.ipynb")
     new.set_defaults(func=cmd_new)
+    _eval_parser(sub)
     return parser
 
 
