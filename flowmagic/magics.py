@@ -402,6 +402,15 @@ class FlowMagics(Magics):
         result = write(path)
         print(f"flow {name!r}: wrote {result or path}")
 
+    def handle_eval(self, name: str, gold: str) -> Report:
+        from .evalrun import compare_flow, format_scores
+
+        flow = self._flow(name)
+        scores, record, note = compare_flow(flow, gold)
+        labels = {i: n.requirement for i, n in flow.workflow.nodes.items()}
+        text = f"flow {name!r} against {gold}\n{format_scores(scores, record, labels)}\n{note}"
+        return Report(text, f"```\n{text}\n```", run=flow.run_id)
+
     def handle_config(self, *pairs: str) -> Report | None:
         if pairs:
             self._apply(parse_assignments(list(pairs)), source="%flow config")

@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "cost": (("NAME",), "tokens and USD of a flow, by node and purpose"),
     "timeline": (("NAME",), "when each node ran (a Gantt chart)"),
     "export": (("NAME", "PATH"), "write the executed flow as a notebook"),
+    "eval": (("NAME", "GOLD.json"), "score a flow's plan against a gold task graph"),
     "config": (("[KEY=VALUE ...]",), "show or set the defaults of %%flow"),
     "models": ((), "configured endpoints and priced models, with whether each key is set"),
     "log": (("[N]",), "the last N model calls (default 10)"),
