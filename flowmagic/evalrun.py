@@ -303,12 +303,17 @@ async def _score_saved(records, pred_path, backend, options, say) -> tuple[list[
     embed = _embedder_of(backend)
     if embed is not None:
         await embed.prefetch([t for r in records for t in _labels(r) + _labels(preds.get(r["id"], {}))])
-    rows = ev.evaluate_predictions(records, preds, similarity=backend, progress=_progress_line(say),
-                                   **options)
-    for row in rows:   # a plan that failed when it was made stays a failure
+    line = _progress_line(say)
+
+    def keep_failures(done: int, total: int, row: dict) -> None:
         error = (preds.get(row["id"]) or {}).get("error")
-        if error and not row["error"]:
+        if error and not row["error"]:   # a plan that failed when it was made stays a failure
             row["error"] = error
+        if line:
+            line(done, total, row)
+
+    rows = ev.evaluate_predictions(records, preds, similarity=backend, progress=keep_failures,
+                                   **options)
     return rows, [preds[r["id"]] for r in records if r["id"] in preds]
 
 
