@@ -189,7 +189,7 @@ class FlowMagics(Magics):
 
         flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, **settings))
         self.shell.user_ns[args.name] = flow
-        self._show(flow)
+        panel = self._show(flow)
         mode = args.mode or self.default_mode
         if mode != "plan-only":
             self._check_budget(flow)
@@ -197,6 +197,8 @@ class FlowMagics(Magics):
             flow.run()
         elif mode == "step":
             flow.step()
+        if panel is not None:
+            panel.follow()
         return None
 
     def handle_orchestrate(self, args, task: str, settings: dict, tools) -> None:
@@ -259,13 +261,15 @@ class FlowMagics(Magics):
     def _in_kernel(self) -> bool:
         return getattr(self.shell, "kernel", None) is not None
 
-    def _show(self, flow) -> None:
-        """The panel in a notebook; a few lines of text in a terminal."""
+    def _show(self, flow):
+        """The panel in a notebook (returned); a few lines of text in a terminal."""
         if self._in_kernel():
             from .widgets import Panel
-            display(Panel(flow))
-            return
+            panel = Panel(flow)
+            display(panel)
+            return panel
         print(self._describe(flow))
+        return None
 
     @staticmethod
     def _describe(flow) -> str:
@@ -334,6 +338,10 @@ class FlowMagics(Magics):
 
     def handle_step(self, name: str) -> None:
         flow = self._flow(name)
+        if not flow.busy and not flow.workflow.ready():
+            from .render import summary
+            print(f"{summary(flow)}; no node is ready to run")
+            return
         self._started(flow.step(), "step")
 
     def handle_stop(self, name: str) -> None:

@@ -195,6 +195,8 @@ def test_every_subcommand(shell, server, capsys, tmp_path, monkeypatch):
     out, _, _ = run(shell, capsys, "%flow run report")
     assert flow.status == "done" and "2/2 done" in out
     assert node_requests(server)[-2]["body"]["model"] == "gpt-4o-mini"   # then consolidation
+    out, _, _ = run(shell, capsys, "%flow step report")
+    assert "no node is ready to run" in out
 
     before = len(node_requests(server))
     out, _, _ = run(shell, capsys, "%flow rerun report facts")
