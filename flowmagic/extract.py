@@ -151,7 +151,10 @@ def _parse(candidate: str) -> Any:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
         if isinstance(value, (dict, list, tuple)):
-            return json.loads(json.dumps(value, default=str))
+            try:  # keys JSON cannot have (b"id", (1, 2)) are dropped, not a crash
+                return json.loads(json.dumps(value, default=str, skipkeys=True))
+            except (ValueError, RecursionError):
+                continue
     raise ValueError("not JSON")
 
 
