@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import threading
 import time
 import weakref
@@ -35,6 +36,7 @@ __all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupporte
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -80,6 +82,18 @@ class _Retryable(Exception):
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+def _valid_unicode(value: Any) -> Any:
+    """Lone surrogates (a "\\ud800" escape in a reply or in its JSON) as U+FFFD: SQLite,
+    nbformat and file writers refuse them, so one bad character would crash the run."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+        return value
+    except UnicodeEncodeError:   # in JSON text they can only be inside strings
+        text = _SURROGATE.sub("\ufffd", text)
+        return text if isinstance(value, str) else json.loads(text)
 
 
 def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float:
@@ -224,11 +238,12 @@ class LLM:
             raise
         latency = time.perf_counter() - started
         text, finish, tokens_in, tokens_out, tool_calls = raw
+        text = _valid_unicode(text)
         cost = _cost(endpoint, model_name, tokens_in, tokens_out)
         data, error = None, None
         if schema is not None:
             try:
-                data = extract_json(text, finish_reason=finish)
+                data = _valid_unicode(extract_json(text, finish_reason=finish))
             except ModelOutputError as exc:
                 error = str(exc)
         payload = {"text": text, "data": data, "finish_reason": finish,
