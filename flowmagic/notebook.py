@@ -35,7 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 from .errors import ConfigError, NodeError
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
-                     plan_summary, result_bundle, settle, show_result, tables)
+                     plan_summary, result_bundle, setting_value, settle, show_result,
+                     tables)
 
 __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
            "handle_flow_plan", "handle_flow_record", "handle_flow_node", "load_cache",
@@ -148,7 +149,7 @@ def _plan(flow) -> dict:
         if node.status == "pruned":
             d["status"] = "pruned"
         nodes.append(d)
-    settings = {k: flow.settings[k] for k in DEFAULTS if k in flow.settings}
+    settings = {k: setting_value(flow.settings[k]) for k in DEFAULTS if k in flow.settings}
     return {"task": wf.task, "settings": settings, "nodes": nodes,
             "edges": [list(e) for e in wf.edges()]}
 
@@ -263,7 +264,8 @@ def _metadata(flow, record: dict, endpoints: list[dict], name: str) -> dict:
                    if k != "workflow"} for c in flow.candidates]
     meta = {"version": __version__, "name": name, "run": flow.run_id, "task": flow.task,
             "status": flow.status, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "settings": dict(flow.settings), "endpoints": endpoints,
+            "settings": {k: setting_value(v) for k, v in flow.settings.items()},
+            "endpoints": endpoints,
             "planning": {"chosen": getattr(flow, "chosen", 0), "candidates": candidates},
             "nodes": nodes, "cost": flow.cost()["total"], "timeline": flow.timeline(),
             "update_log": flow.update_log, "result": flow.result}

@@ -34,7 +34,7 @@ from .errors import ConfigError, NodeError, PlanError
 
 __all__ = ["fingerprint", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
-           "apply_record", "plan_summary", "settle", "tables", "CALL_SETTINGS"]
+           "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS"]
 
 # Settings that change what a node's call returns; the prompt itself is hashed separately.
 CALL_SETTINGS = ("seed", "temperature", "max_tokens", "validate", "validator_model",
@@ -62,6 +62,13 @@ def _state(flow) -> _Replay:
     return _STATES[flow]
 
 
+def setting_value(value: Any) -> Any:
+    """A setting as JSON: a function (a validator) by its name, "function:NAME"."""
+    if callable(value):
+        return f"function:{getattr(value, '__qualname__', None) or type(value).__name__}"
+    return value
+
+
 def fingerprint(flow, node_id: str) -> str:
     """The hash of what decides a node's model call (see the module docstring)."""
     from .runner import node_messages
@@ -69,7 +76,7 @@ def fingerprint(flow, node_id: str) -> str:
     node = flow.workflow.nodes[node_id]
     facts = {"messages": node_messages(flow, node_id),
              "model": node.model or flow.settings.get("model"),
-             **{k: flow.settings.get(k) for k in CALL_SETTINGS}}
+             **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -266,8 +273,12 @@ def _json_body(cell: str | None, magic: str) -> Any:
         raise PlanError(f"the body of %%{magic} is not JSON ({exc}); fix it or export again") from None
 
 
-def flow_from_plan(plan: dict, name: str, **kwargs: Any):
-    """The Flow a `%%flow_plan` cell makes: nodes pending (pruned ones stay pruned)."""
+def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwargs: Any):
+    """The Flow a `%%flow_plan` cell makes: nodes pending (pruned ones stay pruned).
+
+    A setting "function:NAME" (a validator) becomes the function NAME of `namespace` when
+    the notebook defines it; else it stays a name, and a node that runs again reports
+    its validator as unavailable."""
     from .flow import DEFAULTS, Flow
     from .graph import Workflow
 
@@ -280,6 +291,11 @@ def flow_from_plan(plan: dict, name: str, **kwargs: Any):
         if node.status != "pruned":
             node.status, node.output = "pending", None
     settings = {k: v for k, v in (plan.get("settings") or {}).items() if k in DEFAULTS}
+    for key, value in settings.items():
+        if isinstance(value, str) and value.startswith("function:"):
+            found = (namespace or {}).get(value.split(":", 1)[1])
+            if callable(found):
+                settings[key] = found
     return Flow(workflow, name=name, **kwargs, **settings)
 
 
@@ -291,7 +307,7 @@ def handle_flow_plan(shell, line: str, cell: str | None) -> None:
     if len(args) != 1:
         raise ConfigError("usage: %%flow_plan NAME, then the plan as JSON in the cell")
     name = check_name(args[0]) or args[0]
-    flow = flow_from_plan(_json_body(cell, "flow_plan"), name)
+    flow = flow_from_plan(_json_body(cell, "flow_plan"), name, shell.user_ns)
     shell.user_ns[name] = flow
     print(plan_summary(flow))
 

@@ -275,3 +275,34 @@ def test_cache_files_move_answers_between_homes(tea, tmp_path, monkeypatch):
     again.run()
     assert store.count_calls(cached=False) == 0 and store.count_calls(cached=True) == 5
     assert again.result == tea.result
+
+
+def long_enough(node, output):
+    return len(output) > 3, "write more"
+
+
+def test_a_function_validator_is_exported_by_name_and_replays(server, tmp_path, capsys, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    flow = Flow.from_dict(PLAN, name="tea", max_tokens=64, validate=long_enough)
+    flow.run()
+    nb = build(flow)
+    plan = json.loads(nb.cells[2].source.split("\n", 1)[1])
+    assert plan["settings"]["validate"] == "function:long_enough"
+    assert nb.metadata["flowmagic"]["settings"]["validate"] == "function:long_enough"
+    monkeypatch.chdir(tmp_path)
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    try:
+        ip.user_ns["long_enough"] = long_enough   # the notebook defines it: it is used again
+        before = uncached()
+        for cell in nb.cells[1:9]:
+            assert ip.run_cell(cell.source).success
+        assert capsys.readouterr().err == "" and uncached() == before
+        assert ip.user_ns["tea"].settings["validate"] is long_enough
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()
