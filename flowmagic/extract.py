@@ -143,7 +143,7 @@ def _parse(candidate: str) -> Any:
     for attempt in attempts:
         try:
             return json.loads(attempt)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested deeper than the recursion limit
             pass
     for attempt in attempts[1:]:
         try:
@@ -170,7 +170,7 @@ def extract_json(text: str, *, finish_reason: str | None = None) -> Any:
         value = json.loads(stripped)
         if isinstance(value, (dict, list)):
             return value
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     sources = [body for _, body in _FENCE.findall(text)] + [text]
     unclosed_any = False
