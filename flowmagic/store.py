@@ -146,7 +146,12 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_too
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # lone surrogates: SQLite refuses them, \u escapes keep them
+        text = json.dumps(value, ensure_ascii=True, default=str)
+    return text
 
 
 class Store:
