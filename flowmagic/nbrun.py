@@ -22,10 +22,11 @@ from typing import Any, Callable
 from .errors import ConfigError, FlowError
 
 __all__ = ["TEMPLATES", "templates", "template_path", "parameters_of", "parse_params",
-           "fill", "new", "execute"]
+           "fill", "new", "execute", "NOTICE"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+NOTICE = "flowmagic: using the embedded"   # local.py's one-time notice, not an error
 
 
 def _read(path: str | Path):
@@ -178,7 +179,7 @@ def _flow_errors(nb) -> list[str]:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "stream" and out.get("name") == "stderr":
                 found += [f"cell {i}: {line}" for line in out.get("text", "").splitlines()
-                          if line.startswith("flowmagic: ")]
+                          if line.startswith("flowmagic: ") and not line.startswith(NOTICE)]
     return found
 
 
