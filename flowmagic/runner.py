@@ -152,8 +152,8 @@ class NodeRunner:
         outcome.attempts = attempts
         if not outcome.ok and outcome.error is None:
             last = attempts[-1] if attempts else {}
-            outcome.error = (f"failed {len(attempts)} attempt(s); last: "
-                             f"{cut(last.get('feedback') or last.get('error') or 'no output', 300)}")
+            why = " ".join(str(last.get("feedback") or last.get("error") or "no output").split())
+            outcome.error = f"failed {len(attempts)} attempt(s); last: {cut(why, 300)}"  # one line
         if (outcome.ok and not history and settings["mask_rate"]
                 and self._chance(node_id, "mask") < settings["mask_rate"]):
             attempts[-1]["masked"] = True
