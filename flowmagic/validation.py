@@ -146,7 +146,12 @@ async def _run_output_code(blocks: list[str], tests: str | None, timeout: float)
         # A package this machine lacks says nothing about the code; do not fail on it.
         return None, result.to_dict(), f" (code not run to the end: {error.splitlines()[-1]})"
     where = {"tests": "failed the tests", "timeout": "did not finish"}.get(result.stage, "crashed")
-    return f"The code {where}:\n{_clip(error, _FEEDBACK_CHARS)}", result.to_dict(), note
+    if result.stage == "timeout":
+        return error.capitalize(), result.to_dict(), note   # "The code did not finish within ..."
+    # The first line names the cause (the exception, the failed tests): a node's one-line
+    # error is cut from it, and the whole traceback follows for the retry.
+    cause = error.strip().splitlines()[-1][:300]
+    return f"The code {where}: {cause}\n{_clip(error, _FEEDBACK_CHARS)}", result.to_dict(), note
 
 
 async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str | None,
