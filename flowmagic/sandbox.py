@@ -91,6 +91,14 @@ def _fm_setup(argv):
         if event == "open":
             if isinstance(args[2], int) and args[2] & writes and not inside(args[0]):
                 refuse("writing outside the work dir", f" ({args[0]!r})")
+            if not inside(args[0]) and os.path.isdir(args[0]):
+                # its descriptor would let dir_fd= calls (unseen by this hook) write there
+                refuse("opening a directory outside the work dir", f" ({args[0]!r})")
+        elif event == "os.chdir":
+            # relative paths are checked from the work dir, so it stays the cwd (else a
+            # dir_fd of the work dir plus "../" from a subdirectory would reach outside)
+            if isinstance(args[0], int) or os.path.realpath(os.fsdecode(args[0])) != work:
+                refuse("changing the working directory")
         elif event in path_events:
             paths = args[1:2] if event == "os.symlink" else args
             for p in paths:
