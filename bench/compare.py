@@ -128,9 +128,16 @@ def explain_gap(dag: dict, res: R.RunResult) -> dict:
     last_end = max(end for _, end in spans.values())
     tail = (t0 + res.makespan) - last_end
     work = sum(spans[k][1] - spans[k][0] for k in chain)
-    return {"excess": res.makespan - res.bound, "head": head, "gaps": gaps, "tail": tail,
-            "chain_nodes": len(chain), "chain_work": work,
-            "per_gap_ms": 1000 * gaps / max(1, len(chain) - 1)}
+    out = {"excess": res.makespan - res.bound, "head": head, "gaps": gaps, "tail": tail,
+           "chain_nodes": len(chain), "chain_work": work,
+           "per_gap_ms": 1000 * gaps / max(1, len(chain) - 1)}
+    last_told, run_told = res.extra.get("last_told"), res.extra.get("run_told")
+    if last_told and run_told:
+        # flowmagic only: the tail split at the moments its events reached subscribers.
+        out["tail_parts"] = {"last node's state persisted": last_told - last_end,
+                             "then the run's final status persisted": run_told - last_told,
+                             "then back from arun()": (t0 + res.makespan) - run_told}
+    return out
 
 
 def warm_up(server, log=print) -> None:

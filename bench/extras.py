@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -47,8 +48,16 @@ def _executed_flow(dag: dict, home: Path, task: str = "Benchmark workflow: drawi
     return flow
 
 
+def _dot_alone(source: str) -> float:
+    """Seconds for graphviz's `dot -Tsvg` on the DOT text alone (layout and SVG writing)."""
+    t0 = time.perf_counter()
+    subprocess.run(["dot", "-Tsvg"], input=source.encode(), capture_output=True, check=True)
+    return time.perf_counter() - t0
+
+
 def drawing_time(n: int, repeats: int = 3) -> dict:
-    """Seconds for `render.svg(workflow)` (DOT built, laid out by `dot`, SVG returned)."""
+    """Seconds for `render.svg(workflow)` (DOT built, laid out by `dot`, SVG returned), and
+    the two parts apart: building the DOT text in Python, and `dot` on that text."""
     render = _module("flowmagic.render")
     if render is None or not hasattr(render, "svg"):
         return {"n": n, "value": None, "note": "not measured: flowmagic.render.svg not built yet"}
@@ -56,15 +65,21 @@ def drawing_time(n: int, repeats: int = 3) -> dict:
         return {"n": n, "value": None, "note": "not measured: graphviz's dot is not installed"}
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
         flow = _executed_flow(family("layered", n), Path(tmp))
-        times, size = [], 0
+        times, builds, dots, size = [], [], [], 0
         for _ in range(repeats):
             t0 = time.perf_counter()
             out = render.svg(flow.workflow)
             times.append(time.perf_counter() - t0)
             size = len(out)
+            if hasattr(render, "draw"):
+                t0 = time.perf_counter()
+                source = render.draw(flow.workflow).source
+                builds.append(time.perf_counter() - t0)
+                dots.append(_dot_alone(source))
         flow.store.close()
     ok = "<svg" in out
     return {"n": n, "value": min(times), "times": times, "svg_chars": size,
+            "dot_build_s": min(builds, default=None), "dot_only_s": min(dots, default=None),
             "note": "" if ok else "render.svg returned no <svg> (DOT fallback?)"}
 
 

@@ -93,6 +93,9 @@ async def run_flowmagic(dag: dict, task: str, max_tokens: int) -> RunResult:
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
         flow = _flow(dag, task, Path(tmp), max_tokens, save=True)
+        # When each event reached subscribers, i.e. after Flow._emit had persisted it.
+        told: dict = {}
+        flow.subscribe(lambda e: told.__setitem__((e["kind"], e["node"]), e["time"]))
         w0, t0 = time.time(), time.perf_counter()
         state = await flow.arun()
         makespan = time.perf_counter() - t0
@@ -102,8 +105,10 @@ async def run_flowmagic(dag: dict, task: str, max_tokens: int) -> RunResult:
         calls = flow.store.count_calls(cached=False)
         done = sum(1 for n in flow.workflow.nodes.values() if n.status == "done")
         flow.store.close()
+    last = max(spans, key=lambda k: spans[k][1]) if spans else None
     return RunResult("flowmagic", makespan, spans, bound, state,
-                     {"calls": calls, "done": done, "t0": w0})
+                     {"calls": calls, "done": done, "t0": w0,
+                      "last_told": told.get(("finished", last)), "run_told": told.get(("run", None))})
 
 
 class _Shadow:
