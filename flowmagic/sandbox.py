@@ -85,12 +85,21 @@ def _fm_setup(argv):
             return True
         full = os.path.realpath(os.fsdecode(p))
         return full == work or full.startswith(work + os.sep) or full == os.devnull
+    me = str(os.getpid())
+    def other_process(p):
+        # /proc/<pid>/environ of the parent holds the API keys this child's env was cleared of
+        if isinstance(p, int):
+            return False
+        parts = os.path.realpath(os.fsdecode(p)).split(os.sep)
+        return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != me
     def refuse(what, detail=""):
         raise PermissionError(f"flowmagic sandbox: {what} is not allowed{detail}")
     def hook(event, args):
         if event == "open":
             if isinstance(args[2], int) and args[2] & writes and not inside(args[0]):
                 refuse("writing outside the work dir", f" ({args[0]!r})")
+            if other_process(args[0]):
+                refuse("reading another process's /proc files", f" ({args[0]!r})")
             if not inside(args[0]) and os.path.isdir(args[0]):
                 # its descriptor would let dir_fd= calls (unseen by this hook) write there
                 refuse("opening a directory outside the work dir", f" ({args[0]!r})")
