@@ -258,7 +258,10 @@ class Panel:
         self.prune_button.disabled = fixed
         self.downgrade_button.disabled = (fixed or not self.model_picker.value
                                           or self.model_picker.value == node.model)
-        self.rerun_button.disabled = fixed or node.status not in ("done", "failed")
+        # While a run finishes (consolidating, no node running) a rerun would not be picked
+        # up by that run, so it waits until the run is over.
+        finishing = busy and not any(n.status == "running" for n in flow.workflow.nodes.values())
+        self.rerun_button.disabled = fixed or finishing or node.status not in ("done", "failed")
         self.output_button.disabled = node is None or not (
             node.output is not None or node.status == "running" or node.id in self._texts)
 

@@ -243,3 +243,23 @@ def test_a_run_that_fails_is_one_line_in_the_panel(server):
             await flow.llm.aclose()
 
     asyncio.run(scenario())
+
+
+def test_rerun_waits_while_a_run_consolidates(slow_server):
+    async def scenario():
+        flow = make_flow(consolidate=True)
+        panel = Panel(flow)
+        try:
+            panel.run_button.click()
+            while flow.counts().get("done") != 4:
+                await asyncio.sleep(0.02)
+            pick(panel, "load")
+            assert flow.busy and panel.rerun_button.disabled   # the result is being written
+            await flow.wait()
+            panel.refresh()
+            assert flow.result and not panel.rerun_button.disabled
+        finally:
+            panel.close()
+            await flow.llm.aclose()
+
+    asyncio.run(scenario())
