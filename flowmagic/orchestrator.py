@@ -43,6 +43,16 @@ _RESERVE = 0.2       # share of budget_s kept for the final answer (at most _RES
 _RESERVE_MAX = 30.0
 
 
+def _where(endpoint) -> str:
+    """The endpoint without user:password@ or a query string (either can carry a key)."""
+    from urllib.parse import urlsplit, urlunsplit
+    if endpoint.local:
+        return "embedded"
+    parts = urlsplit(endpoint.base_url)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 class Orchestrator:
     """One orchestrator run: `await orch.run()`, or `start()` on the kernel's loop.
 
@@ -86,7 +96,7 @@ class Orchestrator:
         self.opts = dict(seed=seed, temperature=temperature, max_tokens=max_tokens)
         self.reply_chars = reply_chars
         self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n)
-        settings = {"mode": "orchestrate", "model": model, "endpoint": endpoint.describe()["base_url"],
+        settings = {"mode": "orchestrate", "model": model, "endpoint": _where(endpoint),
                     "budget_s": self._said_budget, "max_turns": self._said_turns,
                     "replayed": replay is not None, "protocol": protocol,
                     "reply_chars": reply_chars, **self.opts}
@@ -132,6 +142,7 @@ class Orchestrator:
 
     def _save(self) -> None:
         o = self.result
+        o.settings["protocol"] = self.protocol   # the one used, so a replay asks the same way
         outcome = {k: getattr(o, k) for k in ("status", "ended_by", "note", "turns", "final",
                                               "elapsed_s", "calls", "cached_calls", "tokens_in",
                                               "tokens_out", "cost_usd")}
