@@ -1,11 +1,15 @@
 """End to end in a real browser: JupyterLab, headless Debian chromium driven by Playwright.
 
-A JupyterLab server on 127.0.0.1 with a token serves a notebook whose `%%flow` cell plans
-on the embedded model; the test clicks Step, then Prune on a node, and reads from the page
-that the drawing changed each time. A screenshot is saved under artifacts/.
-Playwright never downloads a browser here: it drives /usr/bin/chromium (`make browser-deps`).
+A JupyterLab server on 127.0.0.1 with a token serves a notebook with a `%%flow` cell. The
+first test plans on the embedded model, clicks Step, then Prune on a node, and reads from
+the page that the drawing changed each time. The second, on a loopback server with slow
+answers, clicks Run, Stop, Downgrade, Run, Rerun and Show output, reads the Flow back from
+the kernel (which answers while a run is under way) and the drawing from the page.
+Screenshots are saved under artifacts/. Playwright never downloads a browser here: it
+drives /usr/bin/chromium (`make browser-deps`).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -21,9 +25,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from flowmagic.loopback import LoopbackServer
+
 from conftest import ROOT
 
-pytestmark = [pytest.mark.browser, pytest.mark.embedded]
+pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "artifacts"
@@ -32,8 +38,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-default-apps", "--disable-extensions",
                  "--metrics-recording-only", "--no-default-browser-check"]
-CELLS = ["%load_ext flowmagic\n%flow config max_tokens=48",
-         "%%flow demo --k 1\nList two facts about green tea, then write one sentence using them."]
+EMBEDDED_CELLS = ["%load_ext flowmagic\n%flow config max_tokens=48",
+                  "%%flow demo --k 1\nList two facts about green tea, then write one sentence "
+                  "using them."]
+PLAN = {"subtasks": [
+    {"id": "facts", "requirement": "List facts.", "agent": "researcher", "depends_on": []},
+    {"id": "photo", "requirement": "Describe a photo.", "agent": "designer", "depends_on": []},
+    {"id": "post", "requirement": "Write the post.", "agent": "writer",
+     "depends_on": ["facts", "photo"]}]}
 KERNEL_IDLE = """() => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
@@ -55,16 +67,32 @@ def _get(url: str) -> dict | list | None:
         return None
 
 
-def _write_notebook(path: Path) -> None:
+def _write_notebook(path: Path, cells: list[str]) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
     nbformat.write(nb, path)
 
 
 @pytest.fixture
 def lab(tmp_path, flowmagic_home):
+    """`start(cells, **env)`: a JupyterLab server serving flow.ipynb with those cells."""
+    servers = []
+
+    def start(cells: list[str], **env: str) -> dict:
+        server = _start_lab(tmp_path, flowmagic_home, cells, env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        _stop_lab(server["proc"], server["base"], server["token"])
+        server["log_file"].close()
+    _stop_leftovers(flowmagic_home)
+
+
+def _start_lab(tmp_path: Path, flowmagic_home: Path, cells: list[str], extra_env: dict) -> dict:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing; run `make browser-deps` (apt-get install chromium)")
     root, jupyter = tmp_path / "root", tmp_path / "jupyter"
@@ -83,9 +111,9 @@ def lab(tmp_path, flowmagic_home):
     notify.mkdir(parents=True)
     (notify / "notification.jupyterlab-settings").write_text(json.dumps(
         {"fetchNews": "false", "checkForUpdates": False}))
-    _write_notebook(root / "flow.ipynb")
+    _write_notebook(root / "flow.ipynb", cells)
     token, port = secrets.token_hex(16), _free_port()
-    env = {**os.environ, "FLOWMAGIC_HOME": str(flowmagic_home),
+    env = {**os.environ, **extra_env, "FLOWMAGIC_HOME": str(flowmagic_home),
            "JUPYTER_CONFIG_DIR": str(jupyter / "config"),
            "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "settings"),
@@ -100,18 +128,15 @@ def lab(tmp_path, flowmagic_home):
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while _get(f"{base}/api/status?token={token}") is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("jupyter lab did not start:\n"
-                                   + (tmp_path / "jupyter.log").read_text()[-3000:])
-            time.sleep(0.3)
-        yield {"base": base, "token": token, "log": tmp_path / "jupyter.log"}
-    finally:
-        _stop_lab(proc, base, token)
-        log.close()
-        _stop_leftovers(flowmagic_home)
+    deadline = time.monotonic() + 90
+    while _get(f"{base}/api/status?token={token}") is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_lab(proc, base, token)
+            log.close()
+            raise RuntimeError("jupyter lab did not start:\n"
+                               + (tmp_path / "jupyter.log").read_text()[-3000:])
+        time.sleep(0.3)
+    return {"base": base, "token": token, "proc": proc, "log_file": log}
 
 
 def _stop_lab(proc: subprocess.Popen, base: str, token: str) -> None:
@@ -173,62 +198,158 @@ def button(page, label: str):
     return page.locator(".flowmagic-panel button", has_text=re.compile(rf"^\s*{label}\s*$"))
 
 
-def _outputs_text(page) -> str:
-    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
-                         ".map(e => e.innerText).join('\\n---\\n')")
+def kernel_eval(page, code: str) -> str:
+    """Run code in the notebook's kernel from the page; its printed output."""
+    return page.evaluate("""async code => {
+      const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+      const future = k.requestExecute({code, store_history: false});
+      let out = '';
+      future.onIOPub = msg => { if (msg.header.msg_type === 'stream') out += msg.content.text; };
+      await future.done;
+      return out;
+    }""", code)
 
 
-@pytest.mark.timeout(600)
-def test_flow_cell_step_and_prune_in_jupyterlab(lab):
+def flow_state(page, name: str = "demo") -> dict:
+    """The Flow as the kernel sees it: status, busy, and per node [status, model, attempts]."""
+    return json.loads(kernel_eval(page, (
+        f"import json; print(json.dumps({{'status': {name}.status, 'busy': {name}.busy, "
+        f"'nodes': {{i: [n.status, n.model, len(n.attempts)] "
+        f"for i, n in {name}.workflow.nodes.items()}}}}))")))
+
+
+def wait_flow(page, ready, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = flow_state(page)
+        if ready(state) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def notebook_page(server: dict, shot: Path):
+    """The notebook open in headless chromium, its cells run; a screenshot at the end."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser-flow.png"
-    started = time.monotonic()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         try:
-            page.goto(f"{lab['base']}/lab/tree/flow.ipynb?token={lab['token']}")
+            page.goto(f"{server['base']}/lab/tree/flow.ipynb?token={server['token']}")
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            drawing = page.locator(".flowmagic-drawing").first
             try:
-                drawing.locator("svg").wait_for(timeout=300_000)
+                page.locator(".flowmagic-drawing svg").first.wait_for(timeout=300_000)
             except Exception:
                 raise AssertionError("no flow drawing appeared; outputs:\n" + _outputs_text(page))
-            planned = time.monotonic()
-            before = drawing.inner_html()
-            states = _node_states(page)
-            assert states and all("pending" in c for c in states.values()), states
-
-            button(page, "Step").click()
-            # The kernel is idle while a node runs: the step is a task on its loop.
-            page.wait_for_function(f"() => document.querySelector("
-                                   f"'.flowmagic-drawing svg g.node.running') && ({KERNEL_IDLE})()",
-                                   timeout=240_000, polling=50)
-            page.wait_for_function("() => document.querySelector('.flowmagic-drawing svg "
-                                   "g.node.done') && !document.querySelector("
-                                   "'.flowmagic-drawing svg g.node.running')", timeout=240_000)
-            stepped = drawing.inner_html()
-            assert stepped != before
-            states = _node_states(page)
-            assert any("done" in c for c in states.values()), states
-
-            # Prune a node that has not run if there is one, else a finished one.
-            node = next((n for n, c in states.items() if "pending" in c),
-                        next(n for n, c in states.items() if "done" in c))
-            page.locator(".flowmagic-panel select").first.select_option(label=node)
-            button(page, "Prune").click()
-            page.wait_for_function(
-                "id => { const g = document.getElementById('node-' + id);"
-                " return g && g.classList.contains('pruned'); }", arg=node, timeout=60_000)
-            assert drawing.inner_html() != stepped
-            assert "pruned" in _node_states(page)[node]
+            yield page
             page.wait_for_timeout(500)   # the panel's labels settle before the picture
         finally:
             page.screenshot(path=str(shot), full_page=True)
             print(f"\nscreenshot: {shot}")
             browser.close()
-    print(f"browser test: planned after {planned - started:.1f} s, "
+
+
+def wait_node(page, node: str, cls: str, timeout: float = 60_000) -> None:
+    page.wait_for_function(
+        "([id, cls]) => { const g = document.getElementById('node-' + id);"
+        " return Boolean(g && g.classList.contains(cls)); }", arg=[node, cls], timeout=timeout)
+
+
+def _outputs_text(page) -> str:
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                         ".map(e => e.innerText).join('\\n---\\n')")
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(600)
+def test_flow_cell_step_and_prune_in_jupyterlab(lab):
+    started = time.monotonic()
+    server = lab(EMBEDDED_CELLS)
+    with notebook_page(server, ARTIFACTS / "browser-flow.png") as page:
+        planned = time.monotonic()
+        drawing = page.locator(".flowmagic-drawing").first
+        before = drawing.inner_html()
+        states = _node_states(page)
+        assert states and all("pending" in c for c in states.values()), states
+
+        button(page, "Step").click()
+        # The kernel is idle while a node runs: the step is a task on its loop.
+        page.wait_for_function(f"() => document.querySelector("
+                               f"'.flowmagic-drawing svg g.node.running') && ({KERNEL_IDLE})()",
+                               timeout=240_000, polling=50)
+        page.wait_for_function("() => document.querySelector('.flowmagic-drawing svg "
+                               "g.node.done') && !document.querySelector("
+                               "'.flowmagic-drawing svg g.node.running')", timeout=240_000)
+        stepped = drawing.inner_html()
+        assert stepped != before
+        states = _node_states(page)
+        assert any("done" in c for c in states.values()), states
+
+        # Prune a node that has not run if there is one, else a finished one.
+        node = next((n for n, c in states.items() if "pending" in c),
+                    next(n for n, c in states.items() if "done" in c))
+        page.locator(".flowmagic-panel select").first.select_option(label=node)
+        button(page, "Prune").click()
+        wait_node(page, node, "pruned")
+        assert drawing.inner_html() != stepped
+        assert flow_state(page)["nodes"][node][0] == "pruned"
+    print(f"browser test (embedded): planned after {planned - started:.1f} s, "
           f"whole run {time.monotonic() - started:.1f} s")
+
+
+@pytest.fixture
+def slow_plan_server():
+    """Plans for planning requests, text for the rest, each answer after 1.5 s."""
+    def responder(body):
+        return json.dumps(PLAN) if body.get("response_format") else "Some **bold** text."
+
+    with LoopbackServer(responder=responder, latency=1.5) as server:
+        yield server
+
+
+@pytest.mark.timeout(600)
+def test_every_button_in_jupyterlab(lab, slow_plan_server):
+    started = time.monotonic()
+    server = lab(["%load_ext flowmagic", "%%flow demo --k 1\nMake tea"],
+                 FLOWMAGIC_BASE_URL=slow_plan_server.base_url, FLOWMAGIC_MODEL="m")
+    with notebook_page(server, ARTIFACTS / "browser-buttons.png") as page:
+        button(page, "Run").click()
+        wait_node(page, "facts", "running")
+        # The kernel answers while the run goes on: the run is a task on its loop.
+        state = flow_state(page)
+        assert state["busy"] and state["nodes"]["facts"][0] == "running"
+        button(page, "Stop").click()
+        page.wait_for_function("() => !document.querySelector('.flowmagic-drawing svg "
+                               "g.node.running')", timeout=60_000)
+        state = flow_state(page)
+        assert state["status"] == "stopped" and not state["busy"]
+        assert {n[0] for n in state["nodes"].values()} == {"pending"}
+
+        selects = page.locator(".flowmagic-panel select")
+        selects.nth(0).select_option(label="post")
+        # Option values are the labels ("gpt-5-nano ($0.05 / ...)"): pick by position.
+        cheap = selects.nth(1).evaluate(
+            "sel => [...sel.options].findIndex(o => o.value.startsWith('gpt-5-nano'))")
+        selects.nth(1).select_option(index=cheap)
+        button(page, "Downgrade").click()
+        wait_node(page, "post", "downgraded")
+        assert flow_state(page)["nodes"]["post"][:2] == ["pending", "gpt-5-nano"]
+
+        button(page, "Run").click()
+        wait_node(page, "post", "done")
+        assert wait_flow(page, lambda st: st["status"] == "done")["nodes"]["facts"][2] == 1
+        selects.nth(0).select_option(label="facts")
+        button(page, "Rerun").click()
+        wait_node(page, "facts", "running")
+        wait_node(page, "post", "done")
+        state = wait_flow(page, lambda st: st["status"] == "done" and not st["busy"])
+        # facts and its descendant post ran again; photo did not.
+        assert {i: n[2] for i, n in state["nodes"].items()} == {"facts": 2, "photo": 1, "post": 2}
+
+        button(page, "Show output").click()
+        page.locator(".flowmagic-panel .jp-RenderedMarkdown strong",
+                     has_text="bold").wait_for(timeout=30_000)
+    print(f"browser test (buttons): {time.monotonic() - started:.1f} s")
