@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "validator_model": None, "concurrency": 8, "context": "parents", "budget_usd": None,
     "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
     "seed": 0, "temperature": None, "max_tokens": 512, "context_chars": 6000,
-    "max_subtasks": None, "max_agents": None, "consolidate": True,
+    "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
     # tools (flowmagic.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
     "tool_similarity": "tfidf",
@@ -291,28 +291,40 @@ class Flow:
         return True
 
     async def _update(self) -> None:
-        from . import updater
+        """Repair cheaply first (refine the instruction, then substitute the agent of a
+        failed node), and re-plan with the updater only when no repair is left."""
+        from . import repairs, updater
 
-        trigger = [n.id for n in self.workflow.nodes.values() if n.status in ("failed",)]
         before = self.workflow.copy()
-        result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
-                                       model=self.settings["model"], seed=self.settings["seed"],
-                                       run_id=self.run_id, max_tokens=self.settings["max_tokens"])
-        for candidate in result.candidates or []:
-            self._spend(getattr(candidate, "cost_usd", 0.0))
-        entry = {"time": time.time(), "strategy": self.settings["update"], "trigger": trigger,
-                 "no_change": result.no_change, "stats": result.stats, "diff": result.diff,
-                 "errors": list(result.errors or [])}
-        if not result.no_change:
+        fix = None
+        if self.settings["repairs"]:
+            fix = await repairs.plan_repair(before, self.update_log, self.llm,
+                                            model=self.settings["model"], seed=self.settings["seed"],
+                                            run_id=self.run_id, max_tokens=self.settings["max_tokens"])
+        if fix is not None:
+            self._spend(fix.usage.get("cost_usd", 0.0))
+            entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
+                     "no_change": False, "errors": []}
+            update = fix.update
+        else:
+            result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
+                                           model=self.settings["model"], seed=self.settings["seed"],
+                                           run_id=self.run_id, max_tokens=self.settings["max_tokens"])
+            for candidate in result.candidates or []:
+                self._spend(getattr(candidate, "cost_usd", 0.0))
+            entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
+                     "diff": result.diff, "errors": list(result.errors or []),
+                     "trigger": [n.id for n in before.nodes.values() if n.status == "failed"]}
+            update = None if result.no_change else result.update
+        entry.update(time=time.time(), strategy=self.settings["update"])
+        if update is not None:
             # Merge onto the live workflow: nodes may have finished since the snapshot.
-            merged, diff = updater.merge(self.workflow, result.update)
-            self.workflow = merged
-            entry["diff"] = diff
-            entry["stats"] = updater.stats(diff, before)
+            self.workflow, entry["diff"] = updater.merge(self.workflow, update)
+            entry["stats"] = updater.stats(entry["diff"], before)
             self._save_run()
         self.update_log.append(entry)
         self.store.add_update(self.run_id, entry)
-        self._emit("updated", None, {"no_change": result.no_change})
+        self._emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
 
     async def _consolidate(self) -> None:
         wf = self.workflow

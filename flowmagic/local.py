@@ -84,11 +84,12 @@ def ensure_server(timeout: float = 90.0) -> str:
         port = _free_port()
         log_path = home() / "local-server.log"
         log = open(log_path, "ab")
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
+        cmd = [sys.executable, "-m", "flowmagic._localserver", "--model", str(gguf),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
                "--n_threads", str(max(1, min(4, os.cpu_count() or 1))),
                "--model_alias", "smollm2-135m-instruct"]
-        _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
+        _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         url = f"http://127.0.0.1:{port}/v1"

@@ -311,3 +311,17 @@ def test_after_completion_updates_between_nodes_and_keeps_finished_work():
         assert nodes["s0"].output == "result for s0" and node_calls(server).count("s0") == 1
         assert flow.update_log[0]["diff"]["added"] == ["extra"]
         assert flow.update_log[0]["stats"]["initial_tasks"] == 2
+
+
+def test_a_failed_node_is_repaired_by_refining_its_instruction_before_replanning():
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server, max_attempts=1, update="on-failure",
+                         validate=lambda node, output: (node.requirement != "summarise column x",
+                                                        "say which statistics to compute"))
+        flow.run()
+        b = flow.workflow.nodes["b"]
+        assert flow.status == "done" and b.status == "done"
+        assert b.requirement != "summarise column x"
+        assert [entry["kind"] for entry in flow.update_log] == ["refine_instruction"]
+        assert flow.update_log[0]["trigger"] == ["b"] and flow.update_log[0]["diff"]["rerun"] == ["b"]
+        assert node_calls(server).count("a") == 1     # nothing finished ran again

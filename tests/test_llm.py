@@ -2,7 +2,10 @@
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -245,3 +248,22 @@ def test_embedded_schema_call_and_concurrency(embedded_url):
     again = llm.complete_sync("Name a colour and a number as JSON.", schema=schema,
                               max_tokens=60, seed=1)
     assert again.cached and again.data == reply.data
+
+
+@pytest.mark.embedded
+def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
+    # A killed kernel must not leave a server holding a port and a core.
+    script = ("import os; from flowmagic import local; local.ensure_server(); "
+              "print(local._proc.pid, flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "FLOWMAGIC_HOME": str(tmp_path)}, timeout=120)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, 9)
+    pytest.fail("the embedded server outlived its parent")
