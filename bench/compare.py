@@ -10,6 +10,7 @@ when every node got the same latency under all three runners.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from statistics import mean
 
@@ -84,7 +85,10 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
     seen: dict[str, dict[str, float]] = {}
     for runner in order:
         server.reset()
+        cpu = time.process_time()
         res = _run_one(runner, dag, task, max_tokens, server.base_url)
+        # This process's CPU (the server is another process): what the runner itself costs.
+        res.extra["cpu_s"] = time.process_time() - cpu
         seen[runner] = R.latencies(server)
         res.extra["requests"] = sum(1 for r in server.stats()["requests"]
                                     if r["path"].endswith("/chat/completions"))

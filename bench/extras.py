@@ -158,13 +158,17 @@ def _replay_in(tmp: Path, n: int, server, max_tokens: int, log, notebook) -> dic
         store, path = _run_and_export(tmp, n, server, max_tokens, notebook)
         before = store.last_call_id()
         server.reset()
-        cells, start_s, cells_s, per_cell = _execute(path, tmp)
+        # Twice, each in a fresh kernel: one run on a shared machine can be unlucky.
+        runs = [_execute(path, tmp) for _ in range(2)]
+        cells, start_s, cells_s, per_cell = min(runs, key=lambda r: r[2])
         calls = server.stats()["calls"]
         logged = store.count_calls(cached=False, since_id=before)
         store.close()
-    log(f"    replay of a {n}-node notebook: {calls} calls reached the server, "
-        f"{logged} uncached calls logged, cells {cells_s:.2f} s (+ kernel start {start_s:.2f} s)")
+    log(f"    replay of a {n}-node notebook, twice: {calls} calls reached the server, "
+        f"{logged} uncached calls logged, cells {', '.join(f'{r[2]:.2f}' for r in runs)} s "
+        f"(+ kernel start {start_s:.2f} s)")
     return {"n": n, "value": cells_s, "kernel_start_s": start_s, "calls": calls,
+            "runs": [r[2] for r in runs],
             "uncached_logged": logged, "cells": cells, "note": "",
             "slowest": sorted(per_cell, reverse=True)[:4],
             "node_cells_s": sum(t for t, _, line in per_cell if line.startswith("%%flow_node"))}
