@@ -151,7 +151,8 @@ class Executor:
                         continue
                     break
                 await self._wait_any()
-        except asyncio.CancelledError:
+        except BaseException:
+            # Cancelled (stop, KeyboardInterrupt) or broken: leave no node running.
             self._stopping = True
             await self._cancel_running()
             raise
@@ -220,7 +221,11 @@ class Executor:
         if task.cancelled():
             self._unstart(node)
             return
-        outcome = task.result()
+        try:
+            outcome = task.result()
+        except Exception:
+            self._unstart(node)   # the work itself broke: the node has not run
+            raise
         if node is None or node.status != "running":
             return  # removed or reset by an update while it ran; its outcome is moot
         self._apply(node, outcome)

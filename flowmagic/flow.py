@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sys
 import time
+import traceback
 from typing import Any, Callable
 
 from . import metrics as _metrics
 from .endpoints import resolve
-from .errors import ConfigError, NodeError
+from .errors import ConfigError, FlowError, NodeError
 from .executor import Executor
 from .graph import Workflow
 from .llm import LLM, get_llm
@@ -170,11 +172,18 @@ class Flow:
         self.store.set_run_status(self.run_id, "running")
         state = "stopped"
         try:
-            state = await self._executor.run(step=step, only=only)
-            if state == "budget":
-                self.message = self._executor.stop_reason
-            if state == "done" and self.settings["consolidate"] and self.result is None:
-                await self._consolidate()
+            while True:
+                state = await self._executor.run(step=step, only=only)
+                if state == "budget":
+                    self.message = self._executor.stop_reason
+                if state == "done" and self.settings["consolidate"] and self.result is None:
+                    try:
+                        await self._consolidate()
+                    except FlowError as exc:   # every node is done and stored; only the summary is missing
+                        self.message = f"the final consolidation failed ({exc}); run() again to retry it"
+                # A rerun or an edit asked for while the run was finishing joins this run.
+                if not (state == "done" and not step and only is None and self.counts().get("pending")):
+                    break
         finally:
             self._executor = None
             self.status = state
@@ -188,6 +197,7 @@ class Flow:
     def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
         if _in_loop():
             self._task = asyncio.get_running_loop().create_task(coro_fn())
+            self._task.add_done_callback(self._background_done)
             return self
 
         async def main():
@@ -198,6 +208,19 @@ class Flow:
 
         asyncio.run(main())
         return self
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        """A run on the kernel's loop has no caller to raise to: say what went wrong."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.status = "error"
+        self.message = str(exc) if isinstance(exc, FlowError) else f"{type(exc).__name__}: {exc}"
+        self._emit("error", None, {"message": self.message})
+        if isinstance(exc, FlowError):
+            print(f"flowmagic: {exc}", file=sys.stderr)
+        else:   # a bug in flowmagic: keep its traceback
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
 
     def run(self) -> "Flow":
         """Run every node that can run. In a notebook it returns at once (see wait())."""

@@ -325,3 +325,41 @@ def test_a_failed_node_is_repaired_by_refining_its_instruction_before_replanning
         assert [entry["kind"] for entry in flow.update_log] == ["refine_instruction"]
         assert flow.update_log[0]["trigger"] == ["b"] and flow.update_log[0]["diff"]["rerun"] == ["b"]
         assert node_calls(server).count("a") == 1     # nothing finished ran again
+
+
+def test_a_rerun_asked_for_during_consolidation_joins_the_run():
+    with LoopbackServer(latency=(0.3, 0.3)) as server:
+        flow = make_flow(DIAMOND, server, consolidate=True)
+
+        async def scenario():
+            def on_event(event):
+                if event["kind"] == "finished" and event["node"] == "d" and not rerun_done:
+                    rerun_done.append(1)
+                    asyncio.get_running_loop().call_later(0.1, flow.rerun, "c")
+            rerun_done = []
+            flow.subscribe(on_event)
+            state = await flow.arun()
+            await flow.llm.aclose()
+            return state
+
+        assert asyncio.run(scenario()) == "done"
+        assert all(n.status == "done" for n in flow.workflow.nodes.values())
+        assert node_calls(server).count("c") == 2 and node_calls(server).count("d") == 2
+        assert flow.result
+
+
+def test_an_error_in_a_background_run_is_reported_not_lost(capsys):
+    with LoopbackServer() as server:
+        flow = make_flow(DIAMOND, server, validate=lambda node, output: 1 / 0)
+
+        async def scenario():
+            flow.run()                # in a running loop: a background task
+            with pytest.raises(flowmagic.ConfigError):
+                await flow.wait()
+            await flow.llm.aclose()
+
+        asyncio.run(scenario())
+        assert flow.status == "error" and "ZeroDivisionError" in flow.message
+        assert "\n" not in flow.message
+        assert f"flowmagic: {flow.message}" in capsys.readouterr().err
+        assert "running" not in {n.status for n in flow.workflow.nodes.values()}
