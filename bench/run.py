@@ -45,7 +45,7 @@ def _plan(quick: bool) -> dict:
     return {"cases": [Case("chain", 20), Case("chain", 100), Case("fan", 20), Case("fan", 100),
                       Case("fan", 500)]
                      + [Case("layered", n, s) for n in (20, 100, 500) for s in (0, 1)],
-            "overhead": [(1000, 3), (10000, 2)], "memory": 10000, "draw": [100, 500],
+            "overhead": [(1000, 5), (10000, 2)], "memory": 10000, "draw": [100, 500],
             "replay": 50, "faults": 100}
 
 
