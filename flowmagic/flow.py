@@ -37,13 +37,16 @@ DEFAULTS: dict[str, Any] = {
     "tool_similarity": "tfidf",
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
+_NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
+_NONE_MEANS_SOMETHING = frozenset(("concurrency",))   # concurrency=None: no limit
 
 
 def _check_settings(settings: dict) -> dict:
     unknown = sorted(set(settings) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    merged = {**DEFAULTS, **{k: v for k, v in settings.items()
+                             if v is not None or k in _NONE_MEANS_SOMETHING}}
     if merged["update"] not in UPDATE_STRATEGIES:
         raise ConfigError(f"update strategy {merged['update']!r} is not one of "
                           f"{', '.join(UPDATE_STRATEGIES)}")
@@ -93,10 +96,13 @@ class Flow:
         self._executor: Executor | None = None
         self._task: asyncio.Task | None = None
         self._streaming = False
+        self._pending: list[tuple] = []   # events not yet written (see _emit)
+        self._flush_soon = False
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
         self.probe = None   # a flowmagic.batch.Probe once attach_probe() was called
+        self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
         if save:
             self._save_run()
 
@@ -130,14 +136,36 @@ class Flow:
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     def _emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
-        data = data or {}
-        if node_id is not None and node_id in self.workflow.nodes:
-            self.store.save_node(self.run_id, self.workflow.nodes[node_id].to_dict())
-        if kind not in ("text",):
-            self.store.add_event(self.run_id, kind, node_id, data or None)
-        event = {"kind": kind, "node": node_id, "time": time.time(), **data}
-        for callback in list(self._subscribers):
-            callback(event)
+        """Persist a state change, then tell the subscribers.
+
+        The executor's node events of one event-loop turn are written in one transaction
+        (one commit per turn instead of two per node); subscribers hear of them only
+        after that commit, so the UI never shows what the store does not have. Every
+        other event is written and announced at once.
+        """
+        event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
+        self._pending.append((kind, node_id, data or None, event))
+        if kind in _NODE_EVENTS and _in_loop():
+            if not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        nodes = self.workflow.nodes
+        changed = dict.fromkeys(n for _, n, _, _ in pending if n is not None and n in nodes)
+        self.store.write_batch(
+            # A shallow view: it is serialised right away, so no deep copy is needed.
+            self.run_id, [vars(nodes[n]) for n in changed],
+            [(kind, n, data) for kind, n, data, _ in pending if kind != "text"])
+        for *_, event in pending:
+            for callback in list(self._subscribers):
+                callback(event)
 
     def _text_sink(self, node_id: str):
         if not self._streaming:
@@ -528,14 +556,17 @@ class Flow:
         return await slimming.aimportance(self, slimming.resolve_probe(self, probe, scorer), **options)
 
     def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
-        """(slimmed Flow, SlimReport); this flow is untouched (see flowmagic.slimming.aslim)."""
+        """(slimmed Flow, SlimReport), also kept as `last_slim`; this flow's workflow is
+        untouched (see flowmagic.slimming.aslim)."""
         from . import batch
         return batch.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
 
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
         from . import slimming
         options.setdefault("progress", lambda e: self._emit("slim", None, e))
-        return await slimming.aslim(self, slimming.resolve_probe(self, probe, scorer), **options)
+        self.last_slim = await slimming.aslim(self, slimming.resolve_probe(self, probe, scorer),
+                                              **options)
+        return self.last_slim
 
 
 def _settings_from(kwargs: dict) -> dict:

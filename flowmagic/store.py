@@ -311,6 +311,25 @@ class Store:
             (run_id, node["id"], _dumps(node), time.time()),
         )
 
+    def write_batch(self, run_id: str, nodes: list[dict], events: list[tuple]) -> None:
+        """Latest node states and events (kind, node_id, data) in one commit."""
+        now = time.time()
+        rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated)"
+                    " VALUES (?, ?, ?, ?)", rows)
+                self._db.executemany(
+                    "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
+                    [(run_id, node_id, now, kind, None if data is None else _dumps(data))
+                     for kind, node_id, data in events])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:
         self._execute(
             "UPDATE runs SET status = ?, updated = ?, result = COALESCE(?, result) WHERE id = ?",
