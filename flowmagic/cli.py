@@ -313,7 +313,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             similarity=args.similarity, limit=args.limit, sample=args.sample,
                             concurrency=args.concurrency, context=args.context, pred=args.pred,
                             max_tokens=args.max_tokens, seed=args.seed, cache=not args.no_cache,
-                            progress=progress.say)
+                            embed_model=args.embed_model, progress=progress.say)
     print(run.table(), run.summary_text(), sep="\n\n")
     for path, write in ((args.out, run.write), (args.save_pred, run.save_predictions)):
         if path:
@@ -335,6 +335,8 @@ def _eval_parser(sub) -> None:
     ev.add_argument("--seed", type=int, default=0, help="seed of the first candidate (default 0)")
     ev.add_argument("--similarity", default="auto", choices=("auto", "tfidf", "embeddings", "minilm"),
                     help="label similarity (auto: the endpoint's embeddings, else MiniLM, else TF-IDF)")
+    ev.add_argument("--embed-model", help="model for /embeddings (default $FLOWMAGIC_EMBED_MODEL, "
+                    "text-embedding-3-small on OpenAI, else --model)")
     ev.add_argument("--limit", type=int, help="only the first N records")
     ev.add_argument("--sample", type=int, help="N records taken in turn from each gold shape")
     ev.add_argument("--concurrency", type=int, default=1, help="tasks planned at once (default 1)")

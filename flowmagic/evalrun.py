@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,12 +65,28 @@ def _offline(name: str, why: str | None) -> tuple[Any, str]:
     return backend, f"similarity: {backend.name}" + (f" ({why})" if why else "")
 
 
+def _embedding_model(model: str | None, embed_model: str | None) -> str | None:
+    """The model asked for vectors: `embed_model`, else $FLOWMAGIC_EMBED_MODEL, else OpenAI's
+    small embedding model on api.openai.com, else the planning model (llama.cpp, vLLM and
+    the loopback embed with the model they serve)."""
+    chosen = embed_model or os.environ.get("FLOWMAGIC_EMBED_MODEL")
+    if chosen:
+        return chosen
+    from .endpoints import OPENAI_URL, resolve
+
+    endpoint, _ = resolve(model)
+    if endpoint.base_url.rstrip("/") == OPENAI_URL:
+        return ("" if endpoint.name == "default" else f"{endpoint.name}:") + "text-embedding-3-small"
+    return model
+
+
 async def aresolve_similarity(name: str = "auto", *, model: str | None = None, llm=None,
-                              calls: bool = True) -> tuple[Any, str]:
+                              calls: bool = True, embed_model: str | None = None) -> tuple[Any, str]:
     """(similarity backend, one line saying which and why) for `evaluate.compare`.
 
-    "embeddings" uses the endpoint of `model` and fails if it cannot embed; "auto" tries
-    it once when `calls` is true and falls back to MiniLM / TF-IDF, saying so.
+    "embeddings" uses the endpoint of `model` (asking it for `embed_model`, see
+    `_embedding_model`) and fails if it cannot embed; "auto" tries it once when `calls`
+    is true and falls back to MiniLM / TF-IDF, saying so.
     """
     if name not in ev.SIMILARITIES:
         raise ConfigError(f"unknown similarity {name!r}; choose one of {', '.join(ev.SIMILARITIES)}")
@@ -78,6 +95,7 @@ async def aresolve_similarity(name: str = "auto", *, model: str | None = None, l
     if llm is None:
         from .llm import get_llm
         llm = get_llm()
+    model = _embedding_model(model, embed_model)
     embedder = _EndpointEmbedder(llm, model)
     try:
         await embedder.prefetch(["flowmagic"])   # the probe; cached once it worked
@@ -323,7 +341,8 @@ async def aevaluate_file(gold, *, k: int = 3, model: str | None = None,
                          concurrency: int = 1, context: bool = False, pred=None,
                          max_tokens: int | None = None, seed: int = 0, cache: bool = True,
                          threshold: float = 0.5, ged_timeout: float | None = 2.0,
-                         llm=None, progress: Say | None = None) -> EvalRun:
+                         embed_model: str | None = None, llm=None,
+                         progress: Say | None = None) -> EvalRun:
     """Plan and score every selected record of the JSONL file `gold` (or score `pred`).
 
     `progress(line)` gets one line per record. Plans that fail are rows with `error`.
@@ -336,7 +355,8 @@ async def aevaluate_file(gold, *, k: int = 3, model: str | None = None,
     if llm is None:
         from .llm import get_llm
         llm = get_llm()
-    backend, note = await aresolve_similarity(similarity, model=model, llm=llm, calls=pred is None)
+    backend, note = await aresolve_similarity(similarity, model=model, llm=llm, calls=pred is None,
+                                              embed_model=embed_model)
     if progress:
         progress(note)
     scoring = dict(threshold=threshold, ged_timeout=ged_timeout)
