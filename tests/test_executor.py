@@ -363,3 +363,13 @@ def test_an_error_in_a_background_run_is_reported_not_lost(capsys):
         assert "\n" not in flow.message
         assert f"flowmagic: {flow.message}" in capsys.readouterr().err
         assert "running" not in {n.status for n in flow.workflow.nodes.values()}
+
+
+def test_concurrency_none_means_no_limit():
+    plan = {"nodes": [{"id": f"n{i}", "requirement": f"part {i}"} for i in range(12)], "edges": []}
+    with LoopbackServer(latency=(0.3, 0.3)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, task="t", consolidate=False, concurrency=None,
+                              llm=LLM(concurrency=100)).run()
+        assert flow.settings["concurrency"] is None
+        assert flow.status == "done" and server.max_in_flight == 12
