@@ -18,7 +18,8 @@ from typing import Any, Mapping
 from .errors import ConfigError
 
 __all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
-           "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name"]
+           "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
+           "parse_cheaper", "parse_slim_options"]
 
 # name -> (argument names, one line of help)
 SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -77,10 +78,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError instead of printing usage and exiting the kernel."""
 
     def error(self, message: str):
-        raise ConfigError(f"%%flow: {message}; see %flow help")
+        raise ConfigError(f"{self.prog}: {message}; see %flow help")
 
     def exit(self, status: int = 0, message: str | None = None):
-        raise ConfigError(f"%%flow: {(message or 'bad arguments').strip()}; see %flow help")
+        raise ConfigError(f"{self.prog}: {(message or 'bad arguments').strip()}; see %flow help")
 
 
 def _positive(kind: type, what: str, minimum: float):
@@ -180,6 +181,31 @@ def parse_command(line: str) -> Command:
         raise ConfigError(f"%flow {name} takes {shape or 'no arguments'}, got "
                           f"{len(args)} argument(s): %flow {name} {shape}".rstrip())
     return Command(name, args, debug)
+
+
+def parse_cheaper(text: str) -> dict[str, str]:
+    """`"big=small, gpt-4o=gpt-4o-mini"` -> {"big": "small", "gpt-4o": "gpt-4o-mini"}."""
+    out: dict[str, str] = {}
+    for pair in (text or "").split(","):
+        if not pair.strip():
+            continue
+        src, sep, dst = pair.partition("=")
+        if not sep or not src.strip() or not dst.strip():
+            raise ConfigError(f"cheaper takes model=cheaper-model pairs separated by commas, "
+                              f"e.g. gpt-4o=gpt-4o-mini,big=small; not {pair.strip()!r}")
+        out[src.strip()] = dst.strip()
+    return out
+
+
+def parse_slim_options(words: list[str]) -> dict[str, Any]:
+    """The options of `%flow slim NAME`: {"cheaper": {...}, "tau": float}."""
+    p = _Parser(prog="%flow slim", add_help=False, allow_abbrev=False)
+    p.add_argument("--cheaper", default="")
+    p.add_argument("--tau", type=_positive(float, "--tau", 0.0), default=0.95)
+    ns = p.parse_args(words)
+    if not 0 < ns.tau <= 1:
+        raise ConfigError(f"%flow slim: --tau must be in (0, 1], e.g. 0.95, not {ns.tau:g}")
+    return {"cheaper": parse_cheaper(ns.cheaper), "tau": ns.tau}
 
 
 def _value(text: str) -> Any:

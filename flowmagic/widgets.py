@@ -3,9 +3,11 @@
 Run -> `flow.run()`, Step -> `flow.step()`, Pause/Resume -> `flow.pause()` / `flow.resume()`,
 Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Downgrade -> `flow.downgrade(node, model)`,
 Rerun -> `flow.rerun(node)`; Show output reads `node.output` (and, with `flow.streaming`
-on, the text as it arrives). The panel follows the Flow through `flow.subscribe`, so a
-change made from code, a magic or another panel shows here too. In a notebook the run is a
-task on the kernel's loop, so these buttons stay live while nodes run.
+on, the text as it arrives); with a probe set attached, Importance -> `flow.aimportance()`
+and Slim -> `flow.aslim(cheaper=...)` (flowmagic.slimpanel). The panel follows the Flow
+through `flow.subscribe`, so a change made from code, a magic or another panel shows here
+too. In a notebook the run is a task on the kernel's loop, so these buttons stay live while
+nodes run. `ChatView` (flowmagic.chatview) is the live view of an orchestration.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import html
 import time
 from typing import Any, Callable
 
+from .chatview import ChatView
 from .errors import FlowError
+from .slimpanel import SlimControls
 
-__all__ = ["Panel", "model_choices"]
+__all__ = ["Panel", "ChatView", "SlimControls", "model_choices"]
 
 _RED = "#b00020"
 
@@ -92,6 +96,9 @@ class Panel:
         self.downgrade_button = self._button("Downgrade", "arrow-down", "run the node on the chosen model")
         self.rerun_button = self._button("Rerun", "redo", "run the node again; descendants become pending")
         self.output_button = self._button("Show output", "file-text", "the node's output as Markdown")
+        self.slim = SlimControls(flow, self.model_picker)
+        self.importance_button = self.slim.importance_button
+        self.slim_button = self.slim.slim_button
         self.node_info = w.HTML()
         self.progress = w.IntProgress(min=0, max=1, value=0, description="0/0 done",
                                       style={"description_width": "initial"})
@@ -104,7 +111,7 @@ class Panel:
             self.title, self.drawing,
             w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
             w.HBox([self.node_picker, self.prune_button, self.rerun_button, self.output_button]),
-            w.HBox([self.model_picker, self.downgrade_button]),
+            w.HBox([self.model_picker, self.downgrade_button]), self.slim.widget,
             self.node_info, w.HBox([self.progress, self.meter]), self.message,
             self.output, self.warnings, self.log])
         self.widget.add_class("flowmagic-panel")
@@ -200,6 +207,12 @@ class Panel:
 
     def _on_event(self, event: dict) -> None:
         kind, node_id = event.get("kind"), event.get("node")
+        if kind == "slim":   # slimming works on copies: nothing here changes but its progress
+            self.slim.progress(event)
+            return
+        if kind == "probe":  # a probe set attached from code enables Importance and Slim
+            self.slim.sync()
+            return
         if kind == "text":
             self._texts[node_id] = self._texts.get(node_id, "") + event.get("text", "")
             if node_id == self._watching:
@@ -264,6 +277,7 @@ class Panel:
         self.rerun_button.disabled = fixed or finishing or node.status not in ("done", "failed")
         self.output_button.disabled = node is None or not (
             node.output is not None or node.status == "running" or node.id in self._texts)
+        self.slim.sync()
 
     def _meter(self) -> str:
         total = self.flow.cost()["total"]
@@ -313,6 +327,11 @@ class Panel:
             return ""
         rows = "".join(f"<li>{html.escape(str(i))}</li>" for i in items[-10:])
         return f"<details><summary>{title} ({len(items)})</summary><ul>{rows}</ul></details>"
+
+    @property
+    def slimmed(self):
+        """The flow the last Slim click produced (also `flow.last_slim[0]`), or None."""
+        return self.slim.slimmed
 
     # -- display --------------------------------------------------------------------
     def close(self) -> None:

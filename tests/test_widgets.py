@@ -5,6 +5,7 @@ other by the Flow methods, and their workflows must end up equal (timings aside)
 """
 
 import asyncio
+import time
 
 import pytest
 
@@ -265,3 +266,253 @@ def test_rerun_waits_while_a_run_consolidates(slow_server):
             await flow.llm.aclose()
 
     asyncio.run(scenario())
+
+
+# -- slimming from the panel (issue 7) -------------------------------------------------------------
+# lookup finds a fact, relay only adds chatter, answer (the sink) lists the facts it is given:
+# pruning relay and downgrading lookup keep the score; pruning lookup loses the fact.
+SLIM_PLAN = {"nodes": [{"id": "lookup", "requirement": "LOOKUP {{input}}", "model": "big"},
+                       {"id": "relay", "requirement": "RELAY the facts", "model": "big"},
+                       {"id": "answer", "requirement": "ANSWER with every fact", "model": "small"}],
+             "edges": [["lookup", "relay"], ["relay", "answer"]]}
+EXAMPLES = [{"input": w, "expected": f"FACT:{w}"} for w in ("paris", "oslo", "lima")]
+
+
+def fact_found(result, example):
+    return float(example["expected"] in (result or ""))
+
+
+def slim_responder(body):
+    import re
+
+    user = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
+    node, requirement = re.search(r"Your subtask \((\w+)\):\n(.*)", user).groups()
+    facts = " ".join(re.findall(r"FACT:\w+", user.split("Your subtask", 1)[1]))
+    if node == "lookup":
+        return f"FACT:{requirement.split()[-1]}" + " (looked up at length)" * 3
+    return f"chatter about the weather; {facts}" if node == "relay" else f"facts: {facts}"
+
+
+@pytest.fixture
+def slim_server():
+    with LoopbackServer(responder=slim_responder) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        flowmagic.configure(name="big", base_url=srv.base_url, model="big-model")
+        flowmagic.configure(name="small", base_url=srv.base_url, model="small-model")
+        flowmagic.configure(prices={"big-model": (10.0, 30.0), "small-model": (0.1, 0.3)})
+        yield srv
+
+
+def slim_flow(store=None, **settings):
+    llm = LLM(store=Store(store) if store else None, backoff_base=0.01)
+    return Flow.from_dict(SLIM_PLAN, task="facts about a city", llm=llm, name="cities",
+                          **settings)
+
+
+def table_cells(markup):
+    import html
+    import re
+
+    rows = re.findall(r"<tr>(.*?)</tr>", markup.split("<tbody>", 1)[1])
+    return [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)] for row in rows]
+
+
+def test_importance_and_slim_wait_for_a_probe_set(slim_server):
+    flow = slim_flow()
+    panel = Panel(flow)
+    assert panel.importance_button.disabled and panel.slim_button.disabled
+    assert "cities.attach_probe(examples, scorer)" in panel.slim.status.value
+    flow.attach_probe(EXAMPLES, fact_found)   # from code: the "probe" event enables them
+    assert not panel.importance_button.disabled and not panel.slim_button.disabled
+    assert panel.slim.status.value == ""
+    # The cheaper map: typed, else every node's model to the model picked above.
+    assert panel.model_picker.value == "m"   # the default endpoint's model comes first
+    assert panel.slim.options("slim")["cheaper"] == {"big": "m", "small": "m"}
+    panel.model_picker.value = "small:small-model"
+    assert panel.slim.options("slim") == {"cheaper": {"big": "small:small-model"},
+                                          "tau_prune": 0.95, "tau_downgrade": 0.95}
+    panel.slim.cheaper.value = "big = small, x=y"
+    assert panel.slim.options("slim")["cheaper"] == {"big": "small", "x": "y"}
+    panel.slim.cheaper.value = "big"
+    panel.slim_button.click()   # a malformed map is one red line, nothing starts
+    assert "cheaper takes model=cheaper-model pairs" in panel.slim.status.value
+    assert panel.slimmed is None and flow.last_slim is None
+    panel.close()
+
+
+def test_a_failing_slim_is_one_line_in_the_panel(slim_server):
+    flow = slim_flow()
+    flow.attach_probe(EXAMPLES[:1], lambda result, example: 0.0)
+    panel = Panel(flow)
+    panel.slim_button.click()   # no loop runs here: it runs to the end, like flow.slim()
+    assert "baseline scores 0" in panel.slim.status.value and "\n" not in panel.slim.status.value
+    assert not panel.slim_button.disabled and panel.slimmed is None
+    panel.close()
+
+
+def test_importance_button_shows_the_table_of_flow_importance(slim_server):
+    from flowmagic.display import IMPORTANCE_HEADER, importance_cells
+
+    async def scenario():
+        flow = slim_flow()
+        flow.attach_probe(EXAMPLES, fact_found)
+        panel = Panel(flow)
+        try:
+            panel.importance_button.click()   # a task on this loop: the click returns at once
+            assert panel.importance_button.disabled and panel.slim_button.disabled
+            await panel.slim.job
+            assert not panel.importance_button.disabled
+            return panel.slim.importance, panel.slim.view.value, await flow.aimportance()
+        finally:
+            panel.close()
+            await flow.llm.aclose()
+
+    shown, markup, by_code = asyncio.run(scenario())
+    assert shown.to_rows() == by_code.to_rows()
+    assert [r["node"] for r in shown.to_rows()][0] == "answer"   # the sink is protected
+    heads = [h for h in markup.split("<thead>", 1)[1].split("</thead>")[0].split("<th>")[1:]]
+    assert [h.split("</th>")[0] for h in heads] == IMPORTANCE_HEADER
+    assert table_cells(markup) == importance_cells(by_code.to_rows())
+
+
+def test_slim_button_gives_what_flow_slim_gives(slim_server, tmp_path):
+    by_panel, by_code = slim_flow(tmp_path / "panel.db"), slim_flow(tmp_path / "code.db")
+    for flow in (by_panel, by_code):
+        flow.attach_probe(EXAMPLES, fact_found, n=2, seed=1)
+    slim_c, report_c = by_code.slim(cheaper={"big": "small"}, tau_prune=0.9, tau_downgrade=0.9)
+    progress = []
+
+    async def scenario():
+        panel = Panel(by_panel)
+        by_panel.subscribe(lambda e: e["kind"] == "slim"
+                           and progress.append(panel.slim.status.value))
+        try:
+            panel.slim.cheaper.value = "big=small"
+            panel.slim.tau.value = 0.9
+            panel.slim_button.click()
+            assert panel.slim_button.disabled and panel.importance_button.disabled
+            await panel.slim.job
+            assert not panel.slim_button.disabled
+            return panel, panel.slim.view.value
+        finally:
+            panel.close()
+            await by_panel.llm.aclose()
+
+    panel, view = asyncio.run(scenario())
+    steps = lambda r: [(s["action"], s["node"], s["accepted"], s["score_after"],  # noqa: E731
+                        round(s["cost_after"], 12)) for s in r.steps]
+    assert steps(panel.slim.report) == steps(report_c) and steps(report_c)
+    assert ("prune", "relay", True, 1.0) in [s[:4] for s in steps(report_c)]
+    assert panel.slim.report.final == report_c.final
+    assert by_panel.last_slim == (panel.slimmed, panel.slim.report)
+    assert by_code.last_slim == (slim_c, report_c)
+    assert state(panel.slimmed)["nodes"] == state(slim_c)["nodes"]
+    assert by_panel.workflow.nodes["relay"].status == "pending"   # the original is untouched
+    assert progress[0].startswith("slimming: 1 configurations evaluated")
+    assert any("steps tried" in p for p in progress) and progress[-1].startswith("slimming:")
+    assert "cities.last_slim" in view and "<svg" in view and "rolled back" in view
+    assert panel.slim.status.value == ""
+
+
+# -- the chat view of an orchestration (issue 10) --------------------------------------------------
+def _system(body):
+    messages = body.get("messages") or []
+    return messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+
+
+def _call(name, **arguments):
+    import json
+    return {"function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def chat_responder(body):
+    """Orchestrator: ask two agents at once, then submit; workers answer; the forced
+    final call answers 'best answer so far'."""
+    if "Write only the final answer" in _system(body):
+        return "best answer so far"
+    if _system(body).startswith("You are the orchestrator"):
+        replies = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not replies:
+            return {"tool_calls": [_call("send_message", agent="planner", content="Plan **it**"),
+                                   _call("send_message", agent="analyst", content="Which column?")]}
+        return {"tool_calls": [_call("submit_answer", answer="Total: **42**")]}
+    return f"{_system(body).split('.')[0]} says: `done`"
+
+
+def test_chat_view_shows_each_message_once_in_order_and_the_answer():
+    from flowmagic.chatview import ChatView, message_markdown
+    from flowmagic.orchestrator import Orchestrator
+
+    views = []
+
+    async def scenario():
+        orch = Orchestrator("Total the sales", ["planner", "analyst"], llm=LLM(backoff_base=0.01),
+                            budget_s=30, max_turns=4)
+        views.append(ChatView(orch))   # before the start
+        # ... and one made in the middle of the run, from inside a message event
+        orch.subscribe(lambda e: e["kind"] == "message" and e["message"]["seq"] == 2
+                       and views.append(ChatView(orch)))
+        orch.start()
+        assert not views[0].stop_button.disabled
+        outcome = await orch.wait()
+        await orch.llm.aclose()
+        return outcome
+
+    with LoopbackServer(responder=chat_responder) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        o = asyncio.run(scenario())
+    assert o.answer == "Total: **42**" and len(o.transcript) == 6
+    seqs = [m.seq for m in o.transcript]
+    for view in [*views, ChatView(o)]:   # live from the start, joined mid-run, after the end
+        assert view.shown == seqs
+        shown = [c.outputs[0]["data"]["text/markdown"] for c in view.messages.children]
+        assert shown == [message_markdown(m.to_dict()) for m in o.transcript]
+        (answer,) = view.answer.children
+        assert "Total: **42**" in answer.outputs[0]["data"]["text/markdown"]
+        assert "submitted, ended by submit" in answer.outputs[0]["data"]["text/markdown"]
+        assert view.stop_button.disabled
+        assert f"6 messages · {o.calls} calls" in view.totals.value
+        assert f"${o.cost_usd:.4f}" in view.totals.value
+        view.close()
+    assert "**orchestrator → planner** · send · turn 1" in shown[1]
+    assert shown[1].endswith("Plan **it**")
+    assert "tokens" in shown[3]   # a worker's reply carries its usage
+
+
+def test_chat_view_stop_button_stops_the_orchestration():
+    from flowmagic.chatview import ChatView
+    from flowmagic.orchestrator import Orchestrator
+
+    def never_submits(body):
+        if "Write only the final answer" in _system(body):
+            return "best answer so far"
+        if _system(body).startswith("You are the orchestrator"):
+            return {"tool_calls": [_call("send_message", agent="analyst", content="look again")]}
+        return "still looking"
+
+    def latency(body):   # workers are slow; the orchestrator is not
+        return 0.0 if _system(body).startswith("You are the orchestrator") else 10.0
+
+    async def scenario():
+        orch = Orchestrator("t", ["analyst"], llm=LLM(backoff_base=0.01), budget_s=None,
+                            max_turns=50)
+        view = ChatView(orch)
+        orch.start()
+        while "analyst" not in view.activity.value:
+            await asyncio.sleep(0.02)
+        view.stop_button.click()
+        assert view.stop_button.disabled and "stopping" in view.title.value
+        o = await orch.wait()
+        await orch.llm.aclose()
+        return view, o
+
+    with LoopbackServer(responder=never_submits, latency=latency) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        started = time.perf_counter()
+        view, o = asyncio.run(scenario())
+    assert time.perf_counter() - started < 5
+    assert o.ended_by == "stopped" and o.answer == "best answer so far"
+    (answer,) = view.answer.children
+    assert "ended by stopped" in answer.outputs[0]["data"]["text/markdown"]
+    assert view.shown == [m.seq for m in o.transcript] and "· forced ·" in view.title.value
+    view.close()
