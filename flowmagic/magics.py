@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,9 +24,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
+from .display import Report, table
 from .errors import BudgetError, ConfigError, FlowError
 from .parsers import (Command, command_usage, interpolate, parse_assignments,
-                      parse_command, parse_flow_line)
+                      parse_command, parse_flow_line, parse_slim_options)
 
 __all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
            "pyproject_settings"]
@@ -38,35 +38,6 @@ _TRAITS = {"k": "default_k", "model": "default_model", "strategy": "default_stra
            "concurrency": "default_concurrency", "context": "default_context",
            "budget_usd": "default_budget_usd", "mode": "default_mode"}
 _KEY_VARS = ("OPENAI_API_KEY", "FLOWMAGIC_API_KEY")
-
-
-class Report:
-    """A display object: a text table in a terminal, Markdown (or SVG) in a notebook."""
-
-    def __init__(self, text: str, markdown: str | None = None, *, svg: str | None = None,
-                 run: str | None = None):
-        self.text, self.markdown, self.svg, self.run = text, markdown, svg, run
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        data = {"text/plain": self.text}
-        if self.markdown:
-            data["text/markdown"] = self.markdown
-        if self.svg:
-            data["image/svg+xml"] = self.svg
-        return data, {"flowmagic": {"run": self.run}}
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
-    """(aligned text, Markdown) of the same table."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-    md = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells[1:]]
-    return text, "\n".join(md)
 
 
 def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
@@ -92,7 +63,7 @@ def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
     return {}, None
 
 
-def _run_blocking(make: Callable[[], Any]) -> Any:
+def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
     """Await `make()` to the end: with asyncio.run when no loop runs here, else in a worker
     thread with its own loop (a notebook cell runs inside the kernel's loop)."""
     from .llm import get_llm
@@ -101,7 +72,7 @@ def _run_blocking(make: Callable[[], Any]) -> Any:
         try:
             return await make()
         finally:
-            await get_llm().aclose()   # the HTTP clients belong to this short-lived loop
+            await (llm or get_llm()).aclose()   # the HTTP clients belong to this short-lived loop
 
     try:
         asyncio.get_running_loop()
@@ -214,30 +185,13 @@ class FlowMagics(Magics):
                             temperature=settings.get("temperature"))
         self.shell.user_ns[args.name] = orch
         if self._in_kernel():
-            self._chat(orch)
+            from .widgets import ChatView
+            display(ChatView(orch))   # live: each message as it is stored, a Stop button
             orch.start()
             return None
         outcome = _run_blocking(orch.run)
         print(f"{outcome!r}\n{outcome.answer}")
         return None
-
-    @staticmethod
-    def _chat(orch) -> None:
-        """A live chat view: the panel's, else Markdown redrawn in place at each message."""
-        from .orchestration import transcript_markdown, transcript_text
-        try:
-            from .widgets import ChatView
-        except ImportError:
-            ChatView = None
-        if ChatView is not None:
-            display(ChatView(orch))
-            return
-        o = orch.result
-        handle = display(Report(transcript_text(o), transcript_markdown(o), run=o.run_id),
-                         display_id=True)
-        orch.subscribe(lambda e: handle.update(Report(transcript_text(o), transcript_markdown(o),
-                                                      run=o.run_id))
-                       if e["kind"] in ("message", "submitted") else None)
 
     def flow_settings(self, given: dict | None = None) -> dict:
         """The settings a new flow gets: defaults, then the cell's options."""
@@ -268,25 +222,9 @@ class FlowMagics(Magics):
             panel = Panel(flow)
             display(panel)
             return panel
-        print(self._describe(flow))
+        from .display import describe
+        print(describe(flow))
         return None
-
-    @staticmethod
-    def _describe(flow) -> str:
-        from .render import summary
-
-        wf = flow.workflow
-        lines = [summary(flow)]
-        for node_id in wf.nodes:
-            node = wf.nodes[node_id]
-            after = ", ".join(wf.parents(node_id)) if node.status != "pruned" else ""
-            lines.append(f"  {node_id} [{node.agent}, {node.status}]"
-                         f"{' after ' + after if after else ''}: {node.requirement}")
-        est = flow.estimate()
-        lines.append(f"estimate of a run: {est['calls']} calls, ~{est['input_tokens']:,} tokens in, "
-                     f"~{est['output_tokens']:,} out, ~${est['cost_usd']:.4f}")
-        lines += [f"warning: {w}" for w in wf.warnings]
-        return "\n".join(lines)
 
     # -- %flow subcommands ---------------------------------------------------------------
     def _flows(self) -> dict:
@@ -305,22 +243,10 @@ class FlowMagics(Magics):
         print(command_usage())
 
     def handle_list(self) -> Report:
+        from .display import list_report
         from .store import get_store
 
-        flows = self._flows()
-        rows = [[name, f.run_id, f.status, f"{f.counts().get('done', 0)}/{f.total()}",
-                 f"${f.spent_usd:.4f}", f.task.splitlines()[0][:50] if f.task else ""]
-                for name, f in flows.items()]
-        text, md = _table(["flow", "run", "status", "done", "cost", "task"], rows)
-        runs = get_store().list_runs(10)
-        stored = [[r["id"], r["name"] or "", r["status"],
-                   time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"])),
-                   (r["task"] or "").splitlines()[0][:50] if r["task"] else ""] for r in runs]
-        s_text, s_md = _table(["run", "name", "status", "updated", "task"], stored)
-        none = "no flows in this notebook yet (make one with a %%flow NAME cell)"
-        text = (text if rows else none) + "\n\nrecent runs (flowmagic.load(RUN)):\n" + s_text
-        md = (md if rows else none) + "\n\n**recent runs** (`flowmagic.load(RUN)`)\n\n" + s_md
-        return Report(text, md)
+        return list_report(self._flows(), get_store().list_runs(10))
 
     def handle_show(self, name: str) -> None:
         self._show(self._flow(name))
@@ -371,33 +297,30 @@ class FlowMagics(Magics):
         print(f"flow {name!r}: {node!r} has a new requirement; it runs again on the next run")
 
     def handle_cost(self, name: str) -> Report:
-        flow = self._flow(name)
-        cost = flow.cost()
-        rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
-                 r["input_tokens"] or 0, r["output_tokens"] or 0, f"${r['cost_usd'] or 0:.6f}"]
-                for r in cost["rows"]]
-        t = cost["total"]
-        rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
-                     t["output_tokens"], f"${t['cost_usd']:.6f}"])
-        text, md = _table(["purpose", "node", "model", "calls", "cached", "tokens in",
-                           "tokens out", "USD"], rows)
-        return Report(text, md, run=flow.run_id)
+        from .display import cost_report
+        return cost_report(self._flow(name))
 
     def handle_timeline(self, name: str) -> Report:
-        from .render import timeline_svg
+        from .display import timeline_report
+        return timeline_report(self._flow(name))
 
-        flow = self._flow(name)
-        rows = flow.timeline()
-        if not rows:
-            return Report(f"flow {name!r}: nothing has run yet", run=flow.run_id)
-        t0 = rows[0]["start"]
-        table = [[r["node"], r["clone"] or r["agent"], r["status"], f"{r['start'] - t0:.2f}",
-                  f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "",
-                  r["tokens_out"], f"${r['cost_usd']:.6f}"] for r in rows]
-        text, _ = _table(["node", "agent", "status", "start s", "took s", "tokens out", "USD"], table)
-        return Report(text, svg=timeline_svg(flow), run=flow.run_id)
+    def _orchestration(self, name: str):
+        """The outcome of the orchestrator (or orchestration) NAME, None when NAME is neither."""
+        module = sys.modules.get("flowmagic.orchestration")   # not loaded: none can exist
+        value = self.shell.user_ns.get(name)
+        outcome = getattr(value, "result", value)
+        if module is None or not isinstance(outcome, module.Orchestration):
+            return None
+        if outcome.status == "running":
+            raise ConfigError(f"orchestration {name!r} has not finished; wait for its answer "
+                              f"(await {name}.wait(), or {name}.stop()), then export it")
+        return outcome
 
     def handle_export(self, name: str, path: str) -> None:
+        outcome = self._orchestration(name)
+        if outcome is not None:
+            print(f"orchestration {name!r}: wrote {outcome.to_notebook(path)}")
+            return
         flow = self._flow(name)
         write = getattr(flow, "to_notebook", None)
         if write is None:
@@ -409,6 +332,32 @@ class FlowMagics(Magics):
             write = lambda p: export(flow, p)  # noqa: E731
         result = write(path)
         print(f"flow {name!r}: wrote {result or path}")
+
+    def _probed(self, name: str):
+        flow = self._flow(name)
+        if flow.probe is None:
+            raise ConfigError(f"flow {name!r} has no probe set; attach one first: "
+                              f"{name}.attach_probe(examples, scorer)")
+        return flow
+
+    def handle_importance(self, name: str) -> Report:
+        from .display import importance_report
+
+        flow = self._probed(name)
+        return importance_report(_run_blocking(flow.aimportance, flow.llm), run=flow.run_id)
+
+    def handle_slim(self, name: str, *words: str) -> Report:
+        """Slim a flow on its probe set; the slimmed flow is bound to NAME_slim."""
+        from .display import slim_report
+        from .slimpanel import bind_slimmed
+
+        opts = parse_slim_options(list(words))
+        flow = self._probed(name)
+        slim, report = _run_blocking(lambda: flow.aslim(cheaper=opts["cheaper"],
+                                                        tau_prune=opts["tau"],
+                                                        tau_downgrade=opts["tau"]), flow.llm)
+        bound = bind_slimmed(self.shell.user_ns, name, slim)
+        return slim_report(report, name, bound, run=flow.run_id)
 
     def handle_eval(self, name: str, gold: str) -> Report:
         from .evalrun import compare_flow, format_scores
@@ -426,7 +375,7 @@ class FlowMagics(Magics):
         rows = [[key, repr(getattr(self, trait))] for key, trait in _TRAITS.items()]
         rows += [[key, repr(value)] for key, value in self.settings.items()]
         rows.append(["debug", repr(self.debug)])
-        text, md = _table(["setting", "value"], rows)
+        text, md = table(["setting", "value"], rows)
         where = f"\n(also read from {self.pyproject})" if self.pyproject else ""
         return Report(text + where, md)
 
@@ -463,40 +412,18 @@ class FlowMagics(Magics):
         self.settings = extra
 
     def handle_models(self) -> Report:
-        import os
-
-        from .endpoints import PRICES, endpoints
-
-        rows = []
-        for ep in endpoints():
-            d = ep.describe()
-            key = "not needed" if ep.local else d["key"]
-            tick = "✓" if d["key_set"] else "✗"
-            rows.append([tick, d["name"], d["base_url"], d["model"] or "(first listed)", key])
-        text, md = _table(["key", "endpoint", "base URL", "model", "key from"], rows)
-        env = [[("✓" if os.environ.get(v) else "✗"), v] for v in _KEY_VARS]
-        e_text, e_md = _table(["set", "environment variable"], env)
-        prices = [[name, f"{p[0]:g}", f"{p[1]:g}"] for name, p in
-                  sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0]))]
-        p_text, p_md = _table(["model", "USD/1M in", "USD/1M out"], prices)
-        return Report(f"{text}\n\n{e_text}\n\n{p_text}", f"{md}\n\n{e_md}\n\n{p_md}")
+        from .display import models_report
+        return models_report(_KEY_VARS)
 
     def handle_log(self, n: str = "10") -> Report:
+        from .display import log_report
         from .store import get_store
 
         try:
             count = int(n)
         except ValueError:
             raise ConfigError(f"%flow log takes a number of calls, not {n!r}") from None
-        calls = get_store().recent_calls(count)
-        rows = [[c["id"], time.strftime("%H:%M:%S", time.localtime(c["ts"])), c["model"],
-                 c["purpose"] or "", c["node_id"] or "", c["input_tokens"] or 0,
-                 c["output_tokens"] or 0, f"{c['latency_s'] or 0:.2f}",
-                 f"${c['cost_usd'] or 0:.6f}", "yes" if c["cached"] else "",
-                 (c["error"] or "")[:60]] for c in calls]
-        text, md = _table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
-                           "cached", "error"], rows)
-        return Report(text if rows else "no model calls yet", md if rows else None)
+        return log_report(get_store().recent_calls(count))
 
 
 def _notebook_magics(shell, magics: FlowMagics) -> None:

@@ -36,12 +36,15 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "timeline": (("NAME",), "when each node ran (a Gantt chart)"),
     "export": (("NAME", "PATH"), "write the executed flow as a notebook"),
     "eval": (("NAME", "GOLD.json"), "score a flow's plan against a gold task graph"),
+    "importance": (("NAME",), "rank a flow's nodes on its probe set (flow.attach_probe)"),
+    "slim": (("NAME", "[--cheaper A=B,...]", "[--tau T]"),
+             "a cheaper flow scoring within tau of this one, bound to NAME_slim"),
     "config": (("[KEY=VALUE ...]",), "show or set the defaults of %%flow"),
     "models": ((), "configured endpoints and priced models, with whether each key is set"),
     "log": (("[N]",), "the last N model calls (default 10)"),
     "help": ((), "this list"),
 }
-_VARIADIC = {"config": (0, None), "log": (0, 1)}
+_VARIADIC = {"config": (0, None), "log": (0, 1), "slim": (1, 5)}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 

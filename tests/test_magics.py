@@ -291,3 +291,129 @@ def test_grammar_units():
     ns = {"Out": {3: "three"}, "rows": [1, 2, 3], "cfg": {"a": {"b": "deep"}}}
     assert interpolate("{{Out[3]}} {{rows[-1]}} {{rows[:2]}} {{ cfg['a']['b'] }} {x} {{}",
                        ns) == "three 3 [1, 2] deep {x} {{}"
+
+
+# ---------------------------------------------------------------------------------- slimming
+SLIM_PLAN = {"nodes": [{"id": "lookup", "requirement": "LOOKUP {{input}}", "model": "big"},
+                       {"id": "relay", "requirement": "RELAY the facts", "model": "big"},
+                       {"id": "answer", "requirement": "ANSWER with every fact", "model": "small"}],
+             "edges": [["lookup", "relay"], ["relay", "answer"]]}
+CITIES = [{"input": w, "expected": f"FACT:{w}"} for w in ("paris", "oslo")]
+
+
+def slim_responder(body):
+    user = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
+    node, requirement = re.search(r"Your subtask \((\w+)\):\n(.*)", user).groups()
+    facts = " ".join(re.findall(r"FACT:\w+", user.split("Your subtask", 1)[1]))
+    if node == "lookup":
+        return f"FACT:{requirement.split()[-1]}" + " (looked up at length)" * 3
+    return f"chatter; {facts}" if node == "relay" else f"facts: {facts}"
+
+
+@pytest.fixture
+def slim_endpoints(shell):
+    with LoopbackServer(responder=slim_responder) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        flowmagic.configure(name="big", base_url=srv.base_url, model="big-model")
+        flowmagic.configure(name="small", base_url=srv.base_url, model="small-model")
+        flowmagic.configure(prices={"big-model": (10.0, 30.0), "small-model": (0.1, 0.3)})
+        yield srv
+
+
+def test_importance_and_slim_subcommands(shell, slim_endpoints, capsys):
+    from flowmagic.display import importance_cells
+
+    scorer = lambda result, example: float(example["expected"] in result)  # noqa: E731
+    cities = shell.user_ns["cities"] = Flow.from_dict(SLIM_PLAN, task="facts", name="cities")
+    out, err, _ = run(shell, capsys, "%flow slim cities")
+    assert "flow 'cities' has no probe set; attach one first: cities.attach_probe(" in \
+        one_line_error(err)
+    cities.attach_probe(CITIES, scorer)
+
+    out, err, result = run(shell, capsys, "%flow importance cities")
+    assert err == "" and result.success
+    shown = result.result   # a Report: the text table in a terminal, Markdown in a notebook
+    assert shown.text.startswith("importance (prune; baseline S=1.000") and shown.text in out
+    rows = importance_cells(cities.importance().to_rows())
+    assert [line.split()[0] for line in shown.text.splitlines()[2:]] == [r[0] for r in rows]
+    assert "| answer | small |" in shown.markdown and "produces the final result" in out
+
+    out, err, result = run(shell, capsys, "%flow slim cities --cheaper big=small --tau 0.9")
+    assert err == "" and result.success
+    slim, report = cities.last_slim
+    assert shell.user_ns["cities_slim"] is slim   # bound, like the flow a %%flow cell makes
+    assert slim.workflow.nodes["relay"].status == "pruned"
+    assert slim.workflow.nodes["lookup"].model == "small"
+    assert report.settings["tau_prune"] == 0.9 and report.settings["cheaper"] == {"big": "small"}
+    text = result.result.text
+    assert text.startswith(f"slimmed 'cities' to [{report.final['label']}]")
+    assert "the slimmed flow is cities_slim (%flow show cities_slim)" in text
+    assert text.endswith(report.text()) and text in out
+    bundle, _ = result.result._repr_mimebundle_()
+    assert "<svg" in bundle["text/html"] and "image/svg+xml" in bundle
+    out, _, _ = run(shell, capsys, "%flow show cities_slim")
+    assert "flow 'cities-slim'" in out
+
+    shell.user_ns["cities_slim"] = "mine"   # a name the user took is never overwritten
+    out, _, _ = run(shell, capsys, "%flow slim cities --tau 0.9")
+    assert shell.user_ns["cities_slim"] == "mine" and "cities.last_slim" in out
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("%flow slim cities --tau 2", "--tau must be in (0, 1]"),
+    ("%flow slim cities --tau x", "argument --tau: must be a number"),
+    ("%flow slim cities --cheaper big", "cheaper takes model=cheaper-model pairs"),
+    ("%flow slim cities --frob", "%flow slim: unrecognized arguments: --frob"),
+    ("%flow slim", "%flow slim takes NAME [--cheaper A=B,...] [--tau T], got 0"),
+    ("%flow importance nope", "no flow named 'nope'"),
+    ("%flow importance cities extra", "%flow importance takes NAME, got 2"),
+])
+def test_slim_mistakes_are_one_line(shell, capsys, line, expected):
+    shell.user_ns["cities"] = Flow.from_dict(SLIM_PLAN, task="facts", name="cities")
+    _, err, _ = run(shell, capsys, line)
+    assert expected in one_line_error(err)
+
+
+# ---------------------------------------------------------------------------------- orchestrations
+def orchestrating(body):
+    """The orchestrator asks the writer once, then submits; the writer answers."""
+    system = body["messages"][0]["content"]
+    if "Write only the final answer" in system:
+        return "best answer so far"
+    if system.startswith("You are the orchestrator"):
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return {"tool_calls": [{"function": {"name": "submit_answer",
+                                                 "arguments": json.dumps({"answer": "Tea."})}}]}
+        return {"tool_calls": [{"function": {"name": "send_message", "arguments": json.dumps(
+            {"agent": "writer", "content": "Name a drink"})}}]}
+    return "Tea, hot."
+
+
+def test_export_of_an_orchestrator(shell, capsys, tmp_path):
+    import nbformat
+
+    from flowmagic.orchestrator import Orchestrator
+
+    with LoopbackServer(responder=orchestrating) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        shell.user_ns["waiting"] = Orchestrator("Name a drink", ["writer"])
+        _, err, _ = run(shell, capsys, f"%flow export waiting {tmp_path / 'w.ipynb'}")
+        assert ("orchestration 'waiting' has not finished; wait for its answer (await "
+                "waiting.wait(), or waiting.stop()), then export it") in one_line_error(err)
+        assert not (tmp_path / "w.ipynb").exists()
+
+        out, err, _ = run(shell, capsys, "%%flow chat --mode orchestrate --agents writer "
+                                         "--max-turns 3\nName a drink")
+        assert err == "" and "Tea." in out
+        path = tmp_path / "chat.ipynb"
+        out, err, _ = run(shell, capsys, f"%flow export chat {path}")
+    assert err == "" and out.strip() == f"orchestration 'chat': wrote {path}"
+    nb = nbformat.read(str(path), as_version=4)
+    o = shell.user_ns["chat"].result
+    assert nb.metadata["flowmagic"]["run"] == o.run_id
+    text = "\n".join(c.source for c in nb.cells)
+    assert "**orchestrator → writer**" in text and "Tea, hot." in text and "replay=" in text
+    # an Orchestration itself (e.g. flowmagic.orchestrate's result) exports too
+    shell.user_ns["outcome"] = o
+    out, err, _ = run(shell, capsys, f"%flow export outcome {tmp_path / 'o.ipynb'}")
+    assert err == "" and (tmp_path / "o.ipynb").exists()
