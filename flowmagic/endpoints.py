@@ -47,6 +47,8 @@ PRICES: dict[str, tuple[float, float]] = {
     "gpt-3.5-turbo": (0.50, 1.50),
     "deepseek-chat": (0.27, 1.10),
     "deepseek-reasoner": (0.55, 2.19),
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
     LOCAL_MODEL: (0.0, 0.0),
 }
 

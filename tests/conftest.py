@@ -11,7 +11,7 @@ DATA = Path(__file__).resolve().parent / "data"
 SHARED = ROOT.parent / "shared" / "datasets"
 
 _ENDPOINT_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "FLOWMAGIC_BASE_URL",
-                  "FLOWMAGIC_API_KEY", "FLOWMAGIC_MODEL")
+                  "FLOWMAGIC_API_KEY", "FLOWMAGIC_MODEL", "FLOWMAGIC_EMBED_MODEL")
 
 
 @pytest.fixture(autouse=True)
