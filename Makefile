@@ -39,7 +39,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not embedded and not browser"
 
 demo: setup
-	$(VENV)/bin/flowmagic run "Write a short guide to brewing green tea: pick the leaves, heat the water, steep, and serve" --k 2 --out out
+	$(VENV)/bin/flowmagic run "Write a short guide to brewing green tea: pick the leaves, heat the water, steep, and serve" --k 2 --max-tokens 200 --out out
 
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'

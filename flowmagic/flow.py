@@ -464,6 +464,11 @@ class Flow:
         self.chosen = index
         self._changed("candidate", None, index=index)
 
+    def to_notebook(self, path, **options: Any):
+        """Write the executed workflow as a notebook whose cells replay it (flowmagic.notebook)."""
+        from .notebook import export
+        return export(self, path, **options)
+
     # -- reading -------------------------------------------------------------------------
     def metrics(self) -> dict:
         return _metrics.summary(self.workflow)

@@ -114,6 +114,15 @@ def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
     return out
 
 
+def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float):
+    """The error for an answer that was not the JSON asked for; it carries the call's
+    id and usage, because the call happened and was paid for."""
+    exc = (TruncatedError if "cut off" in error else ModelOutputError)(error)
+    exc.call_id, exc.input_tokens, exc.output_tokens, exc.cost_usd = (
+        call_id, tokens_in, tokens_out, cost)
+    return exc
+
+
 class LLM:
     """Calls models through the openai SDK; see the module docstring."""
 
@@ -221,7 +230,10 @@ class LLM:
             if hit is not None:
                 call_id = self.store.log_call(**log, response=hit, cached=True,
                                               input_tokens=hit["input_tokens"],
-                                              output_tokens=hit["output_tokens"])
+                                              output_tokens=hit["output_tokens"],
+                                              error=hit.get("error"))
+                if hit.get("error"):
+                    raise _output_error(hit["error"], call_id, 0, 0, 0.0)
                 if on_text:
                     on_text(hit["text"])
                 return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
@@ -254,12 +266,9 @@ class LLM:
                                       output_tokens=tokens_out, latency_s=latency,
                                       cost_usd=cost, error=error)
         if error is not None:
-            cls = TruncatedError if "cut off" in error else ModelOutputError
-            exc = cls(error)
-            # The call happened and was paid for: callers account for it from the error.
-            exc.call_id, exc.input_tokens, exc.output_tokens, exc.cost_usd = (
-                call_id, tokens_in, tokens_out, cost)
-            raise exc
+            if cache:   # a replay must meet the same unusable answer, not call again
+                self.store.cache_put(key, {**payload, "error": error})
+            raise _output_error(error, call_id, tokens_in, tokens_out, cost)
         if cache:
             self.store.cache_put(key, payload)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,

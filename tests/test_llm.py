@@ -267,3 +267,16 @@ def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.2)
     os.kill(pid, 9)
     pytest.fail("the embedded server outlived its parent")
+
+
+def test_an_unusable_structured_answer_is_cached_too():
+    # Replaying a notebook must meet the same bad answer, not call the model again.
+    with LoopbackServer(responder=lambda body: "I cannot answer in JSON, sorry.") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        for _ in range(2):
+            with pytest.raises(flowmagic.ModelOutputError) as info:
+                llm.complete_sync("judge", schema=SCHEMA)
+        assert server.calls == 1 and info.value.call_id
+        rows = llm.store.recent_calls(2)
+        assert [r["cached"] for r in rows] == [True, False] and all(r["error"] for r in rows)
