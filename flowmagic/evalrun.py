@@ -15,16 +15,15 @@ graph (`%flow eval NAME GOLD.json`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable
 
+from .aio import run_blocking
 from . import evaluate as ev
 from .errors import ConfigError, EndpointError, FlowError
 
@@ -127,32 +126,7 @@ def _endpoint_name(model: str | None) -> str:
 
 def _blocking(make, close=None):
     """Run the coroutine `make()` to the end from sync code, closing HTTP clients after."""
-    from .llm import get_llm
-
-    async def main():
-        try:
-            return await make()
-        finally:
-            await (close or get_llm()).aclose()
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-    box: dict[str, Any] = {}
-
-    def worker() -> None:
-        try:
-            box["value"] = asyncio.run(main())
-        except BaseException as exc:   # handed back to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=worker, name="flowmagic-eval", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return run_blocking(make, llm=close, name="flowmagic-eval")
 
 
 # ------------------------------------------------------------------------------ records

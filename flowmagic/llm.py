@@ -28,6 +28,7 @@ from typing import Any, Callable
 from . import endpoints as _endpoints
 from .endpoints import Endpoint, configure, price_of
 from .errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
+from .aio import run_blocking
 from .extract import extract_json
 from .store import Store, get_store
 
@@ -276,30 +277,7 @@ class LLM:
 
     def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
         """`complete` for scripts; from inside a running loop it uses a worker thread."""
-        async def once() -> Reply:
-            try:
-                return await self.complete(messages, **kwargs)
-            finally:
-                await self.aclose()
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(once())
-        box: dict[str, Any] = {}
-
-        def worker() -> None:
-            try:
-                box["reply"] = asyncio.run(once())
-            except BaseException as exc:  # handed back to the caller's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["reply"]
+        return run_blocking(lambda: self.complete(messages, **kwargs), llm=self)
 
     # -- embeddings -------------------------------------------------------------
     def embeddings_supported(self, model: str | None = None) -> bool | None:
@@ -358,30 +336,7 @@ class LLM:
 
     def embed_sync(self, texts: list[str] | str, **kwargs) -> list[list[float]]:
         """`embed` for scripts and sync callers; inside a running loop it uses a worker thread."""
-        async def once() -> list[list[float]]:
-            try:
-                return await self.embed(texts, **kwargs)
-            finally:
-                await self.aclose()
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(once())
-        box: dict[str, Any] = {}
-
-        def worker() -> None:
-            try:
-                box["vectors"] = asyncio.run(once())
-            except BaseException as exc:  # handed back to the caller's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["vectors"]
+        return run_blocking(lambda: self.embed(texts, **kwargs), llm=self)
 
     async def _embed_with_retries(self, endpoint: Endpoint, model: str, texts: list[str]):
         last: Exception | None = None

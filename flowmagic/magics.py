@@ -14,9 +14,7 @@ the cell's options. Errors flowmagic raises (`FlowError`) print one line on stde
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +22,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
+from .aio import run_blocking
 from .display import Report, table
 from .errors import BudgetError, ConfigError, FlowError
 from .parsers import (Command, command_usage, interpolate, parse_assignments,
@@ -64,34 +63,8 @@ def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
 
 
 def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
-    """Await `make()` to the end: with asyncio.run when no loop runs here, else in a worker
-    thread with its own loop (a notebook cell runs inside the kernel's loop)."""
-    from .llm import get_llm
-
-    async def main():
-        try:
-            return await make()
-        finally:
-            await (llm or get_llm()).aclose()   # the HTTP clients belong to this short-lived loop
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-    box: dict[str, Any] = {}
-
-    def worker() -> None:
-        try:
-            box["value"] = asyncio.run(main())
-        except BaseException as exc:   # handed back to the cell's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=worker, name="flowmagic-plan", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    """Await `make()` to the end (a cell runs inside the kernel's loop: see aio)."""
+    return run_blocking(make, llm=llm, name="flowmagic-plan")
 
 
 @magics_class

@@ -22,15 +22,14 @@ none), so a replay is byte-for-byte the exported output; where the output came f
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import shlex
-import threading
 import weakref
 from typing import Any, Callable
 
 from .errors import ConfigError, NodeError, PlanError
+from .aio import run_blocking
 
 __all__ = ["fingerprint", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
@@ -84,39 +83,8 @@ def fingerprint(flow, node_id: str) -> str:
 def _block(flow, make: Callable[[], Any]) -> Any:
     """Await `make()` to its end, also from inside a running loop (a notebook cell runs in
     the kernel's loop): then in a worker thread with its own loop, so the cell's output
-    appears in the cell that asked for it."""
-    box: dict[str, Any] = {}
-
-    async def main():
-        box["loop"] = asyncio.get_running_loop()
-        try:
-            return await make()
-        finally:
-            await flow.llm.aclose()   # the HTTP clients belong to this short-lived loop
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-
-    def worker() -> None:
-        try:
-            box["value"] = asyncio.run(main())
-        except BaseException as exc:   # handed back to the cell's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=worker, name="flowmagic-node", daemon=True)
-    thread.start()
-    try:
-        thread.join()
-    except KeyboardInterrupt:
-        if "loop" in box:
-            box["loop"].call_soon_threadsafe(flow.stop)
-        thread.join()
-        raise
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    appears in the cell that asked for it. Ctrl-C stops the flow cleanly."""
+    return run_blocking(make, llm=flow.llm, on_interrupt=flow.stop, name="flowmagic-node")
 
 
 # ----------------------------------------------------------------------------- displays
