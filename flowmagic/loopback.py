@@ -1,5 +1,9 @@
 """A loopback OpenAI-compatible HTTP server for tests and benchmarks.
 
+The replies themselves (default responder, schema examples, embeddings, usage, stream
+chunks) are built in `loopback_replies`, and the handle on a child-process server is in
+`loopback_spawn`; this module serves the replies with latency and faults.
+
 In-process::
 
     with LoopbackServer(latency=(0.1, 0.3), faults={"429": 0.1}) as srv:
@@ -29,26 +33,21 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import base64
 import hashlib
 import json
 import math
-import os
-import queue
-import re
 import socket
 import socketserver
-import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .loopback_replies import (_embeddings_reply, _normalise, _stream_chunks, _usage, default_responder,
+                               embed_text, schema_example)
+from .loopback_spawn import SpawnedLoopback
 
 __all__ = [
     "FAULT_KINDS",
@@ -76,107 +75,6 @@ def _unit(*parts: Any) -> float:
 
 def _canon(body: Any) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _count_tokens(text: str) -> int:
-    return round(len(text.split()) * 1.3)
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
-def _resolve(root: dict, ref: str) -> Any:
-    node: Any = root
-    for part in ref.lstrip("#/").split("/") if ref.startswith("#") else []:
-        node = node.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
-    return node
-
-
-_FORMATS = {"date": "2000-01-01", "date-time": "2000-01-01T00:00:00Z", "time": "00:00:00",
-            "email": "x@example.com", "uri": "http://example.com",
-            "uuid": "00000000-0000-0000-0000-000000000000"}
-
-
-def schema_example(schema: Any, _root: Any = None, _depth: int = 0) -> Any:
-    """A minimal JSON value valid for a JSON schema: required properties only, "x", 0, [] ..."""
-    root = schema if _root is None else _root
-    if not isinstance(schema, dict) or _depth > 40:  # depth bound: recursive $refs
-        return None
-
-    def sub(s: Any) -> Any:
-        return schema_example(s, root, _depth + 1)
-
-    if "$ref" in schema:
-        return sub(_resolve(root, schema["$ref"]))
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    for key in ("anyOf", "oneOf"):
-        if schema.get(key):
-            return sub(schema[key][0])
-    if schema.get("allOf"):
-        merged: dict = {}
-        for part in schema["allOf"]:
-            value = sub(part)
-            if not isinstance(value, dict):
-                return value
-            merged.update(value)
-        return merged
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    return _typed_example(kind, schema, sub)
-
-
-def _typed_example(kind: str, schema: dict, sub: Callable[[Any], Any]) -> Any:
-    if kind == "object":
-        props = schema.get("properties") or {}
-        return {name: sub(props.get(name, {"type": "string"})) for name in schema.get("required", [])}
-    if kind == "array":
-        return [sub(schema.get("items", {})) for _ in range(int(schema.get("minItems", 0)))]
-    if kind in ("integer", "number"):
-        value = schema.get("minimum", 0)
-        if "exclusiveMinimum" in schema:
-            value = schema["exclusiveMinimum"] + 1
-        elif "minimum" not in schema and schema.get("maximum", 0) < 0:
-            value = schema["maximum"]
-        return int(math.ceil(value)) if kind == "integer" else value
-    if kind == "boolean":
-        return False
-    if kind == "null":
-        return None
-    text = _FORMATS.get(schema.get("format"), "x")
-    return text.ljust(int(schema.get("minLength", 0)), "x")[: schema.get("maxLength", len(text) + 999)]
-
-
-def default_responder(body: dict) -> str:
-    """Echo the last user message's first line, or a minimal JSON document when JSON is asked for."""
-    fmt = body.get("response_format") or {}
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        # llama-cpp-python puts the schema beside the type, OpenAI under json_schema.
-        schema = fmt.get("schema") or (fmt.get("json_schema") or {}).get("schema")
-        return json.dumps(schema_example(schema) if schema else {})
-    users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
-    lines = _text_of(users[-1].get("content")).strip().splitlines() if users else []
-    return f"Loopback reply to: {lines[0][:200] if lines else '(nothing)'}"
-
-
-def embed_text(text: str, dims: int = 64) -> list[float]:
-    """A unit vector from a hashed bag of words, so texts sharing words have a high cosine."""
-    vec = [0.0] * dims
-    for word in re.findall(r"\w+", text.lower()):
-        n = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big")
-        vec[n % dims] += 1.0 if (n >> 40) & 1 else -1.0
-    norm = math.sqrt(sum(v * v for v in vec))
-    if norm == 0:
-        vec[0], norm = 1.0, 1.0
-    return [v / norm for v in vec]
 
 
 def _parse_latency(latency: Any) -> tuple[float, float] | Callable[[dict], float]:
@@ -207,50 +105,6 @@ def _parse_faults(faults: Any) -> dict[str, float]:
     return rates
 
 
-def _normalise(reply: Any, body: dict) -> tuple[dict, str, dict]:
-    """(message, finish_reason, usage) from a responder's str or dict."""
-    if isinstance(reply, str):
-        reply = {"content": reply}
-    if not isinstance(reply, dict):
-        raise TypeError(f"a responder must return str or dict, not {type(reply).__name__}")
-    fields = ("content", "tool_calls", "refusal")
-    msg = dict(reply.get("message") or {k: reply[k] for k in fields if k in reply})
-    msg.setdefault("role", "assistant")
-    msg.setdefault("content", None)
-    calls = [dict(tc, id=tc.get("id", f"call_{i}"), type=tc.get("type", "function"))
-             for i, tc in enumerate(msg.get("tool_calls") or [])]
-    if calls:
-        msg["tool_calls"] = calls
-    finish = reply.get("finish_reason") or ("tool_calls" if calls else "stop")
-    usage = dict(reply.get("usage") or {})
-    return msg, finish, _usage(body, msg, usage)
-
-
-def _usage(body: dict, msg: dict, given: dict) -> dict:
-    out = (msg.get("content") or "") + " ".join(tc.get("function", {}).get("arguments", "")
-                                                for tc in msg.get("tool_calls") or [])
-    usage = {"prompt_tokens": sum(_count_tokens(_text_of(m.get("content")))
-                                  for m in body.get("messages") or [] if isinstance(m, dict)),
-             "completion_tokens": _count_tokens(out)}
-    usage.update(given)
-    usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
-    return usage
-
-
-def _stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: bool) -> list[dict]:
-    def chunk(delta: dict, reason: str | None = None) -> dict:
-        return {**base, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
-
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    pieces = re.findall(r"\S*\s*", msg.get("content") or "")  # word by word, joining back exactly
-    chunks += [chunk({"content": piece}) for piece in pieces if piece]
-    for i, tc in enumerate(msg.get("tool_calls") or []):
-        chunks.append(chunk({"tool_calls": [dict(tc, index=i)]}))
-    chunks.append(chunk({}, finish))
-    if with_usage:
-        chunks.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-    return chunks
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -565,21 +419,7 @@ class LoopbackServer:
         if not self._delay(body, rec):
             h.close_connection = True
             return 0
-        inputs = body.get("input", "")
-        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
-            inputs = [inputs]
-        texts = [" ".join(map(str, t)) if isinstance(t, list) else str(t) for t in inputs]
-        dims = int(body.get("dimensions") or self.dims)
-        data = []
-        for i, text in enumerate(texts):
-            vec: Any = embed_text(text, dims)
-            if body.get("encoding_format") == "base64":  # what the openai SDK asks for by default
-                vec = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode()
-            data.append({"object": "embedding", "index": i, "embedding": vec})
-        tokens = sum(_count_tokens(t) for t in texts)
-        return self._send_json(h, 200, {"object": "list", "data": data,
-                                        "model": body.get("model") or self.model,
-                                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return self._send_json(h, 200, _embeddings_reply(body, self.dims, self.model))
 
     # -- another process ---------------------------------------------------------------------
     @classmethod
@@ -604,74 +444,6 @@ def _cli_args(options: dict) -> list[str]:
     for name, value in options.items():
         args += [_CLI_FLAGS[name], str(value)]
     return args
-
-
-class SpawnedLoopback:
-    """Handle on a loopback server in a child process; the child exits when this process does."""
-
-    def __init__(self, argv: list[str], startup_timeout: float) -> None:
-        env = dict(os.environ)
-        # The child must import this very package even when it is not installed.
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
-        self._stderr = tempfile.TemporaryFile()  # a file, not a pipe: nobody has to drain it
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._stderr, env=env, text=True)
-        atexit.register(self.stop)
-        lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: lines.put(self._proc.stdout.readline()),
-                                  name="loopback-spawn-reader", daemon=True)
-        reader.start()
-        try:
-            line = lines.get(timeout=startup_timeout).strip()
-        except queue.Empty:
-            line = ""
-        if not line.startswith("http://"):
-            self._proc.kill()
-            self._proc.wait(timeout=5)
-            reader.join(timeout=5)
-            self._stderr.seek(0)
-            tail = self._stderr.read().decode("utf-8", "replace")[-2000:] or "(no stderr)"
-            self.stop()
-            raise RuntimeError(f"the loopback child did not start: {tail}")
-        reader.join(timeout=5)
-        self.base_url = line
-
-    def _call(self, path: str, method: str = "GET") -> dict:
-        url = self.base_url.removesuffix("/v1") + path
-        request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-
-    def stats(self, bodies: bool = False) -> dict:
-        return self._call("/_stats?bodies=1" if bodies else "/_stats")
-
-    def reset(self) -> None:
-        self._call("/_reset", "POST")
-
-    def stop(self) -> None:
-        """Close the child's stdin (it exits cleanly), then terminate or kill it if it lingers."""
-        proc = self._proc
-        if proc.poll() is None:
-            proc.stdin.close()
-            for ender in (None, proc.terminate, proc.kill):
-                if ender is not None:
-                    ender()
-                try:
-                    proc.wait(timeout=5)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        for stream in (proc.stdin, proc.stdout):
-            stream.close()
-        self._stderr.close()
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> SpawnedLoopback:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def _parser() -> argparse.ArgumentParser:
