@@ -82,7 +82,8 @@ def _parse_latency(latency: Any) -> tuple[float, float] | Callable[[dict], float
         return latency
     try:
         if isinstance(latency, str):
-            latency = [float(x) for x in latency.split(":")]
+            parts = [float(x) for x in latency.split(":")]
+            latency = parts[0] if len(parts) == 1 else parts
         lo, hi = (latency, latency) if isinstance(latency, (int, float)) else latency
         lo, hi = float(lo), float(hi)
     except (TypeError, ValueError):

@@ -383,3 +383,9 @@ def test_stop_closes_idle_keep_alive_connections_and_joins_threads():
 def test_unknown_route_is_a_404(server):
     with client_for(server) as client, pytest.raises(openai.NotFoundError):
         client.completions.create(model="m", prompt="hi")
+
+
+def test_latency_given_as_one_number_in_text():
+    # the command line's default is "0"; "0.2" means 0.2 s for every request
+    assert LoopbackServer(latency="0.2").latency == (0.2, 0.2)
+    assert LoopbackServer(latency="0.1:0.3").latency == (0.1, 0.3)
