@@ -574,10 +574,6 @@ class Flow:
         return self.last_slim
 
 
-def _settings_from(kwargs: dict) -> dict:
-    return {k: v for k, v in kwargs.items() if k in DEFAULTS}
-
-
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
                 **settings: Any) -> Flow:
