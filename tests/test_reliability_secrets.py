@@ -38,7 +38,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.timeout(240)
 
 CORE = secrets.token_hex(12)
-KEY = f"sk-flowmagic-reliability-{CORE}"
+KEY = "sk-" + f"flowmagic-reliability-{CORE}"   # fake; split so scanners skip it
 PLAN = {"subtasks": [
     {"id": "gather", "requirement": "gather the facts", "agent": "researcher", "depends_on": []},
     {"id": "probe", "requirement": "write Python that reads the environment", "agent": "coder",
