@@ -14,6 +14,7 @@ remembers per endpoint what worked. With `tools`, the reply carries the model's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -115,6 +116,28 @@ def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
     return out
 
 
+def _retryable(exc: Exception, timeout: float) -> "_Retryable | None":
+    """The retryable form of a transport or HTTP failure, or None when retrying cannot help
+    (a 4xx other than 408/409/429)."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code not in _RETRY_STATUS:
+            return None
+        retry_after = exc.response.headers.get("retry-after")
+        try:
+            wait = float(retry_after) if retry_after else None
+        except ValueError:
+            wait = None
+        return _Retryable(f"HTTP {exc.status_code}", wait)
+    if isinstance(exc, openai.APITimeoutError):
+        return _Retryable(f"no answer within {timeout:g} s")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return _Retryable(f"cannot connect: {type(cause).__name__}: {cause}")
+    return _Retryable(f"malformed response: {exc}")
+
+
 def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float):
     """The error for an answer that was not the JSON asked for; it carries the call's
     id and usage, because the call happened and was paid for."""
@@ -188,6 +211,19 @@ class LLM:
         clients, state["clients"] = state["clients"], {}
         for client in clients.values():
             await client.close()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, endpoint: Endpoint):
+        """One request's place: the requests-per-minute pace, the process-wide cap and the
+        endpoint's own cap (the embedded server serves one request at a time)."""
+        await self._pace()
+        limit = self._limit(endpoint)
+        async with self._state()["all"]:
+            if limit is None:
+                yield
+            else:
+                async with limit:
+                    yield
 
     async def _pace(self) -> None:
         if not self.rpm:
@@ -356,16 +392,9 @@ class LLM:
 
         client = await self._client(endpoint)
         try:
-            await self._pace()
-            limit = self._limit(endpoint)
-            async with self._state()["all"]:
-                if limit is None:
-                    response = await client.embeddings.create(model=model, input=texts,
-                                                              encoding_format="float")
-                else:
-                    async with limit:
-                        response = await client.embeddings.create(model=model, input=texts,
-                                                                  encoding_format="float")
+            async with self._slot(endpoint):
+                response = await client.embeddings.create(model=model, input=texts,
+                                                          encoding_format="float")
         except openai.APIStatusError as exc:
             status = exc.status_code
             if status in _NO_EMBEDDINGS and not self._embeds.get(endpoint.identity):
@@ -374,16 +403,11 @@ class LLM:
                 raise EmbeddingsUnsupportedError(
                     f"{where} cannot embed with {model!r} (HTTP {status}: "
                     f"{' '.join(str(exc).split())[:120]}); use TF-IDF similarity") from None
-            if status in _RETRY_STATUS:
-                raise _Retryable(f"HTTP {status}") from None
-            raise EndpointError(self._status_message(endpoint, model, exc)) from None
-        except openai.APITimeoutError:
-            raise _Retryable(f"no answer within {self.timeout:g} s") from None
-        except openai.APIConnectionError as exc:
-            cause = exc.__cause__ or exc
-            raise _Retryable(f"cannot connect: {type(cause).__name__}: {cause}") from None
-        except (openai.APIResponseValidationError, ValueError, AttributeError) as exc:
-            raise _Retryable(f"malformed response: {exc}") from None
+            raise _retryable(exc, self.timeout) or EndpointError(
+                self._status_message(endpoint, model, exc)) from None
+        except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError,
+                AttributeError) as exc:
+            raise _retryable(exc, self.timeout) from None
         data = sorted(getattr(response, "data", None) or [], key=lambda d: d.index)
         if len(data) != len(texts):
             raise _Retryable(f"{len(data)} vectors for {len(texts)} texts")
@@ -449,13 +473,8 @@ class LLM:
             if tools:
                 kwargs["tools"] = tools
             try:
-                await self._pace()
-                limit = self._limit(endpoint)
-                async with self._state()["all"]:
-                    if limit is None:
-                        return await self._send(client, kwargs, on_text)
-                    async with limit:
-                        return await self._send(client, kwargs, on_text)
+                async with self._slot(endpoint):
+                    return await self._send(client, kwargs, on_text)
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if tools and status in (400, 422, 500, 501):
@@ -467,21 +486,11 @@ class LLM:
                     mode = _MODES[_MODES.index(mode) + 1]   # try the next structured mode
                     self._modes[endpoint.identity] = mode
                     continue
-                if status in _RETRY_STATUS:
-                    retry_after = exc.response.headers.get("retry-after")
-                    try:
-                        wait = float(retry_after) if retry_after else None
-                    except ValueError:
-                        wait = None
-                    raise _Retryable(f"HTTP {status}", wait) from None
-                raise EndpointError(self._status_message(endpoint, model, exc)) from None
-            except openai.APITimeoutError:
-                raise _Retryable(f"no answer within {self.timeout:g} s") from None
-            except openai.APIConnectionError as exc:
-                cause = exc.__cause__ or exc
-                raise _Retryable(f"cannot connect: {type(cause).__name__}: {cause}") from None
-            except (openai.APIResponseValidationError, ValueError, AttributeError) as exc:
-                raise _Retryable(f"malformed response: {exc}") from None
+                raise _retryable(exc, self.timeout) or EndpointError(
+                    self._status_message(endpoint, model, exc)) from None
+            except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError,
+                    AttributeError) as exc:
+                raise _retryable(exc, self.timeout) from None
 
     @staticmethod
     def _status_message(endpoint: Endpoint, model: str, exc) -> str:
