@@ -1,7 +1,6 @@
 """Every test gets its own FLOWMAGIC_HOME and no endpoint from the developer's shell."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +43,26 @@ def embedded_url(tmp_path_factory):
     os.environ.setdefault("FLOWMAGIC_HOME", str(tmp_path_factory.mktemp("embedded-home")))
     url = local.ensure_server()
     yield url
+
+
+def fast_llm(store=None, **kwargs):
+    """An LLM that backs off in milliseconds, for tests that inject faults."""
+    from flowmagic.llm import LLM
+    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("backoff_max", 0.05)
+    kwargs.setdefault("timeout", 10.0)
+    return LLM(store, **kwargs)
+
+
+def run(make, llm):
+    """Await `make()` from a test, closing `llm`'s HTTP clients after."""
+    from flowmagic.aio import run_blocking
+    return run_blocking(make, llm=llm)
+
+
+@pytest.fixture
+def empty_tool_registry():
+    from flowmagic.tools import unregister
+    unregister()
+    yield
+    unregister()

@@ -16,16 +16,10 @@ from flowmagic.cli import main as cli
 from flowmagic.errors import ConfigError, EndpointError
 from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer
-from flowmagic.store import Store
+
+from conftest import fast_llm
 
 SECRET = "sk-" + "test-9f3b2c1d0e8a7b6c5d4e3f2a1b0c9d8e"   # a fake key, split so scanners skip it
-
-
-def fast_llm(store=None, **kwargs):
-    kwargs.setdefault("backoff_base", 0.01)
-    kwargs.setdefault("backoff_max", 0.05)
-    kwargs.setdefault("timeout", 5.0)
-    return LLM(store or Store(), **kwargs)
 
 
 # -- resolution ---------------------------------------------------------------

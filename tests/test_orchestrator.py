@@ -13,21 +13,10 @@ from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer
 from flowmagic.orchestrator import Orchestrator, aorchestrate, load_orchestration, orchestrate
 from flowmagic.store import get_store
-from flowmagic.tools import unregister
 
+from conftest import fast_llm
 
-@pytest.fixture(autouse=True)
-def empty_registry():
-    unregister()
-    yield
-    unregister()
-
-
-def fast_llm(**kwargs):
-    kwargs.setdefault("backoff_base", 0.01)
-    kwargs.setdefault("backoff_max", 0.02)
-    kwargs.setdefault("timeout", 10.0)
-    return LLM(**kwargs)
+pytestmark = pytest.mark.usefixtures("empty_tool_registry")
 
 
 def system(body) -> str:

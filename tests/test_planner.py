@@ -15,7 +15,8 @@ from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer
 from flowmagic.planner import (STRATEGIES, Candidate, plan, plan_candidates, plan_schema,
                                planning_messages, score, select)
-from flowmagic.store import Store
+
+from conftest import fast_llm, run
 
 TASK = "Write a short report on tea"
 
@@ -35,13 +36,6 @@ MESSY = {"steps": [{"name": "Gather sources", "description": "Find three sources
                     "Depends On": "step 1"}]}
 
 
-def fast_llm(**kwargs):
-    kwargs.setdefault("backoff_base", 0.01)
-    kwargs.setdefault("backoff_max", 0.02)
-    kwargs.setdefault("timeout", 10.0)
-    return LLM(Store(), **kwargs)
-
-
 def by_seed(replies):
     """A loopback responder answering with replies[seed] (a dict is sent as JSON text)."""
     def respond(body):
@@ -50,15 +44,6 @@ def by_seed(replies):
             raise reply
         return reply if isinstance(reply, str) else json.dumps(reply)
     return respond
-
-
-def run(coro_fn, llm):
-    async def main():
-        try:
-            return await coro_fn()
-        finally:
-            await llm.aclose()
-    return asyncio.run(main())
 
 
 def candidate(index, plan_obj=None, error=None, **scores):

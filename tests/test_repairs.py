@@ -8,10 +8,11 @@ import flowmagic
 from flowmagic import updater
 from flowmagic.errors import NodeError
 from flowmagic.graph import Workflow
-from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer
 from flowmagic.repairs import (next_kind, plan_repair, refine_instruction, repair,
                                substitute_agent)
+
+from conftest import fast_llm, run
 
 PLAN = {"task": "Report on sales.csv",
         "nodes": [{"id": "load", "requirement": "load sales.csv", "status": "done", "output": "rows"},
@@ -26,26 +27,11 @@ def workflow():
     return Workflow.from_dict(PLAN)
 
 
-def fast_llm(**kwargs):
-    return LLM(backoff_base=0.01, backoff_max=0.02, timeout=5.0, **kwargs)
-
-
 def served(responder):
     server = LoopbackServer(responder=responder)
     server.start()
     flowmagic.configure(base_url=server.base_url, model="m")
     return server
-
-
-def run(coro_fn, llm):
-    import asyncio
-
-    async def main():
-        try:
-            return await coro_fn()
-        finally:
-            await llm.aclose()
-    return asyncio.run(main())
 
 
 def test_refine_instruction_rewrites_and_merges_as_a_rerun():

@@ -15,30 +15,11 @@ from flowmagic.llm import LLM
 from flowmagic.loopback import LoopbackServer
 from flowmagic.toolloop import action_schema, run_with_tools
 from flowmagic.tools import (as_tool, call_tool, registry, resolve_tools, schema_of, select_tools,
-                             tool, unregister)
+                             tool)
 
+from conftest import fast_llm, run
 
-@pytest.fixture(autouse=True)
-def empty_registry():
-    unregister()
-    yield
-    unregister()
-
-
-def fast_llm(**kwargs):
-    kwargs.setdefault("backoff_base", 0.01)
-    kwargs.setdefault("backoff_max", 0.05)
-    kwargs.setdefault("timeout", 10.0)
-    return LLM(**kwargs)
-
-
-def run(coro_fn, llm):
-    async def main():
-        try:
-            return await coro_fn()
-        finally:
-            await llm.aclose()
-    return asyncio.run(main())
+pytestmark = pytest.mark.usefixtures("empty_tool_registry")
 
 
 # -- schemas -----------------------------------------------------------------------------
