@@ -1,5 +1,6 @@
 """Every test gets its own FLOWMAGIC_HOME and no endpoint from the developer's shell."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -66,3 +67,21 @@ def empty_tool_registry():
     unregister()
     yield
     unregister()
+
+
+@contextlib.contextmanager
+def ipython_shell(config=None):
+    """A fresh InteractiveShell (history in memory) with flowmagic loaded, unloaded after."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = config or Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    try:
+        ip.run_line_magic("load_ext", "flowmagic")
+        yield ip
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()

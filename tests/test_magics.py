@@ -17,7 +17,7 @@ from flowmagic.flow import Flow
 from flowmagic.loopback import LoopbackServer
 from flowmagic.parsers import interpolate, parse_command, parse_flow_line
 
-from conftest import ROOT
+from conftest import ROOT, ipython_shell
 
 PLAN = {"subtasks": [
     {"id": "facts", "requirement": "List three facts about tea.", "agent": "researcher",
@@ -53,17 +53,9 @@ def server():
 
 @pytest.fixture
 def shell(server, tmp_path, monkeypatch):
-    from IPython.core.interactiveshell import InteractiveShell
-
     monkeypatch.chdir(tmp_path)   # no [tool.flowmagic] from the repository's pyproject.toml
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "flowmagic")
-    yield ip
-    ip.run_line_magic("unload_ext", "flowmagic")
-    InteractiveShell.clear_instance()
+    with ipython_shell() as ip:
+        yield ip
 
 
 def run(ip, capsys, source):
@@ -151,18 +143,12 @@ def test_budget_stops_a_run_that_would_exceed_it(shell, server, capsys):
 
 
 def test_defaults_from_config_and_pyproject(server, tmp_path, monkeypatch, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-
     (tmp_path / "pyproject.toml").write_text(
         '[tool.flowmagic]\nk = 1\nstrategy = "fine"\nmax_tokens = 64\n')
     monkeypatch.chdir(tmp_path)
     config = Config()
-    config.HistoryManager.hist_file = ":memory:"
     config.FlowMagics.default_strategy = "coarse"   # %config wins over pyproject.toml
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance(config=config)
-    try:
-        ip.run_line_magic("load_ext", "flowmagic")
+    with ipython_shell(config) as ip:
         ip.run_line_magic("config", "FlowMagics.default_update = 'off'")
         run(ip, capsys, "%%flow\nMake tea")
         flow = ip.user_ns["flow"]
@@ -170,9 +156,6 @@ def test_defaults_from_config_and_pyproject(server, tmp_path, monkeypatch, capsy
                 flow.settings["update"]) == (1, "coarse", 64, "off")
         out, _, _ = run(ip, capsys, "%flow config")
         assert "max_tokens" in out and str(tmp_path / "pyproject.toml") in out
-    finally:
-        ip.run_line_magic("unload_ext", "flowmagic")
-        InteractiveShell.clear_instance()
 
 
 # ---------------------------------------------------------------------------------- %flow

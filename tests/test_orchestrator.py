@@ -14,7 +14,7 @@ from flowmagic.loopback import LoopbackServer
 from flowmagic.orchestrator import Orchestrator, aorchestrate, load_orchestration, orchestrate
 from flowmagic.store import get_store
 
-from conftest import fast_llm
+from conftest import fast_llm, ipython_shell
 
 pytestmark = pytest.mark.usefixtures("empty_tool_registry")
 
@@ -296,18 +296,9 @@ def test_the_embedded_model_orchestrates_within_its_budget(embedded_url):
 
 @pytest.fixture
 def shell(tmp_path, monkeypatch):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
     monkeypatch.chdir(tmp_path)   # no [tool.flowmagic] from the repository's pyproject.toml
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "flowmagic")
-    yield ip
-    ip.run_line_magic("unload_ext", "flowmagic")
-    InteractiveShell.clear_instance()
+    with ipython_shell() as ip:
+        yield ip
 
 
 def test_the_magic_orchestrates_with_notebook_tools(shell, capsys):

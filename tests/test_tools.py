@@ -17,7 +17,7 @@ from flowmagic.toolloop import action_schema, run_with_tools
 from flowmagic.tools import (as_tool, call_tool, registry, resolve_tools, schema_of, select_tools,
                              tool)
 
-from conftest import fast_llm, run
+from conftest import fast_llm, ipython_shell, run
 
 pytestmark = pytest.mark.usefixtures("empty_tool_registry")
 
@@ -418,9 +418,6 @@ def test_streamed_tool_calls_are_joined_and_cached():
 
 
 def test_the_magic_gives_a_flow_the_named_notebook_functions(tmp_path, monkeypatch, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
     plan = {"subtasks": [{"id": "count", "requirement": "count the words of the text",
                           "depends_on": []}]}
 
@@ -430,12 +427,7 @@ def test_the_magic_gives_a_flow_the_named_notebook_functions(tmp_path, monkeypat
         return flow_responder(body)
 
     monkeypatch.chdir(tmp_path)
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "flowmagic")
-    try:
+    with ipython_shell() as ip:
         with LoopbackServer(responder=responder) as server:
             flowmagic.configure(base_url=server.base_url, model="m")
             ip.run_cell("def word_count(text: str) -> int:\n"
@@ -446,6 +438,3 @@ def test_the_magic_gives_a_flow_the_named_notebook_functions(tmp_path, monkeypat
             assert [t.name for t in flow.tools] == ["word_count"]
             assert flow.workflow.nodes["count"].output == "result: 2"
             assert [r["tool"] for r in flow.tool_calls()] == ["word_count"]
-    finally:
-        ip.run_line_magic("unload_ext", "flowmagic")
-        InteractiveShell.clear_instance()
