@@ -116,7 +116,7 @@ def _plan(args, progress: Progress):
     progress.doing = ""
     scores = flow.metrics()
     progress.say(f"plan: {flow.total()} subtasks, {len(flow.workflow.edges())} dependencies, "
-                 f"P_avg {scores.get('parallelism', 0):.2f} (candidate {flow.chosen} of "
+                 f"speed-up {scores.get('speedup', 0):.2f} (candidate {flow.chosen} of "
                  f"{len(flow.candidates)})")
     return flow
 
@@ -222,11 +222,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "candidates": [c.to_dict() for c in flow.candidates],
                           "workflow": flow.workflow.to_dict()}, indent=2, ensure_ascii=False))
         return 0
+    from .planner import RULE, candidate_line
+
+    print(f"selection rule: {RULE}")
     for c in flow.candidates:
-        mark = "*" if c.index == flow.chosen else " "
-        what = (f"{c.scores.get('nodes')} nodes, P_avg {c.scores.get('parallelism', 0):.2f}, "
-                f"C {c.scores.get('dependency_complexity', 0):.2f}") if c.ok else c.error
-        print(f"{mark} candidate {c.index} (seed {c.seed}): {what}")
+        print(candidate_line(c, flow.chosen))
     print(_describe(flow))
     for warning in flow.workflow.warnings:
         print(f"  warning: {warning}")

@@ -7,7 +7,10 @@ An empty graph gives zeros, never an exception.
 Parallelism follows Flow's definition with longest-path levels (networkx
 `topological_generations`) and the mean of |S_t| / |V|; Flow's own breadth-first count,
 which visits a node once per parent, is what this module deliberately does not do.
-Note that the mean of |S_t| / |V| over T levels is exactly 1 / T: it ranks plans by depth.
+Note that the mean of |S_t| / |V| over T levels is exactly 1 / T: it ranks plans by depth,
+so a one-node plan or a plan with no dependencies scores 1.0. `speedup` (|V| / T, the mean
+level width, which is the critical-path speed-up when every subtask takes as long) rewards
+width instead; `shape` gathers what plan selection needs (see planner.select).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .graph import Workflow
 __all__ = [
     "levels", "parallelism", "dependency_complexity", "depth", "width", "num_nodes",
     "num_edges", "complexity", "critical_path", "success_probabilities",
-    "expected_successes", "summary",
+    "expected_successes", "speedup", "sinks", "is_connected", "shape", "summary",
 ]
 
 Graphish = Union[Workflow, nx.DiGraph]
@@ -55,6 +58,26 @@ def parallelism(g: Graphish) -> float:
     if not n:
         return 0.0
     return sum(len(s) / n for s in lv) / len(lv)
+
+
+def speedup(g: Graphish) -> float:
+    """|V| / T: subtasks per level, the speed-up over running them one by one when each takes
+    as long (0.0 for an empty graph). Unlike P_avg it grows with width, not only shallowness."""
+    lv = levels(g)
+    return sum(len(s) for s in lv) / len(lv) if lv else 0.0
+
+
+def sinks(g: Graphish) -> list[str]:
+    """Subtasks no other subtask depends on, in plan order (the plan's deliverables)."""
+    graph = _graph(g)
+    return [n for n in graph if graph.out_degree(n) == 0]
+
+
+def is_connected(g: Graphish) -> bool:
+    """True when every subtask is linked to every other by some chain of dependencies
+    (ignoring direction); False for an empty graph and for unlinked pieces."""
+    graph = _graph(g)
+    return graph.number_of_nodes() > 0 and nx.is_weakly_connected(graph)
 
 
 def dependency_complexity(g: Graphish) -> float:
@@ -153,6 +176,20 @@ def expected_successes(g: Graphish, p: float) -> float:
     return sum(success_probabilities(g, p).values())
 
 
+def shape(g: Graphish, p: float = 0.1) -> dict:
+    """The numbers plan selection and the UI use: the paper's P_avg and C_dependency as
+    defined there, the width-aware speed-up, connectivity, sinks and Theorem 1's expected
+    successes (total, and per subtask so bigger plans are not favoured by size alone)."""
+    graph = _graph(g)
+    n = graph.number_of_nodes()
+    expected = expected_successes(graph, p)
+    return {"parallelism": parallelism(graph), "dependency_complexity": dependency_complexity(graph),
+            "speedup": speedup(graph), "nodes": n, "edges": graph.number_of_edges(),
+            "depth": depth(graph), "width": width(graph), "connected": is_connected(graph),
+            "sinks": len(sinks(graph)), "expected_successes": expected,
+            "success_share": expected / n if n else 0.0, "failure_p": p}
+
+
 def summary(g: Graphish, p: float = 0.1) -> dict:
     """Every metric in one JSON-ready dict (p is the failure probability for Theorem 1)."""
     graph = _graph(g)
@@ -166,8 +203,11 @@ def summary(g: Graphish, p: float = 0.1) -> dict:
         "width": width(graph),
         "levels": levels(graph),
         "parallelism": parallelism(graph),
+        "speedup": speedup(graph),
         "dependency_complexity": dependency_complexity(graph),
         "complexity": complexity(graph),
+        "connected": is_connected(graph),
+        "sinks": sinks(graph),
         "critical_path": path,
         "critical_path_length": length,
         "critical_path_by_duration": dpath,

@@ -4,8 +4,16 @@ The K requests go out concurrently, each with its own seed (seed + i) and a mode
 temperature so the plans differ. Every reply is repaired by `graph.parse_plan`, cut to
 the caps (`max_subtasks`, `max_agents`) with a warning per cut, and scored with
 `metrics`. A candidate whose reply could not be used keeps its one-line error and is
-never chosen. `select` follows Flow: the highest P_avg wins, ties go to the lowest
-dependency complexity, then to fewer nodes, then to the earlier candidate.
+never chosen.
+
+`select` reports Flow's P_avg and C_dependency but does not rank by them: P_avg is 1/depth,
+so a one-node or dependency-free plan would always win. The rule (RULE) is, in order:
+coverage (a connected plan with one final, integrating subtask beats a connected plan with
+several loose ends, which beats one subtask or unconnected subtasks for a multi-step task);
+the speed-up |V|/T (width-aware parallelism); Theorem 1's expected successes per subtask at
+p = 0.1 (fewer dependencies, so Flow's Workflow 2 beats Workflow 1); fewer edges; fewer
+nodes; the earlier candidate. Every usable candidate gets a one-line `note` saying why it
+won or lost.
 """
 
 from __future__ import annotations
@@ -21,10 +29,13 @@ from . import metrics
 from .errors import ConfigError, EndpointError, ModelOutputError, PlanError
 from .graph import Workflow, parse_plan
 
-__all__ = ["STRATEGIES", "Candidate", "plan_schema", "planning_messages", "score",
-           "plan_candidates", "select", "plan"]
+__all__ = ["STRATEGIES", "RULE", "Candidate", "plan_schema", "planning_messages", "score",
+           "coverage", "multi_step", "candidate_line", "plan_candidates", "select", "plan"]
 
 TIE = 1e-9
+FAILURE_P = 0.1
+RULE = ("coverage (connected, one final subtask), then speed-up |V|/T, then Theorem 1's "
+        f"expected successes per subtask at p={FAILURE_P}, then fewer edges, fewer nodes")
 # strategy -> (instruction, usual subtask count as (lo, hi) or None)
 STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
     "balanced": ("Use as many subtasks as the task needs ({size}); balance their size "
@@ -62,6 +73,7 @@ class Candidate:
     model: str | None = None
     latency_s: float = 0.0
     cached: bool = False
+    note: str = ""                   # one line: why `select` chose it or not
 
     @property
     def ok(self) -> bool:
@@ -204,12 +216,10 @@ def _cap_agents(wf: Workflow, cap: int) -> None:
                        f"(max_agents={cap}): {moves}")
 
 
-def score(wf: Workflow) -> dict:
+def score(wf: Workflow, task: str = "") -> dict:
     """The numbers `select` and the UI use, from metrics over the active nodes."""
-    scores = {"parallelism": metrics.parallelism(wf),
-              "dependency_complexity": metrics.dependency_complexity(wf),
-              "nodes": metrics.num_nodes(wf), "edges": metrics.num_edges(wf),
-              "depth": metrics.depth(wf), "width": metrics.width(wf)}
+    scores = metrics.shape(wf, FAILURE_P)
+    scores["coverage"] = coverage(scores, multi_step(task or wf.task or ""))[0]
     if any(n.estimate_s is not None for n in wf.nodes.values()):
         scores["critical_path_s"] = metrics.critical_path(wf, "duration")[1]
     return scores
@@ -245,7 +255,7 @@ async def _candidate(llm, index: int, seed: int, task: str, messages: list[dict]
         _cap_subtasks(wf, max_subtasks)
     if max_agents:
         _cap_agents(wf, max_agents)
-    cand.workflow, cand.scores, cand.warnings = wf, score(wf), list(wf.warnings)
+    cand.workflow, cand.scores, cand.warnings = wf, score(wf, task), list(wf.warnings)
     return cand
 
 
@@ -300,8 +310,59 @@ def _failure_summary(candidates: list[Candidate]) -> str:
     return "; ".join(parts)
 
 
-def select(candidates: list[Candidate]) -> int:
-    """`index` of the best usable candidate (max P_avg, then min complexity, fewer nodes, lower index)."""
+_CUES = (",", ";", " and ", " then ", " after ", " before ", ":", "\n")
+
+
+def multi_step(task: str) -> bool:
+    """Whether a task reads as several steps (a list, "and", "then", or more than a line's
+    worth of words): for such a task a one-subtask plan does not cover it."""
+    text = f" {' '.join(task.lower().split())} "
+    return len(text.split()) > 8 or any(cue in text for cue in _CUES)
+
+
+def coverage(scores: dict, several_steps: bool = True) -> tuple[int, str]:
+    """(tier, why): 2 connected with one final subtask, 1 connected with several final
+    subtasks, 0 one subtask (for a multi-step task) or unconnected subtasks."""
+    n, edges, sinks = scores["nodes"], scores["edges"], scores["sinks"]
+    if n <= 1:
+        return (0, "one subtask for a multi-step task") if several_steps else (2, "one subtask")
+    if not scores["connected"]:
+        return 0, ("no dependencies (flat)" if edges == 0 else "unconnected pieces")
+    if sinks > 1:
+        return 1, f"connected but {sinks} final subtasks (no integrating last step)"
+    return 2, "connected, one final subtask"
+
+
+def _scores_of(c, task: str) -> dict:
+    scores = c.scores
+    if "speedup" not in scores or "sinks" not in scores:   # scored elsewhere (e.g. the updater)
+        scores = {**score(c.workflow, task), **scores}
+    return scores
+
+
+def _rank(c, scores: dict, several: bool) -> tuple:
+    return (-coverage(scores, several)[0], -round(scores["speedup"], 9),
+            -round(scores["success_share"], 9), scores["edges"], scores["nodes"], c.index)
+
+
+def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
+    """One line: the first criterion of RULE on which the winner beat the runner-up."""
+    (tw, why_w), (tr, why_r) = coverage(s, several), coverage(r, several)
+    if tw != tr:
+        return f"{why_w}; candidate {runner.index}: {why_r}"
+    if abs(s["speedup"] - r["speedup"]) > TIE:
+        return (f"{why_w}; speed-up |V|/T {s['speedup']:.2f} > {r['speedup']:.2f} "
+                f"(candidate {runner.index})")
+    if abs(s["success_share"] - r["success_share"]) > TIE:
+        return (f"{why_w}; same speed-up {s['speedup']:.2f}, fewer dependencies: expected "
+                f"successes (p={FAILURE_P}) {s['expected_successes']:.3f} > "
+                f"{r['expected_successes']:.3f} (candidate {runner.index})")
+    return (f"{why_w}; ties candidate {runner.index} on coverage, speed-up and expected "
+            f"successes; {s['edges']} vs {r['edges']} edges, {s['nodes']} vs {r['nodes']} nodes")
+
+
+def select(candidates: list, task: str = "") -> int:
+    """`index` of the best usable candidate by RULE; sets each usable candidate's `note`."""
     ok = [c for c in candidates if c.ok]
     if not ok:
         if not candidates:
@@ -309,14 +370,43 @@ def select(candidates: list[Candidate]) -> int:
         raise PlanError(f"all {len(candidates)} candidate plans failed: "
                         f"{_failure_summary(candidates)}; try again, raise k, or use a "
                         "stronger model")
-    best_p = max(c.scores["parallelism"] for c in ok)
-    pool = [c for c in ok if c.scores["parallelism"] >= best_p - TIE]
-    best_c = min(c.scores["dependency_complexity"] for c in pool)
-    pool = [c for c in pool if c.scores["dependency_complexity"] <= best_c + TIE]
-    return min(pool, key=lambda c: (c.scores["nodes"], c.index)).index
+    task = task or next((c.workflow.task for c in ok if c.workflow.task), "")
+    several = multi_step(task)
+    scored = {c.index: _scores_of(c, task) for c in ok}
+    ranked = sorted(ok, key=lambda c: _rank(c, scored[c.index], several))
+    best = ranked[0]
+    head = (f"P_avg {scored[best.index]['parallelism']:.2f}, C_dependency "
+            f"{scored[best.index]['dependency_complexity']:.2f} (paper, reported); ")
+    if len(ranked) == 1:
+        _set_note(best, f"chosen: the only usable candidate; {coverage(scored[best.index], several)[1]}")
+    else:
+        _set_note(best, "chosen: " + head + _why(best, ranked[1], scored[best.index],
+                                                  scored[ranked[1].index], several))
+    for c in ranked[1:]:
+        _set_note(c, f"lost to candidate {best.index}: " + _why(best, c, scored[best.index],
+                                                                scored[c.index], several))
+    return best.index
+
+
+def candidate_line(c, chosen: int | None = None) -> str:
+    """One line per candidate for the CLI and the panel: its scores and why it won or lost."""
+    mark = "*" if c.index == chosen else " "
+    if not c.ok:
+        return f"{mark} candidate {c.index} (seed {c.seed}): failed: {c.error}"
+    s = c.scores
+    numbers = (f"{s.get('nodes')} nodes, {s.get('edges')} edges, speed-up "
+               f"{s.get('speedup', 0):.2f}, P_avg {s.get('parallelism', 0):.2f}, C_dependency "
+               f"{s.get('dependency_complexity', 0):.2f}, expected successes "
+               f"{s.get('expected_successes', 0):.3f}")
+    return f"{mark} candidate {c.index} (seed {c.seed}): {numbers}" + (f" -- {c.note}" if c.note else "")
+
+
+def _set_note(c, text: str) -> None:
+    if hasattr(c, "note"):
+        c.note = text
 
 
 async def plan(task: str, **options: Any) -> tuple[list[Candidate], int]:
     """`plan_candidates(task, **options)` and the index `select` chose."""
     candidates = await plan_candidates(task, **options)
-    return candidates, select(candidates)
+    return candidates, select(candidates, task)

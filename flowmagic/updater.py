@@ -3,8 +3,8 @@
 `build_update_prompt` shows the model every subtask with its status, failures with their
 feedback and the outputs of done subtasks within a character budget; `propose` asks for K
 candidate updates concurrently, merges each onto a copy of the workflow by node id (see
-`merge`, re-exported here) and chooses one by Flow's rule (max P_avg, then min dependency
-complexity). A candidate that fails is recorded with its error; when all fail the result is
+`merge`, re-exported here) and chooses one by the planner's rule (`planner.select`: coverage,
+speed-up, Theorem 1's expected successes; Flow's max P_avg is only the fallback). A candidate that fails is recorded with its error; when all fail the result is
 a no-change, so an update never crashes a run.
 """
 
@@ -160,10 +160,7 @@ class UpdateResult:
 
 
 def _score(wf: Workflow) -> dict:
-    return {"parallelism": metrics.parallelism(wf),
-            "dependency_complexity": metrics.dependency_complexity(wf),
-            "nodes": metrics.num_nodes(wf), "edges": metrics.num_edges(wf),
-            "depth": metrics.depth(wf), "width": metrics.width(wf)}
+    return metrics.shape(wf)
 
 
 def _rule(candidates: list[UpdateCandidate]) -> int:

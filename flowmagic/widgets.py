@@ -107,13 +107,14 @@ class Panel:
         self.output = w.Output(layout=w.Layout(max_height="320px", overflow="auto"))
         self.log = w.HTML()
         self.warnings = w.HTML()
+        self.candidates = w.HTML()
         self.widget = w.VBox([
             self.title, self.drawing,
             w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
             w.HBox([self.node_picker, self.prune_button, self.rerun_button, self.output_button]),
             w.HBox([self.model_picker, self.downgrade_button]), self.slim.widget,
             self.node_info, w.HBox([self.progress, self.meter]), self.message,
-            self.output, self.warnings, self.log])
+            self.output, self.warnings, self.candidates, self.log])
         self.widget.add_class("flowmagic-panel")
         self._wire()
         from .render import LiveDrawing
@@ -248,6 +249,7 @@ class Panel:
         self.node_info.value = self._node_info()
         self.warnings.value = self._list("warnings", wf.warnings)
         self.log.value = self._list("updates", [self._update_line(e) for e in flow.update_log])
+        self.candidates.value = self._list("candidate plans", self._candidate_lines())
         self._sync_buttons()
 
     def _sync_nodes(self, ids: list[str]) -> None:
@@ -309,6 +311,12 @@ class Panel:
         if node.error:
             bits.append(f'<span style="color:{_RED}">{html.escape(node.error)}</span>')
         return "<br>".join(bits)
+
+    def _candidate_lines(self) -> list[str]:
+        from .planner import candidate_line
+
+        return [candidate_line(c, self.flow.chosen) for c in self.flow.candidates
+                if hasattr(c, "ok")]
 
     @staticmethod
     def _update_line(entry: dict) -> str:

@@ -88,7 +88,9 @@ def test_plan_then_export_gives_a_notebook_that_runs_the_nodes(server, tmp_path,
     code, out, err = flowmagic(capsys, "plan", TASK, "--k", "1", "--name", "tea",
                                "--svg", tmp_path / "plan.svg")
     assert code == 0, err
-    assert "* candidate 0 (seed 0): 3 nodes, P_avg 0.50, C 0.47" in out
+    assert "* candidate 0 (seed 0): 3 nodes, 2 edges, speed-up 1.50, P_avg 0.50, C_dependency 0.47" in out
+    assert "chosen: the only usable candidate; connected, one final subtask" in out
+    assert "selection rule: coverage" in out
     assert "guide [writer] after leaves, water: Write the guide." in out
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)
     assert (tmp_path / "plan.svg").read_text().lstrip().startswith(("<?xml", "<svg", "//"))

@@ -165,4 +165,26 @@ def test_summary_of_an_empty_workflow_is_zeros():
     assert s == {"nodes": 0, "edges": 0, "depth": 0, "width": 0, "levels": [], "parallelism": 0.0,
                  "dependency_complexity": 0.0, "complexity": 0, "critical_path": [],
                  "critical_path_length": 0.0, "critical_path_by_duration": [],
-                 "critical_path_duration": 0.0, "failure_p": 0.1, "expected_successes": 0.0}
+                 "critical_path_duration": 0.0, "failure_p": 0.1, "expected_successes": 0.0,
+                 "speedup": 0.0, "connected": False, "sinks": []}
+
+
+@pytest.mark.parametrize("name, edges, extra, speedup, sinks, connected", [
+    ("empty", "", "", 0.0, 0, False),
+    ("single", "", "a", 1.0, 1, True),
+    ("three independent", "", "a b c", 3.0, 3, False),
+    ("workflow 1", W1, "", 4 / 3, 1, True),
+    ("workflow 2", W2, "", 4 / 3, 1, True),
+    ("chain of 4", CHAIN, "", 1.0, 1, True),
+    ("diamond 1-3-1", DIAMOND, "", 5 / 3, 1, True),
+    ("two chains", "a>b c>d", "e", 2.5, 3, False),
+])
+def test_width_aware_shape(name, edges, extra, speedup, sinks, connected):
+    wf = make(edges, extra)
+    shape = metrics.shape(wf)
+    assert shape["speedup"] == pytest.approx(speedup) == pytest.approx(metrics.speedup(wf))
+    assert shape["sinks"] == sinks == len(metrics.sinks(wf))
+    assert shape["connected"] is connected is metrics.is_connected(wf)
+    n = shape["nodes"]
+    assert shape["success_share"] == pytest.approx(shape["expected_successes"] / n if n else 0)
+    json.dumps(shape)

@@ -55,28 +55,105 @@ def candidate(index, plan_obj=None, error=None, **scores):
 # -- selection ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("plans, expected", [
-    ([CHAIN, FAN_IN, PAIRS], 2),   # P ties between FAN_IN and PAIRS: lower complexity wins
-    ([PAIRS, PAIR], 1),            # ties on P and complexity: fewer nodes wins
+    ([CHAIN, FAN_IN, PAIRS], 1),   # FAN_IN: connected, one sink, speed-up 1.5 > CHAIN's 1
+    ([PAIRS, PAIR], 1),            # PAIRS is two unconnected pieces: the connected PAIR wins
     ([PAIR, PAIR, PAIR], 0),       # ties on everything: lower index wins
-    ([CHAIN, PAIR], 1),            # higher P wins
+    ([CHAIN, PAIR], 1),            # same coverage; speed-up 2/2 = 1.0 = 3/3: fewer edges wins
     ([FAN_IN, CHAIN], 0),
 ])
 def test_selection_rule(plans, expected):
     cands = [candidate(i, p) for i, p in enumerate(plans)]
-    assert select(cands) == expected
+    assert select(cands, TASK_STEPS) == expected
+
+
+TASK_STEPS = "Build a gobang game: write the board logic, the AI player and the UI, then test it"
+
+
+def edges_plan(edges: str, isolated: str = "") -> dict:
+    """A plan from "a>c b>c" (and isolated node names)."""
+    deps: dict[str, list] = {}
+    for pair in edges.split():
+        a, b = pair.split(">")
+        deps.setdefault(a, [])
+        deps.setdefault(b, []).append(a)
+    for name in isolated.split():
+        deps.setdefault(name, [])
+    return {"subtasks": [sub(n, d) for n, d in deps.items()]}
+
+
+W1 = edges_plan("a>c b>c a>d b>d c>d")    # Flow's Workflow 1
+W2 = edges_plan("a>c b>c c>d")            # Flow's Workflow 2: same levels, fewer edges
+
+
+def test_flow_paper_workflow_2_beats_workflow_1_by_theorem_1():
+    for order in ([W1, W2], [W2, W1]):
+        cands = [candidate(i, p) for i, p in enumerate(order)]
+        chosen = select(cands, TASK_STEPS)
+        assert order[chosen] is W2
+        # The paper's own numbers are reported unchanged: P_avg ties, C_dependency favours W1.
+        w1, w2 = (c.scores for c in (cands if order[0] is W1 else cands[::-1]))
+        assert w1["parallelism"] == pytest.approx(w2["parallelism"]) == pytest.approx(1 / 3)
+        assert w1["dependency_complexity"] < w2["dependency_complexity"]
+        assert w2["expected_successes"] == pytest.approx(3.185, abs=1e-3)
+        assert w1["expected_successes"] == pytest.approx(3.060, abs=1e-3)
+        note = cands[chosen].note
+        assert note.startswith("chosen:") and "expected successes" in note and "3.185" in note
+        assert "C_dependency" in note and "\n" not in note
+
+
+GOBANG = {"subtasks": [sub("rules", agent="coder"), sub("board", agent="coder"),
+                       sub("ai", ["rules", "board"], agent="coder"),
+                       sub("ui", ["board"], agent="designer"),
+                       sub("test", ["ai", "ui"], agent="tester")]}
+GOBANG_NO_TEST = {"subtasks": GOBANG["subtasks"][:4]}
+
+
+@pytest.mark.parametrize("loser, why", [
+    ({"subtasks": [sub("game", agent="coder")]}, "one subtask for a multi-step task"),
+    (edges_plan("", "board ai ui"), "no dependencies (flat)"),
+    (edges_plan("a>b", "c"), "unconnected pieces"),
+    (GOBANG_NO_TEST, "2 final subtasks"),
+])
+def test_one_node_flat_and_loose_plans_lose_to_a_connected_plan(loser, why):
+    # Under P_avg (1/depth) every one of these beats the 3-level gobang plan.
+    for order in ([loser, GOBANG], [GOBANG, loser]):
+        cands = [candidate(i, p) for i, p in enumerate(order)]
+        assert cands[order.index(loser)].scores["parallelism"] > \
+            cands[order.index(GOBANG)].scores["parallelism"]
+        chosen = select(cands, TASK_STEPS)
+        assert order[chosen] is GOBANG
+        lost = cands[order.index(loser)].note
+        assert lost.startswith(f"lost to candidate {chosen}") and why in lost
+
+
+def test_speedup_rewards_width_not_only_shallowness():
+    # A 4-node chain against 8 nodes running 4 at once under one integrating step.
+    wide = edges_plan("a>e b>e c>e d>e e>f f>g g>h")
+    chain = edges_plan("a>b b>c c>d")
+    cands = [candidate(0, chain), candidate(1, wide)]
+    assert cands[0].scores["parallelism"] > cands[1].scores["parallelism"]
+    assert select(cands, TASK_STEPS) == 1
+    assert "speed-up |V|/T 1.60 > 1.00" in cands[1].note
+
+
+def test_a_one_step_task_may_have_a_one_node_plan():
+    one = {"subtasks": [sub("haiku")]}
+    cands = [candidate(0, one), candidate(1, PAIR)]
+    assert select(cands, "Write a haiku") == 0
+    assert select(cands, TASK_STEPS) == 1
 
 
 def test_selection_ties_are_within_1e9():
-    a = candidate(0, PAIRS, parallelism=0.5 + 4e-10, dependency_complexity=0.3)
-    b = candidate(1, PAIRS, parallelism=0.5, dependency_complexity=0.3 - 4e-10, nodes=3)
+    a = candidate(0, PAIRS, speedup=2.0 + 4e-10, success_share=0.9)
+    b = candidate(1, PAIRS, speedup=2.0, success_share=0.9 - 4e-10, nodes=3)
     assert select([a, b]) == 1          # both ties hold, so fewer nodes decides
-    c = candidate(2, PAIRS, parallelism=0.5 + 1e-6)
-    assert select([a, b, c]) == 2       # a real difference in P is not a tie
+    c = candidate(2, PAIRS, speedup=2.0 + 1e-6)
+    assert select([a, b, c]) == 2       # a real difference in speed-up is not a tie
 
 
 def test_failed_candidate_with_better_scores_is_never_chosen():
     failed = candidate(0, PAIRS, error="ModelOutputError: no JSON", parallelism=1.0,
-                       dependency_complexity=0.0, nodes=1)
+                       dependency_complexity=0.0, nodes=1, speedup=9.0, coverage=2)
     no_workflow = Candidate(index=1, seed=1, scores={"parallelism": 1.0,
                                                      "dependency_complexity": 0.0, "nodes": 1})
     chosen = candidate(2, CHAIN)
@@ -175,9 +252,12 @@ def test_k_candidates_are_concurrent_with_distinct_seeds():
     assert [c.index for c in cands] == [0, 1, 2, 3] and [c.seed for c in cands] == [10, 11, 12, 13]
 
     chain, messy, pairs, garbage = cands
-    assert chain.ok and chain.scores == pytest.approx(
-        {"parallelism": 1 / 3, "dependency_complexity": metrics.dependency_complexity(chain.workflow),
-         "nodes": 3, "edges": 2, "depth": 3, "width": 1})
+    assert chain.ok and {k: chain.scores[k] for k in ("parallelism", "dependency_complexity",
+                                                       "nodes", "edges", "depth", "width",
+                                                       "speedup", "sinks", "connected")} \
+        == pytest.approx({"parallelism": 1 / 3, "nodes": 3, "edges": 2, "depth": 3, "width": 1,
+                          "dependency_complexity": metrics.dependency_complexity(chain.workflow),
+                          "speedup": 1.0, "sinks": 1, "connected": True})
     assert messy.ok and messy.workflow.edges() == [("gather_sources", "draft")]
     assert messy.workflow.nodes["draft"].agent == "writer" and messy.warnings
     assert messy.warnings == messy.workflow.warnings
@@ -187,7 +267,9 @@ def test_k_candidates_are_concurrent_with_distinct_seeds():
     for c in (chain, messy, pairs):
         assert c.tokens_in > 0 and c.tokens_out > 0 and c.call_id and c.model == "default:m"
         assert c.workflow.task == TASK
-    assert select(cands) == 1   # MESSY and PAIRS tie on P = 1/2; MESSY has C = 0 and 2 nodes
+    # CHAIN and MESSY are connected with one sink and speed-up 1; MESSY's 2 nodes expect more
+    # successes per subtask. PAIRS (two pieces) would have won under P_avg.
+    assert select(cands) == 1
     calls = llm.store.recent_calls(10, run_id="r1")
     assert len(calls) == 4 and {c["purpose"] for c in calls} == {"plan"}
     assert {c.call_id for c in cands if c.ok} <= {c["id"] for c in calls}
@@ -288,8 +370,6 @@ def test_embedded_model_plans_three_candidates(embedded_url):
         with pytest.raises(PlanError):
             select(cands)
         return
-    best = sorted(ok, key=lambda c: (-round(c.scores["parallelism"], 9),
-                                     round(c.scores["dependency_complexity"], 9),
-                                     c.scores["nodes"], c.index))[0]
-    assert select(cands) == best.index
+    best = cands[select(cands, task)]
+    assert best.ok and best.note.startswith("chosen:")
     print(f"  chosen: {best.index}")

@@ -295,8 +295,8 @@ def test_garbage_update_is_no_change_with_the_error_recorded(reply):
 
 
 def _by_seed(body):
-    # seed 0: a chain (P_avg 1/3); seed 1: a branch (P_avg 1/2, complexity 0.47);
-    # seed 2: no change (P_avg 1/2, complexity 0). The rule picks 2.
+    # seed 0: a chain a>b>c; seed 1: a branch a>b, a>c (two final subtasks, so less coverage);
+    # seed 2: no change (a>b). 0 and 2 tie on speed-up 1.0; 2 expects more successes per node.
     return [{"subtasks": [{"id": "c", "requirement": "c", "depends_on": ["b"]}]},
             {"subtasks": [{"id": "c", "requirement": "c", "depends_on": ["a"]}]},
             {"action": "no_change"}][body["seed"]]

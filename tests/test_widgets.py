@@ -518,3 +518,23 @@ def test_chat_view_stop_button_stops_the_orchestration():
     assert "ended by stopped" in answer.outputs[0]["data"]["text/markdown"]
     assert view.shown == [m.seq for m in o.transcript] and "· forced ·" in view.title.value
     view.close()
+
+
+def test_candidate_plans_and_why_the_chosen_one_won_are_shown(server):
+    from flowmagic.planner import Candidate, score, select
+
+    flow = make_flow()
+    flat = Flow.from_dict({"subtasks": [{"id": n, "requirement": n} for n in "abc"]}).workflow
+    flow.candidates = [Candidate(0, 0, workflow=flat, scores=score(flat, flow.task)),
+                       Candidate(1, 1, workflow=flow.workflow.copy(),
+                                 scores=score(flow.workflow, flow.task)),
+                       Candidate(2, 2, error="ModelOutputError: no JSON")]
+    flow.chosen = select(flow.candidates, "load sales.csv, summarise it, plot and report")
+    panel = Panel(flow)
+    shown = panel.candidates.value
+    assert flow.chosen == 1 and "candidate plans (3)" in shown
+    assert "* candidate 1 (seed 1): 4 nodes, 4 edges, speed-up 1.33" in shown
+    assert "chosen: P_avg 0.33, C_dependency" in shown
+    assert "lost to candidate 1: connected, one final subtask; candidate 0: no dependencies" in shown
+    assert "candidate 2 (seed 2): failed: ModelOutputError: no JSON" in shown
+    panel.close()
