@@ -276,6 +276,7 @@ class LLM:
                 return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
                              hit["output_tokens"], 0.0, 0.0, True, call_id,
                              hit.get("finish_reason"), key, hit.get("tool_calls"))
+        self.store.check_writable()   # a paid call whose answer could not be kept: refuse first
         started = time.perf_counter()
         try:
             raw, attempts = await self._call_with_retries(

@@ -8,23 +8,62 @@ receives an API key: callers pass messages and parameters, never headers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import StoreError
 
-__all__ = ["Store", "get_store", "home", "MIGRATIONS"]
+__all__ = ["Store", "get_store", "home", "MIGRATIONS", "add_secret_source"]
+
+_FIX_HOME = "set FLOWMAGIC_HOME to a writable folder"
+# Who can tell the store which texts are secrets (the endpoints' API keys): every string
+# written is scrubbed of them, so no key reaches the file whatever the caller passed.
+_secret_sources: list[Callable[[], Iterable[str]]] = []
+
+
+def add_secret_source(source: Callable[[], Iterable[str]]) -> None:
+    """Register a function returning the secrets (API keys) to scrub from every write."""
+    if source not in _secret_sources:
+        _secret_sources.append(source)
+
+
+def _secrets() -> list[str]:
+    found: set[str] = set()
+    for source in _secret_sources:
+        found.update(s for s in source() if s)
+    return sorted(found, key=len, reverse=True)
+
+
+def _scrub_args(args: tuple, secrets: list[str]) -> tuple:
+    if not secrets:
+        return args
+    out = []
+    for value in args:
+        if isinstance(value, str):
+            for secret in secrets:
+                if secret in value:
+                    value = value.replace(secret, "[key hidden]")
+        out.append(value)
+    return tuple(out)
 
 
 def home() -> Path:
     """The flowmagic home folder ($FLOWMAGIC_HOME or ~/.flowmagic), created on demand."""
     path = Path(os.environ.get("FLOWMAGIC_HOME") or Path.home() / ".flowmagic").expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"FLOWMAGIC_HOME {path} is a file, not a folder; {_FIX_HOME}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot use {path} as the flowmagic home ({exc.strerror or exc}); "
+                         f"{_FIX_HOME}") from None
     return path
 
 
@@ -154,24 +193,147 @@ def _dumps(value: Any) -> str:
     return text
 
 
+_DAMAGED = ("file is not a database", "malformed", "database corrupt")
+_READ_ONLY = ("readonly", "read-only", "unable to open database file")
+
+
 class Store:
-    """A thread-safe handle on the SQLite file (one connection, one lock)."""
+    """A thread-safe handle on the SQLite file (one connection, one lock).
+
+    Every SQLite failure leaves as one `StoreError` line that says what and how to fix it.
+    A file that is not a database (or is damaged beyond opening) is moved aside, with its
+    WAL, to `flowmagic.db.damaged-<time>` and a new store begins (`self.notice` says where
+    the old one went). A store that cannot be written is opened read-only: what it holds
+    can be read, and every write says why it cannot be made.
+    """
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else home() / "flowmagic.db"
+        self.read_only = False
+        self.notice: str | None = None
+        self._lock = threading.RLock()
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            if not any(k in str(exc).lower() for k in _DAMAGED):
+                raise self._error(exc, "open") from None
+            backup = self._move_aside()
+            self.notice = (f"the store at {self.path} was damaged ({exc}); it was moved to "
+                           f"{backup} and a new one started (`sqlite3 {backup} .recover` may "
+                           "get old runs back)")
+            print(f"flowmagic: {self.notice}", file=sys.stderr)
+            try:
+                self._open()
+            except sqlite3.Error as again:
+                raise self._error(again, "open") from None
+
+    def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot open the flowmagic store at {self.path} "
+                             f"({exc.strerror or exc}); {_FIX_HOME}") from None
+        if self.path.is_dir():
+            raise StoreError(f"the flowmagic store {self.path} is a folder, not a file; "
+                             f"{_FIX_HOME}")
+        try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"cannot open the flowmagic store at {self.path} ({exc}); "
-                "set FLOWMAGIC_HOME to a writable folder"
-            ) from None
-        self._lock = threading.RLock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._migrate()
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except sqlite3.OperationalError as exc:
+            if not any(k in str(exc).lower() for k in _READ_ONLY) or not self.path.is_file():
+                raise
+            self._open_read_only(exc)
+
+    def _open_read_only(self, why: Exception) -> None:
+        """A store we may read but not write (a read-only file, folder or mount)."""
+        with contextlib.suppress(sqlite3.Error, AttributeError):
+            self._db.close()
+        uri = self.path.resolve().as_uri()
+        for options in ("mode=ro", "mode=ro&immutable=1"):   # immutable: no -shm possible
+            try:
+                self._db = sqlite3.connect(f"{uri}?{options}", uri=True,
+                                           check_same_thread=False, isolation_level=None)
+                done = {row[0] for row in self._db.execute("SELECT name FROM _migrations")}
+                break
+            except sqlite3.OperationalError:
+                continue
+        else:
+            raise StoreError(f"cannot open the flowmagic store at {self.path} ({why}); "
+                             f"{_FIX_HOME}")
+        if {fn.__name__ for fn in MIGRATIONS} - done:
+            raise StoreError(f"the store at {self.path} is read-only and needs an upgrade "
+                             f"flowmagic cannot write ({why}); make it writable or {_FIX_HOME}")
+        self.read_only = True
+
+    def _move_aside(self) -> Path:
+        with contextlib.suppress(sqlite3.Error, AttributeError):
+            self._db.close()
+        backup = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                part = Path(f"{self.path}{suffix}")
+                if part.exists():
+                    part.rename(f"{backup}{suffix}")
+        except OSError as exc:
+            raise StoreError(f"the store at {self.path} is damaged and cannot be moved aside "
+                             f"({exc.strerror or exc}); move it away yourself or "
+                             f"{_FIX_HOME}") from None
+        return backup
+
+    def _error(self, exc: sqlite3.Error, doing: str) -> StoreError:
+        """One line for a SQLite failure: what happened and what to do."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        low = text.lower()
+        if "full" in low:
+            msg = (f"the disk holding the store {self.path} is full ({text}); free some space "
+                   "and run again (everything finished before is in the store)")
+        elif self.read_only or any(k in low for k in ("readonly", "read-only")):
+            msg = (f"the store at {self.path} is read-only, so flowmagic can show what it holds "
+                   f"but cannot {doing}; make it writable or {_FIX_HOME}")
+        elif any(k in low for k in _DAMAGED):
+            msg = (f"the store at {self.path} is damaged ({text}); move it aside "
+                   f"(mv {self.path} {self.path}.bak; `sqlite3 {self.path}.bak .recover` may "
+                   "get old runs back) and run again")
+        elif "locked" in low or "busy" in low:
+            msg = (f"the store at {self.path} stayed locked by another process for 5 s "
+                   f"({text}); wait for it to finish and run again")
+        else:
+            msg = f"the store at {self.path} failed to {doing} ({text}); {_FIX_HOME} if it persists"
+        return StoreError(msg)
+
+    @contextlib.contextmanager
+    def _guard(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(exc, doing) from None
+
+    @contextlib.contextmanager
+    def _transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """BEGIN ... COMMIT under the lock; on failure a rollback that cannot hide the cause
+        (SQLite has already rolled back after "database or disk is full")."""
+        with self._lock, self._guard(doing):
+            self._check_writable(doing)
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
+
+    def _check_writable(self, doing: str) -> None:
+        if self.read_only:
+            raise self._error(sqlite3.OperationalError("read-only"), doing)
+
+    def check_writable(self) -> None:
+        """Raise StoreError now when nothing could be recorded (before a paid call)."""
+        self._check_writable("record model calls or runs")
 
     # -- schema -------------------------------------------------------------
     def _migrate(self) -> None:
@@ -197,26 +359,49 @@ class Store:
                     )
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
                     raise
 
     def columns(self, table: str) -> list[str]:
-        with self._lock:
+        with self._lock, self._guard("read its schema"):
             return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
-        with self._lock:
+    def _execute(self, sql: str, args: tuple = (), doing: str = "record this") -> sqlite3.Cursor:
+        """One write (secrets scrubbed from its texts) or one small read."""
+        write = not sql.lstrip().upper().startswith("SELECT")
+        with self._lock, self._guard(doing):
+            if write:
+                self._check_writable(doing)
+                args = _scrub_args(args, _secrets())
             return self._db.execute(sql, args)
 
-    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
+    def _executemany(self, db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
+        secrets = _secrets()
+        db.executemany(sql, [_scrub_args(row, secrets) for row in rows])
+
+    def _query(self, sql: str, args: tuple = (), doing: str = "read") -> list[dict]:
+        with self._lock, self._guard(doing):
             cur = self._db.execute(sql, args)
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def _loads(self, text: str | None, table: str, key: Any) -> Any:
+        """A JSON column; a damaged one is one line naming the row and how to drop it."""
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise StoreError(
+                f"the store at {self.path} holds damaged JSON in table {table} ({key}); "
+                f"delete that row (sqlite3 {self.path} \"DELETE FROM {table} WHERE {key}\") "
+                "or move the store aside, then run again") from None
 
     # -- calls and cache ----------------------------------------------------
     def log_call(self, *, endpoint: str, model: str, messages: Any, params: dict,
@@ -231,16 +416,16 @@ class Store:
             (time.time(), endpoint, model, _dumps(messages), _dumps(params),
              None if response is None else _dumps(response), input_tokens, output_tokens,
              latency_s, cost_usd, cache_key, int(cached), error, run_id, node_id, purpose),
-        )
+            doing="record the model call")
         return int(cur.lastrowid)
 
     def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
         where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+        n = max(0, min(int(n), 2**62))   # SQLite integers are 64-bit
         rows = self._query(f"SELECT * FROM calls {where} ORDER BY id DESC LIMIT ?", (*args, n))
         for row in rows:
             for key in ("messages", "params", "response"):
-                if row[key] is not None:
-                    row[key] = json.loads(row[key])
+                row[key] = self._loads(row[key], "calls", f"id = {row['id']}")
             row["cached"] = bool(row["cached"])
         return rows
 
@@ -263,97 +448,85 @@ class Store:
         return int(self._execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
 
     def cache_get(self, key: str) -> dict | None:
-        row = self._execute("SELECT payload FROM cache WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        rows = self._query("SELECT payload FROM cache WHERE key = ?", (key,))
+        try:   # a damaged cache entry is a miss: the call is made again and replaces it
+            return json.loads(rows[0]["payload"]) if rows else None
+        except ValueError:
+            return None
 
     def cache_put(self, key: str, payload: dict) -> None:
         self._execute(
             "INSERT OR REPLACE INTO cache (key, payload, created) VALUES (?, ?, ?)",
-            (key, _dumps(payload), time.time()),
-        )
+            (key, _dumps(payload), time.time()), doing="cache the answer")
 
     # -- runs ---------------------------------------------------------------
     def save_run(self, run_id: str, *, task: str, workflow: dict, name: str | None = None,
                  status: str = "planned", candidates: Any = None, settings: Any = None,
                  result: str | None = None) -> None:
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.execute(
-                    "INSERT INTO runs (id, name, task, created, updated, status, workflow,"
-                    " candidates, settings, result) VALUES (?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT(id) DO UPDATE SET name=excluded.name, task=excluded.task,"
-                    " updated=excluded.updated, status=excluded.status,"
-                    " workflow=excluded.workflow,"
-                    " candidates=COALESCE(excluded.candidates, runs.candidates),"
-                    " settings=COALESCE(excluded.settings, runs.settings),"
-                    " result=excluded.result",
-                    (run_id, name, task, now, now, status, _dumps(workflow),
-                     None if candidates is None else _dumps(candidates),
-                     None if settings is None else _dumps(settings), result),
-                )
-                # The workflow's structure lives in runs.workflow; per-node rows hold
-                # the latest state so a single node change is one small write.
-                self._db.execute("DELETE FROM nodes WHERE run_id = ?", (run_id,))
-                self._db.executemany(
-                    "INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
-                    [(run_id, n["id"], _dumps(n), now) for n in workflow.get("nodes", [])],
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._transaction("save the run") as db:
+            db.execute(
+                "INSERT INTO runs (id, name, task, created, updated, status, workflow,"
+                " candidates, settings, result) VALUES (?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(id) DO UPDATE SET name=excluded.name, task=excluded.task,"
+                " updated=excluded.updated, status=excluded.status,"
+                " workflow=excluded.workflow,"
+                " candidates=COALESCE(excluded.candidates, runs.candidates),"
+                " settings=COALESCE(excluded.settings, runs.settings),"
+                " result=excluded.result",
+                _scrub_args((run_id, name, task, now, now, status, _dumps(workflow),
+                             None if candidates is None else _dumps(candidates),
+                             None if settings is None else _dumps(settings), result),
+                            _secrets()),
+            )
+            # The workflow's structure lives in runs.workflow; per-node rows hold
+            # the latest state so a single node change is one small write.
+            db.execute("DELETE FROM nodes WHERE run_id = ?", (run_id,))
+            self._executemany(
+                db, "INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
+                [(run_id, n["id"], _dumps(n), now) for n in workflow.get("nodes", [])],
+            )
 
     def save_node(self, run_id: str, node: dict) -> None:
         self._execute(
             "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
-            (run_id, node["id"], _dumps(node), time.time()),
-        )
+            (run_id, node["id"], _dumps(node), time.time()), doing="save the node")
 
     def write_batch(self, run_id: str, nodes: list[dict], events: list[tuple]) -> None:
         """Latest node states and events (kind, node_id, data) in one commit."""
         now = time.time()
         rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated)"
-                    " VALUES (?, ?, ?, ?)", rows)
-                self._db.executemany(
-                    "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
-                    [(run_id, node_id, now, kind, None if data is None else _dumps(data))
-                     for kind, node_id, data in events])
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._transaction("save node states") as db:
+            self._executemany(
+                db, "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated)"
+                " VALUES (?, ?, ?, ?)", rows)
+            self._executemany(
+                db, "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
+                [(run_id, node_id, now, kind, None if data is None else _dumps(data))
+                 for kind, node_id, data in events])
 
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:
         self._execute(
             "UPDATE runs SET status = ?, updated = ?, result = COALESCE(?, result) WHERE id = ?",
-            (status, time.time(), result, run_id),
-        )
+            (status, time.time(), result, run_id), doing="save the run status")
 
     def add_event(self, run_id: str, kind: str, node_id: str | None = None,
                   data: Any = None) -> None:
         self._execute(
             "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
             (run_id, node_id, time.time(), kind, None if data is None else _dumps(data)),
-        )
+            doing="record the event")
 
     def events(self, run_id: str) -> list[dict]:
         rows = self._query("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
         for row in rows:
-            row["data"] = json.loads(row["data"]) if row["data"] else None
+            row["data"] = self._loads(row["data"] or None, "events", f"id = {row['id']}")
         return rows
 
     def add_update(self, run_id: str, data: dict) -> None:
         self._execute(
             "INSERT INTO updates (run_id, ts, data) VALUES (?,?,?)",
-            (run_id, time.time(), _dumps(data)),
-        )
+            (run_id, time.time(), _dumps(data)), doing="record the update")
 
     # -- tool calls and orchestrator transcripts -------------------------------
     def add_tool_call(self, run_id: str | None, node_id: str | None, *, tool: str,
@@ -364,7 +537,7 @@ class Store:
             "INSERT INTO tool_calls (run_id, node_id, ts, tool, arguments, result, duration_s,"
             " error, round, protocol) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (run_id, node_id, time.time(), tool, _dumps(arguments), result, duration_s, error,
-             round, protocol))
+             round, protocol), doing="record the tool call")
         return int(cur.lastrowid)
 
     def tool_calls(self, run_id: str, node_id: str | None = None) -> list[dict]:
@@ -374,7 +547,8 @@ class Store:
             args.append(node_id)
         rows = self._query(sql + " ORDER BY id", tuple(args))
         for row in rows:
-            row["arguments"] = json.loads(row["arguments"]) if row["arguments"] else None
+            row["arguments"] = self._loads(row["arguments"] or None, "tool_calls",
+                                           f"id = {row['id']}")
         return rows
 
     def add_message(self, run_id: str, message: dict) -> int:
@@ -386,7 +560,7 @@ class Store:
             (run_id, m["seq"], m["turn"], m.get("time") or time.time(), m["sender"],
              m["recipient"], m.get("kind") or "message", m.get("content"),
              m.get("tokens_in") or 0, m.get("tokens_out") or 0, m.get("cost_usd") or 0.0,
-             int(bool(m.get("cached"))), m.get("call_id")))
+             int(bool(m.get("cached"))), m.get("call_id")), doing="record the message")
         return int(cur.lastrowid)
 
     def transcript(self, run_id: str) -> list[dict]:
@@ -404,13 +578,19 @@ class Store:
             known = ", ".join(r["id"] for r in self.list_runs(5)) or "none yet"
             raise StoreError(f"no run {run_id!r} in {self.path}; recent runs: {known}")
         run = rows[0]
+        where = f"id = '{run['id']}'"
         for key in ("workflow", "candidates", "settings"):
-            run[key] = json.loads(run[key]) if run[key] else None
-        latest = {r["node_id"]: json.loads(r["data"]) for r in
-                  self._query("SELECT node_id, data FROM nodes WHERE run_id = ?", (run["id"],))}
+            run[key] = self._loads(run[key] or None, "runs", where)
+        if not isinstance(run["workflow"], dict) or not isinstance(
+                run["workflow"].get("nodes"), list):
+            self._loads("{", "runs", where)   # raises the same one line as bad JSON
+        latest = {r["node_id"]: self._loads(r["data"], "nodes",
+                                            f"run_{where} AND node_id = '{r['node_id']}'")
+                  for r in self._query("SELECT node_id, data FROM nodes WHERE run_id = ?",
+                                       (run["id"],))}
         run["workflow"]["nodes"] = [latest.get(n["id"], n) for n in run["workflow"]["nodes"]]
-        run["updates"] = [json.loads(r["data"]) for r in self._query(
-            "SELECT data FROM updates WHERE run_id = ? ORDER BY id", (run["id"],))]
+        run["updates"] = [self._loads(r["data"], "updates", f"id = {r['id']}") for r in self._query(
+            "SELECT id, data FROM updates WHERE run_id = ? ORDER BY id", (run["id"],))]
         return run
 
     def list_runs(self, n: int = 20) -> list[dict]:

@@ -1,6 +1,10 @@
 """The SQLite store: exact schema, migrations recorded, runs round-trip, clear errors."""
 
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -66,3 +70,133 @@ def test_run_round_trip_with_latest_node_state(tmp_path):
     assert [e["kind"] for e in store.events("r1")] == ["finished"]
     with pytest.raises(StoreError, match="recent runs: r1"):
         store.load_run("nope")
+
+
+# ------------------------------------------------------------------ hostile stores (issue 19)
+# Each fault reaches the user through a door (the `flowmagic` command) and must end in one
+# `flowmagic:` line on stderr that says what and how to fix it; nothing is lost.
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    from flowmagic import cli
+
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("flowmagic: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _logged_store(path, n: int = 3) -> None:
+    store = Store(path)
+    for i in range(n):
+        store.log_call(endpoint="e", model="m", messages=[{"role": "user", "content": f"q{i}"}],
+                       params={}, response={"text": f"a{i}"})
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "header-only", "empty-pages"])
+def test_damaged_store_is_moved_aside_and_a_new_one_starts(tmp_path, monkeypatch, capsys, damage):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
+    db = home / "flowmagic.db"
+    _logged_store(tmp_path / "good.db", 200)
+    good = (tmp_path / "good.db").read_bytes()
+    db.write_bytes({"garbage": b"not a database " * 500, "truncated": good[: len(good) // 2],
+                    "header-only": good[:100], "empty-pages": good[:4096] + bytes(8192)}[damage])
+    before = db.read_bytes()
+    code, out, err = _cli(capsys, "log")
+    line = _one_line(err)
+    backup = next(home.glob("flowmagic.db.damaged-*"))
+    assert str(backup) in line and "moved" in line
+    assert backup.read_bytes() == before            # nothing the user had is lost
+    assert code == 0 and "no model calls logged yet" in out
+    Store(db).log_call(endpoint="e", model="m", messages=[], params={})   # the new one works
+
+
+def test_home_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "home"
+    blocker.write_text("a file")
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(blocker))
+    code, _, err = _cli(capsys, "log")
+    assert code == 1 and "is a file" in _one_line(err) and "FLOWMAGIC_HOME" in err
+
+
+def test_store_path_that_is_a_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    (home / "flowmagic.db").mkdir(parents=True)
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
+    code, _, err = _cli(capsys, "log")
+    assert code == 1 and "is a folder" in _one_line(err)
+
+
+def test_bad_json_in_a_table_is_one_line_naming_the_row(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
+    _logged_store(home / "flowmagic.db")
+    workflow = {"task": "t", "nodes": [{"id": "a", "status": "done", "output": "A"}], "edges": []}
+    Store(home / "flowmagic.db").save_run("r1", task="t", name="demo", workflow=workflow)
+    db = sqlite3.connect(home / "flowmagic.db")
+    db.execute("UPDATE calls SET messages = '{oops' WHERE id = 2")
+    db.execute("UPDATE nodes SET data = 'not json' WHERE node_id = 'a'")
+    db.commit()
+    code, _, err = _cli(capsys, "log")
+    line = _one_line(err)
+    assert code == 1 and "table calls (id = 2)" in line and "DELETE FROM calls WHERE id = 2" in line
+    code, _, err = _cli(capsys, "export", "demo", tmp_path / "x.ipynb")
+    assert code == 1 and "table nodes" in _one_line(err)
+    # a damaged cache entry is a miss, not an error
+    store = Store(home / "flowmagic.db")
+    store.cache_put("k", {"text": "x"})
+    sqlite3.connect(home / "flowmagic.db").execute("UPDATE cache SET payload = '[' ").connection.commit()
+    assert store.cache_get("k") is None
+
+
+def test_full_disk_says_so_instead_of_cannot_rollback(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store._db.execute("PRAGMA max_page_count = 12")   # SQLite's own "disk is full" (SQLITE_FULL)
+    workflow = {"task": "t", "nodes": [{"id": f"n{i}", "output": "x" * 2000} for i in range(40)],
+                "edges": []}
+    for write in (lambda: store.save_run("r", task="t", workflow=workflow),
+                  lambda: store.write_batch("r", workflow["nodes"], [("finished", "n1", None)]),
+                  lambda: [store.log_call(endpoint="e", model="m", messages="x" * 5000, params={})
+                           for _ in range(40)]):
+        with pytest.raises(StoreError) as info:
+            write()
+        message = str(info.value)
+        assert "full" in message and "rollback" not in message and "\n" not in message
+    assert store.list_runs() == []   # the failed transaction left nothing half-written
+
+
+def _bwrap_read_only(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run argv with the whole file system mounted read-only (as a shared or archived store
+    would be); root ignores file modes, a read-only mount it cannot."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap (bwrap) is not installed; `make test` installs it")
+    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "true"],
+                           capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"this machine does not let bwrap mount: {probe.stderr.decode()[:100]}")
+    return subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                           *argv], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_read_only_store_can_be_read_and_refuses_writes_in_one_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    _logged_store(home / "flowmagic.db")
+    env = {**os.environ, "FLOWMAGIC_HOME": str(home), "FLOWMAGIC_BASE_URL": "http://127.0.0.1:9/v1",
+           "FLOWMAGIC_MODEL": "m"}
+    log = _bwrap_read_only([sys.executable, "-m", "flowmagic.cli", "log"], env)
+    assert log.returncode == 0, log.stderr
+    assert "Traceback" not in log.stderr and log.stdout.count(" call ") == 3
+    plan = _bwrap_read_only([sys.executable, "-m", "flowmagic.cli", "plan", "make tea"], env)
+    assert plan.returncode == 1 and "Traceback" not in plan.stderr
+    line = [x for x in plan.stderr.splitlines() if x.startswith("flowmagic:")]
+    assert len(line) == 1 and "read-only" in line[0] and "FLOWMAGIC_HOME" in line[0], plan.stderr
