@@ -12,7 +12,7 @@ import html
 import time
 from typing import Any
 
-__all__ = ["Report", "table", "html_table", "describe", "list_report", "cost_report",
+__all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report", "cost_report",
            "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
            "importance_cells", "importance_report", "importance_html", "slim_report",
            "slim_html", "slim_line"]
@@ -43,14 +43,22 @@ class Report:
         return data, {"flowmagic": {"run": self.run}}
 
 
+# Dollar amounts between two `$` would be typeset as maths by JupyterLab (Markdown goes through
+# MathJax across whole rows); tables are HTML, inside a block MathJax is told to skip.
+_NO_MATH = "flowmagic-table tex2jax_ignore mathjax_ignore"
+
+
 def table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
-    """(aligned text, Markdown) of the same table."""
+    """(aligned text, HTML) of the same table; the HTML survives MathJax (see _NO_MATH)."""
     cells = [[str(c) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-    md = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells[1:]]
-    return text, "\n".join(md)
+    return text, no_math(html_table(header, rows))
+
+
+def no_math(*parts: str) -> str:
+    """HTML parts in one block that MathJax leaves alone."""
+    return f'<div class="{_NO_MATH}">{"".join(parts)}</div>'
 
 
 def html_table(header: list[str], rows: list[list[Any]], css_class: str = "") -> str:
@@ -85,15 +93,16 @@ def list_report(flows: dict, runs: list[dict]) -> Report:
     rows = [[name, f.run_id, f.status, f"{f.counts().get('done', 0)}/{f.total()}",
              f"${f.spent_usd:.4f}", f.task.splitlines()[0][:50] if f.task else ""]
             for name, f in flows.items()]
-    text, md = table(["flow", "run", "status", "done", "cost", "task"], rows)
+    text, flows_html = table(["flow", "run", "status", "done", "cost", "task"], rows)
     stored = [[r["id"], r["name"] or "", r["status"],
                time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"])),
                (r["task"] or "").splitlines()[0][:50] if r["task"] else ""] for r in runs]
-    s_text, s_md = table(["run", "name", "status", "updated", "task"], stored)
+    s_text, s_html = table(["run", "name", "status", "updated", "task"], stored)
     none = "no flows in this notebook yet (make one with a %%flow NAME cell)"
     text = (text if rows else none) + "\n\nrecent runs (flowmagic.load(RUN)):\n" + s_text
-    md = (md if rows else none) + "\n\n**recent runs** (`flowmagic.load(RUN)`)\n\n" + s_md
-    return Report(text, md)
+    page = ((flows_html if rows else f"<p>{html.escape(none)}</p>")
+            + "<p><b>recent runs</b> (<code>flowmagic.load(RUN)</code>)</p>" + s_html)
+    return Report(text, html=page)
 
 
 def cost_report(flow) -> Report:
@@ -104,9 +113,9 @@ def cost_report(flow) -> Report:
     t = cost["total"]
     rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
                  t["output_tokens"], f"${t['cost_usd']:.6f}"])
-    text, md = table(["purpose", "node", "model", "calls", "cached", "tokens in",
-                      "tokens out", "USD"], rows)
-    return Report(text, md, run=flow.run_id)
+    text, page = table(["purpose", "node", "model", "calls", "cached", "tokens in",
+                        "tokens out", "USD"], rows)
+    return Report(text, html=page, run=flow.run_id)
 
 
 def timeline_report(flow) -> Report:
@@ -134,13 +143,13 @@ def models_report(key_vars: tuple[str, ...]) -> Report:
         key = "not needed" if ep.local else d["key"]
         tick = "✓" if d["key_set"] else "✗"
         rows.append([tick, d["name"], d["base_url"], d["model"] or "(first listed)", key])
-    text, md = table(["key", "endpoint", "base URL", "model", "key from"], rows)
+    text, page = table(["key", "endpoint", "base URL", "model", "key from"], rows)
     env = [[("✓" if os.environ.get(v) else "✗"), v] for v in key_vars]
-    e_text, e_md = table(["set", "environment variable"], env)
+    e_text, e_html = table(["set", "environment variable"], env)
     prices = [[name, f"{p[0]:g}", f"{p[1]:g}"] for name, p in
               sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0]))]
-    p_text, p_md = table(["model", "USD/1M in", "USD/1M out"], prices)
-    return Report(f"{text}\n\n{e_text}\n\n{p_text}", f"{md}\n\n{e_md}\n\n{p_md}")
+    p_text, p_html = table(["model", "USD/1M in", "USD/1M out"], prices)
+    return Report(f"{text}\n\n{e_text}\n\n{p_text}", html=page + e_html + p_html)
 
 
 def log_report(calls: list[dict]) -> Report:
@@ -149,9 +158,9 @@ def log_report(calls: list[dict]) -> Report:
              c["output_tokens"] or 0, f"{c['latency_s'] or 0:.2f}",
              f"${c['cost_usd'] or 0:.6f}", "yes" if c["cached"] else "",
              (c["error"] or "")[:60]] for c in calls]
-    text, md = table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
-                      "cached", "error"], rows)
-    return Report(text if rows else "no model calls yet", md if rows else None)
+    text, page = table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
+                        "cached", "error"], rows)
+    return Report(text if rows else "no model calls yet", html=page if rows else None)
 
 
 # -- slimming ------------------------------------------------------------------------------------
@@ -174,15 +183,14 @@ def _importance_head(imp) -> str:
 
 
 def importance_report(imp, run: str | None = None) -> Report:
-    text, md = table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()))
-    head = _importance_head(imp)
-    return Report(f"{head}\n{text}", f"**{head}**\n\n{md}", run=run)
+    text, _ = table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()))
+    return Report(f"{_importance_head(imp)}\n{text}", html=importance_html(imp), run=run)
 
 
 def importance_html(imp) -> str:
-    return (f"<div>{html.escape(_importance_head(imp))}</div>"
-            + html_table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()),
-                         "flowmagic-importance"))
+    return no_math(f"<div><b>{html.escape(_importance_head(imp))}</b></div>",
+                   html_table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()),
+                              "flowmagic-importance"))
 
 
 def slim_line(report, name: str) -> str:
@@ -197,10 +205,10 @@ def slim_report(report, name: str, bound: str | None = None, run: str | None = N
     line += (f"; the slimmed flow is {bound} (%flow show {bound})" if bound else
              f"; get it with flow2, report = {name}.last_slim")
     return Report(f"{line}\n{report.text()}", svg=report.svg(), run=run,
-                  html=f"<div><b>{html.escape(line)}</b></div>{slim_html(report)}")
+                  html=no_math(f"<div><b>{html.escape(line)}</b></div>", slim_html(report)))
 
 
 def slim_html(report) -> str:
     """The report's text and its cost-versus-score plot (SVG needs no escaping: pareto.py
     escapes every label it writes)."""
-    return f"<pre>{html.escape(report.text())}</pre>{report.svg()}"
+    return no_math(f"<pre>{html.escape(report.text())}</pre>", report.svg())

@@ -107,9 +107,9 @@ def ensure_server(timeout: float = 90.0) -> str:
             raise EndpointError(f"the embedded model server did not start in {timeout:g} s; "
                                 f"see {log_path}")
         _url = url
-        if not _noticed:
-            _noticed = True
-            print(_NOTICE, file=sys.stderr)
+        if not _noticed:   # once per process (a kernel), as information: not on stderr,
+            _noticed = True  # which a notebook paints red as if something had failed
+            print(_NOTICE, flush=True)
         return url
 
 

@@ -8,7 +8,8 @@ cell returns at once and the panel's buttons stay live.
 
 Defaults come, weakest first, from flowmagic's own, `[tool.flowmagic]` in the project's
 pyproject.toml, `%config FlowMagics.default_model = ...`, `%flow config key=value`, and
-the cell's options. Errors flowmagic raises (`FlowError`) print one line on stderr;
+the cell's options. Errors flowmagic raises (`FlowError`) become IPython's `UsageError`:
+one line on stderr, and the cell fails, so Run All and papermill stop at a broken flow;
 `--debug` (or `%config FlowMagics.debug = True`) shows the traceback instead.
 """
 
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
@@ -26,7 +28,7 @@ from .aio import run_blocking
 from .display import Report, table
 from .errors import BudgetError, ConfigError, FlowError
 from .parsers import (Command, command_usage, interpolate, parse_assignments,
-                      parse_command, parse_flow_line, parse_slim_options)
+                      parse_command, parse_flow_line, parse_slim_options, single_brace_names)
 
 __all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
            "pyproject_settings"]
@@ -62,6 +64,11 @@ def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
     return {}, None
 
 
+def _fail(exc: FlowError) -> UsageError:
+    """The one line a user error shows; as a UsageError it also fails the cell."""
+    return UsageError(f"flowmagic: {exc}")
+
+
 def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
     """Await `make()` to the end (a cell runs inside the kernel's loop: see aio)."""
     return run_blocking(make, llm=llm, name="flowmagic-plan")
@@ -90,6 +97,7 @@ class FlowMagics(Magics):
     def __init__(self, shell=None, **kwargs: Any):
         super().__init__(shell=shell, **kwargs)
         self.pyproject: Path | None = None
+        self._brace_warned: set[str] = set()
         try:
             given, self.pyproject = pyproject_settings()
             configured = set(self.config.get("FlowMagics", {})) if self.config else set()
@@ -109,8 +117,7 @@ class FlowMagics(Magics):
         except FlowError as exc:
             if debug:
                 raise
-            print(f"flowmagic: {exc}", file=sys.stderr)
-            return None
+            raise _fail(exc) from None
 
     def handle_command(self, command: Command):
         return getattr(self, f"handle_{command.name}")(*command.args)
@@ -121,7 +128,10 @@ class FlowMagics(Magics):
         if args.help:
             print(command_usage())
             return None
+        self._check_free(args.name, args.force)
         task = interpolate(cell, self.shell.user_ns) if args.interpolate else cell
+        if args.interpolate:
+            self._warn_single_braces(cell)
         settings = self.flow_settings(args.settings)
         tools = None
         if args.tools:
@@ -131,6 +141,7 @@ class FlowMagics(Magics):
             return self.handle_orchestrate(args, task, settings, tools)
         from .flow import aplan
 
+        self._stop_previous(args.name)
         flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, **settings))
         self.shell.user_ns[args.name] = flow
         panel = self._show(flow)
@@ -156,6 +167,7 @@ class FlowMagics(Magics):
                             name=args.name, seed=settings.get("seed") or 0,
                             max_tokens=settings.get("max_tokens", 512),
                             temperature=settings.get("temperature"))
+        self._stop_previous(args.name)
         self.shell.user_ns[args.name] = orch
         if self._in_kernel():
             from .widgets import ChatView
@@ -165,6 +177,45 @@ class FlowMagics(Magics):
         outcome = _run_blocking(orch.run)
         print(f"{outcome!r}\n{outcome.answer}")
         return None
+
+    def _check_free(self, name: str, force: bool) -> None:
+        """NAME may hold nothing yet, or an earlier flow or orchestrator; anything else (a
+        DataFrame, `get_ipython`, a builtin) is kept unless --force."""
+        import builtins
+
+        from .flow import Flow
+
+        ns = self.shell.user_ns
+        value = ns[name] if name in ns else getattr(builtins, name, None)
+        ours = (Flow,)
+        if "flowmagic.orchestrator" in sys.modules:
+            ours += (sys.modules["flowmagic.orchestrator"].Orchestrator,)
+        if force or value is None and name not in ns or isinstance(value, ours):
+            return
+        what = "a builtin" if name not in ns else f"a {type(value).__name__}"
+        raise ConfigError(f"{name!r} already holds {what} in this notebook; pick another flow "
+                          f"name (%%flow NAME), or add --force to replace it")
+
+    def _stop_previous(self, name: str) -> None:
+        """Re-running a cell while its flow still runs: stop the old run first, and say so
+        (it would go on calling the model with no panel left to stop it)."""
+        old = self.shell.user_ns.get(name)
+        if not getattr(old, "busy", False):
+            return
+        old.stop()
+        run = getattr(old, "run_id", None)
+        print(f"flowmagic: stopped the earlier run of {name!r}"
+              f"{f' ({run})' if run else ''} that was still going; finished nodes are kept "
+              f"(flowmagic.load({run or name!r}))")
+
+    def _warn_single_braces(self, cell: str) -> None:
+        """`{var}` (jupyter-ai's style) goes to the model as written: say so once per name."""
+        names = single_brace_names(cell, self.shell.user_ns, skip=self._brace_warned)
+        hidden = getattr(self.shell, "user_ns_hidden", {})
+        for name in [n for n in names if n not in hidden]:
+            self._brace_warned.add(name)
+            print(f"flowmagic: {{{name}}} in the task goes to the model as written, though "
+                  f"{name} is a variable here; did you mean {{{{{name}}}}}? (said once)")
 
     def flow_settings(self, given: dict | None = None) -> dict:
         """The settings a new flow gets: defaults, then the cell's options."""
@@ -348,9 +399,9 @@ class FlowMagics(Magics):
         rows = [[key, repr(getattr(self, trait))] for key, trait in _TRAITS.items()]
         rows += [[key, repr(value)] for key, value in self.settings.items()]
         rows.append(["debug", repr(self.debug)])
-        text, md = table(["setting", "value"], rows)
+        text, page = table(["setting", "value"], rows)
         where = f"\n(also read from {self.pyproject})" if self.pyproject else ""
-        return Report(text + where, md)
+        return Report(text + where, html=page)
 
     def _apply(self, values: dict, *, skip: set = frozenset(), source: str = "") -> None:
         """Set defaults by short name (k=2) or trait name (default_k=2), all checked first."""
@@ -417,8 +468,7 @@ def _notebook_magics(shell, magics: FlowMagics) -> None:
             except FlowError as exc:
                 if debug:
                     raise
-                print(f"flowmagic: {exc}", file=sys.stderr)
-                return None
+                raise _fail(exc) from None
         shell.register_magic_function(magic, magic_kind="cell", magic_name=name)
 
 

@@ -418,6 +418,11 @@ class Orchestrator:
     def done(self) -> bool:
         return self._task is not None and self._task.done()
 
+    @property
+    def busy(self) -> bool:
+        """Started in a notebook and not finished (stop() ends it)."""
+        return self._task is not None and not self._task.done()
+
 
 async def aorchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
                        max_turns: int | None = 8, model: str | None = None,

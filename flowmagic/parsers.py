@@ -19,7 +19,7 @@ from .errors import ConfigError
 
 __all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
            "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
-           "parse_cheaper", "parse_slim_options"]
+           "parse_cheaper", "parse_slim_options", "single_brace_names"]
 
 # name -> (argument names, one line of help)
 SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -47,11 +47,12 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
 _VARIADIC = {"config": (0, None), "log": (0, 1), "slim": (1, 5)}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
+_SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 
 FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
-              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--debug] "
-              "[--tools FN1,FN2] [--mode aov|orchestrate [--agents A,B] [--budget-s S] "
+              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--force] "
+              "[--debug] [--tools FN1,FN2] [--mode aov|orchestrate [--agents A,B] [--budget-s S] "
               "[--max-turns N]]")
 
 
@@ -63,6 +64,7 @@ class FlowArgs:
     interpolate: bool = True
     debug: bool = False
     help: bool = False
+    force: bool = False                # replace whatever NAME holds in the notebook
     settings: dict[str, Any] = field(default_factory=dict)
     tools: str | None = None           # --tools fn1,fn2: functions in the notebook
     kind: str = "aov"                  # --mode: "aov" (a planned workflow) | "orchestrate"
@@ -122,6 +124,7 @@ def _flow_parser() -> _Parser:
     mode.add_argument("--run", dest="mode", action="store_const", const="run")
     mode.add_argument("--step", dest="mode", action="store_const", const="step")
     p.add_argument("--debug", action="store_true")
+    p.add_argument("--force", action="store_true")
     p.add_argument("-h", "--help", action="store_true")
     return p
 
@@ -155,7 +158,7 @@ def parse_flow_line(line: str) -> FlowArgs:
         raise ConfigError("%%flow: --tools takes function names, e.g. --tools load_csv,plot")
     return FlowArgs(name=check_name(ns.name), mode=ns.mode, interpolate=ns.interpolate,
                     tools=ns.tools, kind=ns.kind, orchestrate=orchestrate,
-                    debug=ns.debug, help=ns.help, settings=settings)
+                    debug=ns.debug, help=ns.help, force=ns.force, settings=settings)
 
 
 def command_usage() -> str:
@@ -277,3 +280,13 @@ def interpolate(text: str, ns: Mapping[str, Any]) -> str:
     are, because tasks quote code and JSON.
     """
     return _TEMPLATE.sub(lambda m: str(_evaluate(m.group(1), ns)), text)
+
+
+def single_brace_names(text: str, ns: Mapping[str, Any], skip: Any = ()) -> list[str]:
+    """Names written `{name}` (one brace) in `text` that are variables in `ns`, in order,
+    each once; private names and those in `skip` left out."""
+    out: list[str] = []
+    for name in _SINGLE.findall(text):
+        if name in ns and not name.startswith("_") and name not in skip and name not in out:
+            out.append(name)
+    return out

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from IPython.core.error import UsageError
 from traitlets.config import Config
 
 import flowmagic
@@ -66,9 +67,10 @@ def run(ip, capsys, source):
 
 
 def one_line_error(err):
+    """The one line a user error shows: IPython's UsageError form, which fails the cell."""
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith("flowmagic: ") and "Traceback" not in err
+    assert lines[0].startswith("UsageError: flowmagic: ") and "Traceback" not in err
     return lines[0]
 
 
@@ -248,7 +250,8 @@ def test_models_ticks_key_variables(shell, capsys, monkeypatch):
 def test_errors_are_one_line(shell, capsys, line, expected):
     run(shell, capsys, "%%flow report --k 1\nMake tea")
     out, err, result = run(shell, capsys, line)
-    assert result.success
+    # The cell fails (Run All and papermill stop here), with one line and no traceback.
+    assert not result.success and isinstance(result.error_in_exec, UsageError)
     assert expected in one_line_error(err)
 
 
@@ -315,11 +318,11 @@ def test_importance_and_slim_subcommands(shell, slim_endpoints, capsys):
 
     out, err, result = run(shell, capsys, "%flow importance cities")
     assert err == "" and result.success
-    shown = result.result   # a Report: the text table in a terminal, Markdown in a notebook
+    shown = result.result   # a Report: the text table in a terminal, HTML in a notebook
     assert shown.text.startswith("importance (prune; baseline S=1.000") and shown.text in out
     rows = importance_cells(cities.importance().to_rows())
     assert [line.split()[0] for line in shown.text.splitlines()[2:]] == [r[0] for r in rows]
-    assert "| answer | small |" in shown.markdown and "produces the final result" in out
+    assert "<td>answer</td><td>small</td>" in shown.html and "produces the final result" in out
 
     out, err, result = run(shell, capsys, "%flow slim cities --cheaper big=small --tau 0.9")
     assert err == "" and result.success
@@ -400,3 +403,102 @@ def test_export_of_an_orchestrator(shell, capsys, tmp_path):
     shell.user_ns["outcome"] = o
     out, err, _ = run(shell, capsys, f"%flow export outcome {tmp_path / 'o.ipynb'}")
     assert err == "" and (tmp_path / "o.ipynb").exists()
+
+
+# ------------------------------------------------------------------ names, braces, re-runs
+def test_a_failing_magic_stops_a_notebook_run_all(server, tmp_path):
+    """papermill and Run All go through nbclient: a broken %flow stops the notebook there."""
+    import nbclient
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in
+                ("%load_ext flowmagic", "%flow show nope", "after = 1")]
+    client = nbclient.NotebookClient(nb, timeout=60, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(CellExecutionError) as caught:
+        client.execute()
+    assert "no flow named 'nope'" in str(caught.value)
+    assert nb.cells[2].get("execution_count") is None   # the cell after it never ran
+    shown = [o for o in nb.cells[1].outputs if o["output_type"] == "stream"]
+    assert [o["text"].strip() for o in shown] == [
+        "UsageError: flowmagic: no flow named 'nope'; flows in this notebook: none yet "
+        "(make one with a %%flow NAME cell)"]
+
+
+@pytest.mark.parametrize("name", ["get_ipython", "frame", "list"])
+def test_a_name_holding_something_else_is_refused_unless_forced(shell, server, capsys, name):
+    shell.user_ns["frame"] = {"rows": 3}
+    before = shell.user_ns.get(name)
+    out, err, result = run(shell, capsys, f"%%flow {name} --k 1\nMake tea")
+    assert not result.success and f"{name!r} already holds a" in one_line_error(err)
+    assert "add --force to replace it" in err
+    assert shell.user_ns.get(name) is before and not server.requests   # nothing planned
+    assert run(shell, capsys, "%flow list")[2].success   # later magics still work
+
+    if name == "get_ipython":
+        return   # --force would break every later magic: exactly what the refusal prevents
+    out, err, result = run(shell, capsys, f"%%flow {name} --k 1 --force\nMake tea")
+    assert result.success and isinstance(shell.user_ns[name], Flow), err
+    # A name that holds a flow is replanned without --force.
+    assert run(shell, capsys, f"%%flow {name} --k 1\nMake tea")[2].success
+
+
+def test_single_braces_naming_a_variable_are_warned_once(shell, server, capsys):
+    shell.user_ns["csv_path"] = "data.csv"
+    out, err, result = run(shell, capsys, "%%flow report --k 1\nLoad {csv_path}, "
+                                          "keep {not_defined} and {{csv_path}}; JSON {\"a\": 1}")
+    assert result.success and err == ""
+    warned = [line for line in out.splitlines() if "did you mean" in line]
+    assert warned == ["flowmagic: {csv_path} in the task goes to the model as written, though "
+                      "csv_path is a variable here; did you mean {{csv_path}}? (said once)"]
+    assert "Load {csv_path}, keep {not_defined} and data.csv" in planning_prompts(server)[0]
+    out, _, _ = run(shell, capsys, "%%flow report --k 1\nLoad {csv_path} again")
+    assert "did you mean" not in out
+    out, _, _ = run(shell, capsys, "%%flow report --k 1 --no-interpolate\nLoad {csv_path}")
+    assert "did you mean" not in out
+
+
+def test_rerunning_a_cell_stops_the_run_still_going(capsys, tmp_path, monkeypatch):
+    """In a kernel the run is a task on the loop: the old one must not go on unseen."""
+    import asyncio
+
+    with LoopbackServer(responder=responder, latency=0.3) as slow:
+        flowmagic.configure(base_url=slow.base_url, model="m")
+        monkeypatch.chdir(tmp_path)
+        with ipython_shell() as ip:
+            def cell(source):
+                return ip.run_cell_async(source, transformed_cell=ip.transform_cell(source))
+
+            async def cells():
+                await cell("%%flow report --k 1 --run\nMake tea")
+                old = ip.user_ns["report"]
+                await asyncio.sleep(0.1)
+                assert old.busy
+                result = await cell("%%flow report --k 1\nMake tea")
+                await old.wait()
+                return old, result
+
+            old, result = asyncio.run(cells())
+            out, err = capsys.readouterr()
+            assert result.success, err
+            assert old.status == "stopped" and not old.busy
+            assert ip.user_ns["report"] is not old
+            assert (f"flowmagic: stopped the earlier run of 'report' ({old.run_id}) that was "
+                    "still going") in out
+
+
+def test_tables_with_dollars_are_html_that_mathjax_skips(shell, server, capsys):
+    """JupyterLab typesets the text between two `$` of a Markdown output as maths, which
+    collapsed whole rows of %flow cost / list / log; tables are HTML in a no-maths block."""
+    run(shell, capsys, "%%flow report --k 1 --run\nMake tea")
+    for line in ("%flow cost report", "%flow list", "%flow log", "%flow models", "%flow config"):
+        data, meta = run(shell, capsys, line)[2].result._repr_mimebundle_()
+        assert "text/markdown" not in data, line
+        page = data["text/html"]
+        assert page.startswith('<div class="flowmagic-table tex2jax_ignore mathjax_ignore">')
+        assert page.count("<table>") == page.count("</table>") >= 1, line
+    cost = run(shell, capsys, "%flow cost report")[2].result
+    rows = cost._repr_mimebundle_()[0]["text/html"].split("<tbody>")[1].count("<tr>")
+    assert rows == len(cost.text.splitlines()) - 1 and "$" in cost.text

@@ -244,16 +244,17 @@ def test_magics_in_a_shell(tea, tmp_path, capsys, monkeypatch):
         assert err == "" and uncached() == before
         assert "tea: 4 subtasks (leaves, water, steep, serve), 3 dependencies" in out
         assert ip.user_ns["tea"].status == "done"
-        # Mistakes are one line on stderr, never a traceback.
+        # Mistakes are one line on stderr, never a traceback, and the cell fails.
         cases = {"%%flow_node nope steep --after leaves,water --agent writer\nx": "no flow named 'nope'",
                  "%%flow_node tea steep --after leaves --agent writer\nx": "the plan has 'steep' after",
                  "%%flow_node tea nope --agent writer\nx": "unknown node 'nope'",
                  "%%flow_plan tea\n{not json": "is not JSON",
                  "%%flow_node tea --bogus\nx": "%%flow_node:"}
         for source, message in cases.items():
-            ip.run_cell(source)
+            assert not ip.run_cell(source).success
             out, err = capsys.readouterr()
-            assert err.startswith("flowmagic: ") and message in err and "Traceback" not in err, err
+            assert err.startswith("UsageError: flowmagic: ") and message in err, err
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         # A new plan cell: the node cells must run in order.
         ip.run_cell(nb.cells[2].source)
         ip.run_cell(nb.cells[6].source)
