@@ -33,7 +33,7 @@ def _module(name: str):
 def _executed_flow(dag: dict, home: Path, task: str = "Benchmark workflow: drawing."):
     """A Flow of the DAG whose nodes all ran (no-op work), so the drawing has statuses and
     durations for the critical path, like a drawing after a real run."""
-    from flowmagic.executor import Executor, Outcome
+    from flowmagic.engine.executor import Executor, Outcome
     from flowmagic.flow import Flow
     from flowmagic.llm import LLM
     from flowmagic.store import Store
@@ -58,9 +58,9 @@ def _dot_alone(source: str) -> float:
 def drawing_time(n: int, repeats: int = 3) -> dict:
     """Seconds for `render.svg(workflow)` (DOT built, laid out by `dot`, SVG returned), and
     the two parts apart: building the DOT text in Python, and `dot` on that text."""
-    render = _module("flowmagic.render")
+    render = _module("flowmagic.view.render")
     if render is None or not hasattr(render, "svg"):
-        return {"n": n, "value": None, "note": "not measured: flowmagic.render.svg not built yet"}
+        return {"n": n, "value": None, "note": "not measured: flowmagic.view.render.svg not built yet"}
     if hasattr(render, "have_dot") and not render.have_dot():
         return {"n": n, "value": None, "note": "not measured: graphviz's dot is not installed"}
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
@@ -86,13 +86,13 @@ def drawing_time(n: int, repeats: int = 3) -> dict:
 def replay(n: int, server, *, max_tokens: int = 64, log=print) -> dict:
     """Run an n-node flow against the server, export it as a notebook, then execute the
     notebook in a fresh kernel with the same FLOWMAGIC_HOME: model calls and seconds."""
-    notebook = _module("flowmagic.notebook")
+    notebook = _module("flowmagic.ops.export")
     if notebook is None:
         return {"n": n, "value": None, "calls": None,
-                "note": "not measured: exporter not built yet (flowmagic.notebook is missing)"}
+                "note": "not measured: exporter not built yet (flowmagic.ops.export is missing)"}
     if not hasattr(notebook, "export"):
         return {"n": n, "value": None, "calls": None,
-                "note": "not measured: flowmagic.notebook.export is missing"}
+                "note": "not measured: flowmagic.ops.export.export is missing"}
     with tempfile.TemporaryDirectory(prefix="fm-bench-replay-") as tmp:
         return _replay_in(Path(tmp), n, server, max_tokens, log, notebook)
 

@@ -34,7 +34,7 @@ __all__ = ["flowmagic_overhead", "langgraph_overhead", "executor_only", "memory"
 
 
 async def _noop(node_id: str):
-    from flowmagic.executor import Outcome
+    from flowmagic.engine.executor import Outcome
     # Not "": the Flow's default update strategy treats an empty output as a failed
     # node and would call the updater (a model) after it.
     return Outcome(ok=True, output="ok")
@@ -51,7 +51,7 @@ def _build_flow(dag: dict, home: Path):
 
 
 def _executor(flow):
-    from flowmagic.executor import Executor
+    from flowmagic.engine.executor import Executor
     # Flow._make_executor minus the model: the same hooks, so store writes are included.
     return Executor(lambda: flow.workflow, _noop, concurrency=None, on_event=flow._emit,
                     can_start=flow._budget_left, after_node=flow._wants_update,
@@ -81,7 +81,7 @@ def flowmagic_overhead(n: int, repeats: int) -> dict:
 
 def executor_only(n: int, repeats: int) -> dict:
     """The executor with no hooks at all: the floor that store writes add to."""
-    from flowmagic.executor import Executor
+    from flowmagic.engine.executor import Executor
 
     dag = family("layered", n)
     best = float("inf")
@@ -150,7 +150,7 @@ def memory(n: int, langgraph: bool = False, traced: bool = True) -> dict:
     tracemalloc counts Python allocations exactly but slows the run and adds its own
     memory to the process's, so the peak RSS is also measured in a run without it.
     """
-    import flowmagic.executor  # noqa: F401 - imports are not the workflow's memory
+    import flowmagic.engine.executor  # noqa: F401 - imports are not the workflow's memory
     import flowmagic.flow  # noqa: F401
     if langgraph:
         import langgraph.graph  # noqa: F401

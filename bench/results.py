@@ -114,7 +114,7 @@ def _drawing_rows(dr: list[dict]) -> tuple[list[dict], dict | None]:
     measured = [d for d in dr if d["value"] is not None]
     table = None if not measured else {
         "title": "Drawing",
-        "intro": ("`flowmagic.render.svg(workflow)` on a layered DAG after a no-op run (statuses "
+        "intro": ("`flowmagic.view.render.svg(workflow)` on a layered DAG after a no-op run (statuses "
                   "and durations set, so the critical path is drawn): DOT built, laid out by "
                   "graphviz's `dot`, SVG returned. Best of 3; the parts apart: the DOT text "
                   "built in Python (`render.draw(wf).source`), and `dot -Tsvg` alone on that text."),

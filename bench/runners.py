@@ -5,7 +5,7 @@
 - LangGraph: one StateGraph node per DAG node, `add_edge([parents...], child)`.
 
 All three send the same request body for a node: the messages come from
-`flowmagic.runner.node_messages` on a Flow of the same DAG whose parents hold the
+`flowmagic.engine.runner.node_messages` on a Flow of the same DAG whose parents hold the
 replies, with the same model, seed and max_tokens. The server's latency is a hash of
 the body, so a node waits the same time under every runner; `latencies()` reads back
 what the server applied so the harness can check that.
@@ -89,7 +89,7 @@ def _flow(dag: dict, task: str, home: Path, max_tokens: int, *, save: bool, llm=
 
 
 async def run_flowmagic(dag: dict, task: str, max_tokens: int) -> RunResult:
-    from flowmagic import metrics
+    from flowmagic.model import metrics
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
         flow = _flow(dag, task, Path(tmp), max_tokens, save=True)
@@ -115,7 +115,7 @@ class _Shadow:
     """Builds each node's messages exactly as flowmagic would, from the replies so far."""
 
     def __init__(self, dag: dict, task: str, max_tokens: int, home: Path):
-        from flowmagic.runner import node_messages
+        from flowmagic.engine.runner import node_messages
 
         self._messages = node_messages
         self.flow = _flow(dag, task, home, max_tokens, save=False)

@@ -1,7 +1,7 @@
-"""The benchmark's loopback server: flowmagic.loopback with room for 500 connections at once.
+"""The benchmark's loopback server: flowmagic.testing.loopback with room for 500 connections at once.
 
 `python bench/server.py --latency 0.05:0.5 --seed 1` takes the options of
-`python -m flowmagic.loopback`; `spawn(...)` starts it as a child process of the harness.
+`python -m flowmagic.testing.loopback`; `spawn(...)` starts it as a child process of the harness.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from flowmagic import loopback
+from flowmagic.testing import loopback
 
 __all__ = ["spawn"]
 

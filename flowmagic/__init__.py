@@ -8,11 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .endpoints import configure
+from ._internal.version import __version__
+from .llm.endpoints import configure
 from .errors import (BudgetError, ConfigError, EndpointError, FlowError, ModelOutputError,
                      NodeError, PlanError, SandboxError, StoreError, TruncatedError)
-
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__", "configure", "LLM", "Reply", "get_llm", "Store", "get_store",
@@ -24,12 +23,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LLM": "llm", "Reply": "llm", "get_llm": "llm",
+    "LLM": "llm.client", "Reply": "llm.client", "get_llm": "llm.client",
     "Store": "store", "get_store": "store",
-    "Workflow": "graph", "Node": "graph",
+    "Workflow": "model.graph", "Node": "model.graph",
     "Flow": "flow", "plan": "flow", "aplan": "flow", "load": "flow",
-    "tool": "tools",
-    "orchestrate": "orchestrator", "aorchestrate": "orchestrator",
+    "tool": "engine.tools",
+    "orchestrate": "orchestrator.hub", "aorchestrate": "orchestrator.hub",
 }
 
 
@@ -43,10 +42,10 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython) -> None:
-    from .magics import load_ipython_extension as load
+    from .jupyter.magics import load_ipython_extension as load
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from .magics import unload_ipython_extension as unload
+    from .jupyter.magics import unload_ipython_extension as unload
     unload(ipython)

@@ -133,7 +133,7 @@ def _describe(flow) -> str:
 
 
 def _drawings(flow, folder: Path, name: str) -> list[Path]:
-    from . import render
+    from .view import render
 
     written = [folder / f"{name}.svg"]
     written[0].write_text(render.svg(flow), encoding="utf-8")
@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_notebook(args)
     if args.params:
         raise ConfigError("-p fills a notebook's parameters; for a task use --set key=value")
-    from .notebook import export
+    from .ops.export import export
 
     started = time.perf_counter()
     with Progress() as progress:
@@ -190,7 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _execute(path: Path, out, params, progress: Progress, timeout: float) -> dict:
-    from .nbrun import execute
+    from .ops.nbrun import execute
 
     progress.doing = f"running {path.name}"
     progress.say(f"running {path} in a kernel")
@@ -231,7 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for warning in flow.workflow.warnings:
         print(f"  warning: {warning}")
     if args.svg:
-        from .render import svg
+        from .view.render import svg
 
         Path(args.svg).write_text(svg(flow), encoding="utf-8")
         print(f"wrote {args.svg}")
@@ -242,7 +242,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .flow import load
-    from .notebook import export
+    from .ops.export import export
 
     flow = load(args.run)
     path = export(flow, args.path, name=args.name)
@@ -256,7 +256,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_templates(args: argparse.Namespace) -> int:
-    from .nbrun import templates
+    from .ops.nbrun import templates
 
     found = templates()
     if args.json:
@@ -271,7 +271,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from .nbrun import new
+    from .ops.nbrun import new
 
     path = new(args.template, args.path, args.params, force=args.force)
     print(f"wrote {path}; run it with `flowmagic run {path}` or open it in Jupyter")
@@ -300,7 +300,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evalrun import evaluate_file
+    from .evaluate.run import evaluate_file
 
     for path in (args.out, args.save_pred):   # fail now, not after an hour of planning
         if path and not Path(path).parent.is_dir():

@@ -15,13 +15,13 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import metrics as _metrics
-from .endpoints import resolve
+from .model import metrics as _metrics
+from .llm.endpoints import resolve
 from .errors import ConfigError, FlowError, NodeError
-from .executor import Executor
-from .graph import Workflow
-from .llm import LLM, get_llm
-from .runner import NodeRunner, cut
+from .engine.executor import Executor
+from .model.graph import Workflow
+from .llm.client import LLM, get_llm
+from .engine.runner import NodeRunner, cut
 from .store import Store, get_store
 
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS"]
@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
     "seed": 0, "temperature": None, "max_tokens": 512, "context_chars": 6000,
     "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
-    # tools (flowmagic.tools): how many are offered per node, rounds of calls, seconds per call
+    # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
     "tool_similarity": "tfidf",
 }
@@ -101,7 +101,7 @@ class Flow:
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
-        self.probe = None   # a flowmagic.batch.Probe once attach_probe() was called
+        self.probe = None   # a flowmagic.ops.batch.Probe once attach_probe() was called
         self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
         if save:
             self._save_run()
@@ -313,17 +313,17 @@ class Flow:
     @property
     def tools(self) -> list:
         """The functions nodes may call: those set here, else every @flowmagic.tool."""
-        from .tools import registry
+        from .engine.tools import registry
         return list(self._tools) if self._tools is not None else list(registry().values())
 
     @tools.setter
     def tools(self, value: Any) -> None:
-        from .tools import as_tools
+        from .engine.tools import as_tools
         self._tools = None if value is None else as_tools(value)
 
     def tools_for(self, node_id: str) -> list:
         """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
-        from .tools import select_tools
+        from .engine.tools import select_tools
         return select_tools(self.workflow.node(node_id).requirement, self.tools,
                             top_n=self.settings["tools_top_n"],
                             similarity=self.settings["tool_similarity"])
@@ -344,7 +344,8 @@ class Flow:
     async def _update(self) -> None:
         """Repair cheaply first (refine the instruction, then substitute the agent of a
         failed node), and re-plan with the updater only when no repair is left."""
-        from . import repairs, updater
+        from .engine import repairs
+        from .engine import updater
 
         before = self.workflow.copy()
         fix = None
@@ -465,8 +466,8 @@ class Flow:
         self._changed("candidate", None, index=index)
 
     def to_notebook(self, path, **options: Any):
-        """Write the executed workflow as a notebook whose cells replay it (flowmagic.notebook)."""
-        from .notebook import export
+        """Write the executed workflow as a notebook whose cells replay it (flowmagic.ops.export)."""
+        from .ops.export import export
         return export(self, path, **options)
 
     # -- reading -------------------------------------------------------------------------
@@ -505,17 +506,17 @@ class Flow:
         return sorted(rows, key=lambda r: r["start"])
 
     def draw(self, **options: Any):
-        """The workflow as a graphviz.Digraph (see flowmagic.render.draw for the options)."""
-        from . import render
+        """The workflow as a graphviz.Digraph (see flowmagic.view.render.draw for the options)."""
+        from .view import render
         return render.draw(self, **options)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        from . import render
+        from .view import render
         return render.mimebundle(self, include=include, exclude=exclude)
 
     def estimate(self) -> dict:
         """A rough estimate of a full run: calls, tokens and USD (4 characters a token)."""
-        from .endpoints import price_of
+        from .llm.endpoints import price_of
         wf = self.workflow
         pending = [n for n in wf.nodes.values() if n.status not in ("done", "pruned")]
         out_tokens = int(self.settings["max_tokens"] or 512) // 2
@@ -533,41 +534,41 @@ class Flow:
         return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out,
                 "cost_usd": round(cost, 6)}
 
-    # -- batch runs and slimming (flowmagic.batch, flowmagic.slimming) ----------------------
+    # -- batch runs and slimming (flowmagic.ops.batch, flowmagic.ops.slimming) --------------
     def map(self, inputs, concurrency: int | None = 4, scorer: Any = None):
         """This workflow once per input ({{input}}/{{field}} filled in); a BatchRun in input order."""
-        from . import batch
+        from .ops import batch
         return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
 
     async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
-        from . import batch
+        from .ops import batch
         return await batch.amap(self, inputs, concurrency=concurrency, scorer=scorer)
 
     def attach_probe(self, examples, scorer: Any, n: int | None = None, seed: int = 0):
         """Keep a probe set (a seeded shuffle of `examples`, first n) for importance() and slim()."""
-        from . import batch
+        from .ops import batch
         self.probe = batch.probe_set(examples, scorer, n=n, seed=seed)
         self._emit("probe", None, {"size": len(self.probe), "seed": seed})
         return self.probe
 
     def importance(self, probe: Any = None, scorer: Any = None, **options: Any):
-        """The node importance table (see flowmagic.slimming.aimportance for the options)."""
-        from . import batch
+        """The node importance table (see flowmagic.ops.slimming.aimportance for the options)."""
+        from .ops import batch
         return batch.run_sync(self, lambda: self.aimportance(probe, scorer, **options), "importance")
 
     async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
-        from . import slimming
+        from .ops import slimming
         options.setdefault("progress", lambda e: self._emit("slim", None, e))
         return await slimming.aimportance(self, slimming.resolve_probe(self, probe, scorer), **options)
 
     def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
         """(slimmed Flow, SlimReport), also kept as `last_slim`; this flow's workflow is
-        untouched (see flowmagic.slimming.aslim)."""
-        from . import batch
+        untouched (see flowmagic.ops.slimming.aslim)."""
+        from .ops import batch
         return batch.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
 
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
-        from . import slimming
+        from .ops import slimming
         options.setdefault("progress", lambda e: self._emit("slim", None, e))
         self.last_slim = await slimming.aslim(self, slimming.resolve_probe(self, probe, scorer),
                                               **options)
@@ -578,7 +579,7 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
                 **settings: Any) -> Flow:
     """Plan `task` as K candidate graphs and keep the most parallel, least tangled one."""
-    from . import planner
+    from .engine import planner
 
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; write what you want done in words")
@@ -624,7 +625,7 @@ def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flo
     chosen = settings.pop("chosen", 0)
     candidates = []
     if data.get("candidates"):
-        from .planner import Candidate
+        from .engine.planner import Candidate
         candidates = [Candidate.from_dict(c) for c in data["candidates"]]
     flow = Flow(workflow, name=data.get("name") or "flow", candidates=candidates, chosen=chosen,
                 run_id=data["id"], llm=llm, store=store, save=False,

@@ -31,7 +31,7 @@ ENDPOINT_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "FLOWMAGIC_BASE_URL",
 def strip_notice(path: Path) -> None:
     import nbformat
 
-    from flowmagic.nbrun import NOTICE
+    from flowmagic.ops.nbrun import NOTICE
 
     nb = nbformat.read(str(path), as_version=4)
     for cell in nb.cells:
@@ -49,8 +49,8 @@ def strip_notice(path: Path) -> None:
 
 
 def record(path: Path, fresh: bool = False) -> None:
-    from flowmagic.nbrun import execute
-    from flowmagic.notebook import save_cache
+    from flowmagic.ops.nbrun import execute
+    from flowmagic.ops.export import save_cache
     from flowmagic.store import Store
 
     cache = path.with_suffix(".cache.json")

@@ -20,7 +20,7 @@ def flowmagic_home(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
     for var in _ENDPOINT_VARS:
         monkeypatch.delenv(var, raising=False)
-    from flowmagic import endpoints
+    from flowmagic.llm import endpoints
     endpoints.reset()
     prices = dict(endpoints.PRICES)
     yield home
@@ -32,7 +32,7 @@ def flowmagic_home(tmp_path, monkeypatch):
 @pytest.fixture
 def loopback():
     """A loopback OpenAI-compatible server with no latency and no faults."""
-    from flowmagic.loopback import LoopbackServer
+    from flowmagic.testing.loopback import LoopbackServer
     with LoopbackServer() as server:
         yield server
 
@@ -40,7 +40,7 @@ def loopback():
 @pytest.fixture(scope="session")
 def embedded_url(tmp_path_factory):
     """The embedded SmolLM2 server, started once for the whole session."""
-    from flowmagic import local
+    from flowmagic.llm import local
     os.environ.setdefault("FLOWMAGIC_HOME", str(tmp_path_factory.mktemp("embedded-home")))
     url = local.ensure_server()
     yield url
@@ -57,13 +57,13 @@ def fast_llm(store=None, **kwargs):
 
 def run(make, llm):
     """Await `make()` from a test, closing `llm`'s HTTP clients after."""
-    from flowmagic.aio import run_blocking
-    return run_blocking(make, llm=llm)
+    from flowmagic._internal.aio import run_blocking
+    return run_blocking(make, close=llm.aclose)
 
 
 @pytest.fixture
 def empty_tool_registry():
-    from flowmagic.tools import unregister
+    from flowmagic.engine.tools import unregister
     unregister()
     yield
     unregister()

@@ -6,16 +6,16 @@ import re
 import pytest
 
 import flowmagic
-from flowmagic import batch
+from flowmagic.ops import batch
 from flowmagic.errors import ConfigError
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer, default_responder
+from flowmagic.testing.loopback import LoopbackServer, default_responder
 
 @pytest.fixture(autouse=True)
 def own_prices(monkeypatch):
     """configure(prices=...) edits a process-wide table: give each test its own copy."""
-    from flowmagic import endpoints
+    from flowmagic.llm import endpoints
     monkeypatch.setattr(endpoints, "PRICES", dict(endpoints.PRICES))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import ROOT
 

@@ -15,8 +15,8 @@ import nbformat
 import pytest
 
 from flowmagic import cli
-from flowmagic.loopback import LoopbackServer
-from flowmagic.nbrun import parameters_of, templates
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.ops.nbrun import parameters_of, templates
 from flowmagic.parsers import interpolate
 from flowmagic.store import get_store
 

@@ -14,10 +14,10 @@ import pytest
 import flowmagic
 from flowmagic import cli
 from flowmagic.errors import ConfigError
-from flowmagic.evalrun import evaluate_file, load_one_gold, select_records
+from flowmagic.evaluate.run import evaluate_file, load_one_gold, select_records
 from flowmagic.evaluate import load_gold
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import get_store
 
 from conftest import ROOT

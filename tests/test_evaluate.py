@@ -172,7 +172,7 @@ def test_tool_scores_compare_multisets():
 
 
 class FakeWorkflow:
-    """Duck-typed like flowmagic.graph.Workflow: requirement labels, pruned nodes kept."""
+    """Duck-typed like flowmagic.model.graph.Workflow: requirement labels, pruned nodes kept."""
 
     def to_dict(self):
         nodes = [{"id": "s1", "requirement": "boil water", "status": "done"},

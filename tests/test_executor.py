@@ -10,11 +10,11 @@ import sys
 import pytest
 
 import flowmagic
-from flowmagic import metrics
+from flowmagic.model import metrics
 from flowmagic.errors import NodeError
 from flowmagic.flow import Flow, load
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import ROOT
 

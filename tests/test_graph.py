@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowmagic.errors import FlowError, NodeError, PlanError
-from flowmagic.graph import STATUSES, Node, Workflow, is_slug, parse_plan, slugify
+from flowmagic.model.graph import STATUSES, Node, Workflow, is_slug, parse_plan, slugify
 
 
 def make(edges: str, nodes: str = "", statuses: dict | None = None) -> Workflow:
@@ -269,7 +269,7 @@ def test_slugify(text, slug):
 
 def test_order_does_not_depend_on_the_hash_seed():
     script = (
-        "import json; from flowmagic.graph import parse_plan; "
+        "import json; from flowmagic.model.graph import parse_plan; "
         "wf = parse_plan({'subtasks': [{'id': n, 'requirement': n, 'dependencies': d} for n, d in "
         "[('z', []), ('y', []), ('m', ['z', 'y']), ('b', ['m']), ('a', ['m']), ('q', ['a', 'b', 'q'])]]}); "
         "print(json.dumps([wf.order(), wf.generations(), wf.edges(), wf.ready(), wf.warnings]))"
@@ -285,6 +285,6 @@ def test_order_does_not_depend_on_the_hash_seed():
 def test_every_node_field_has_a_json_type_check():
     from dataclasses import fields
 
-    from flowmagic.graph import _FIELD_TYPES
+    from flowmagic.model.graph import _FIELD_TYPES
 
     assert set(_FIELD_TYPES) == {f.name for f in fields(Node)} - {"id", "requirement"}

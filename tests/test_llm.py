@@ -11,11 +11,11 @@ import time
 import pytest
 
 import flowmagic
-from flowmagic import endpoints
+from flowmagic.llm import endpoints
 from flowmagic.cli import main as cli
 from flowmagic.errors import ConfigError, EndpointError
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm
 
@@ -212,7 +212,7 @@ def test_streaming_delivers_text_and_usage(loopback):
 
 
 def test_prices_per_model():
-    from flowmagic.llm import _cost
+    from flowmagic.llm.client import _cost
     endpoint = endpoints.Endpoint("default", "https://api.openai.com/v1", "gpt-4o-mini")
     assert _cost(endpoint, "gpt-4o-mini-2024-07-18", 1_000_000, 1_000_000) == pytest.approx(0.75)
     flowmagic.configure(prices={"my-model": (1.0, 2.0)})

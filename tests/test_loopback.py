@@ -16,7 +16,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from flowmagic.errors import ConfigError
-from flowmagic.loopback import FAULT_KINDS, LoopbackServer, embed_text, schema_example
+from flowmagic.testing.loopback import FAULT_KINDS, LoopbackServer, embed_text, schema_example
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,7 +304,7 @@ def test_spawn_failure_reports_the_child_stderr(server):
 
 
 def test_command_line_prints_one_url_line_and_exits():
-    argv = [sys.executable, "-m", "flowmagic.loopback", "--latency", "0.1:0.8", "--seed", "1",
+    argv = [sys.executable, "-m", "flowmagic.testing.loopback", "--latency", "0.1:0.8", "--seed", "1",
             "--port", "0", "--lifetime", "0.5"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert done.returncode == 0, done.stderr

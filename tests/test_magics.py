@@ -15,7 +15,7 @@ from traitlets.config import Config
 
 import flowmagic
 from flowmagic.flow import Flow
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.parsers import interpolate, parse_command, parse_flow_line
 
 from conftest import ROOT, ipython_shell
@@ -307,7 +307,7 @@ def slim_endpoints(shell):
 
 
 def test_importance_and_slim_subcommands(shell, slim_endpoints, capsys):
-    from flowmagic.display import importance_cells
+    from flowmagic.view.display import importance_cells
 
     scorer = lambda result, example: float(example["expected"] in result)  # noqa: E731
     cities = shell.user_ns["cities"] = Flow.from_dict(SLIM_PLAN, task="facts", name="cities")

@@ -8,9 +8,9 @@ import math
 import networkx as nx
 import pytest
 
-from flowmagic import metrics
+from flowmagic.model import metrics
 from flowmagic.errors import ConfigError
-from flowmagic.graph import Node, Workflow
+from flowmagic.model.graph import Node, Workflow
 
 W1 = "a>c b>c a>d b>d c>d"   # Flow's workflow 1
 W2 = "a>c b>c c>d"           # Flow's workflow 2: same levels, fewer edges

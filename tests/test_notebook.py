@@ -16,8 +16,8 @@ from nbclient import NotebookClient
 
 import flowmagic
 from flowmagic.flow import Flow
-from flowmagic.loopback import LoopbackServer
-from flowmagic.notebook import NBVAL_IGNORE, build, export, load_cache, save_cache
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.ops.export import NBVAL_IGNORE, build, export, load_cache, save_cache
 from flowmagic.store import get_store
 
 PLAN = {"task": "Write a short guide to green tea", "nodes": [

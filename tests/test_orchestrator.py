@@ -10,7 +10,7 @@ import pytest
 import flowmagic
 from flowmagic.errors import ConfigError
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.orchestrator import Orchestrator, aorchestrate, load_orchestration, orchestrate
 from flowmagic.store import get_store
 

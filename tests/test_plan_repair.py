@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowmagic.errors import PlanError
-from flowmagic.graph import STATUSES, Workflow, is_slug, parse_plan
+from flowmagic.model.graph import STATUSES, Workflow, is_slug, parse_plan
 
 CORPUS = sorted((Path(__file__).parent / "data" / "malformed_plans").glob("*.json"))
 

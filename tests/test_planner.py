@@ -8,12 +8,12 @@ import networkx as nx
 import pytest
 
 import flowmagic
-from flowmagic import metrics
+from flowmagic.model import metrics
 from flowmagic.errors import ConfigError, PlanError
-from flowmagic.graph import parse_plan
+from flowmagic.model.graph import parse_plan
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
-from flowmagic.planner import (STRATEGIES, Candidate, plan, plan_candidates, plan_schema,
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.engine.planner import (STRATEGIES, Candidate, plan, plan_candidates, plan_schema,
                                planning_messages, score, select)
 
 from conftest import fast_llm, run

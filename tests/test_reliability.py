@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 import flowmagic
 from flowmagic.errors import FlowError, PlanError
-from flowmagic.graph import STATUSES, Workflow, is_slug, parse_plan
+from flowmagic.model.graph import STATUSES, Workflow, is_slug, parse_plan
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
-from flowmagic.updater import DIFF_KEYS, merge
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.engine.updater import DIFF_KEYS, merge
 
 pytestmark = pytest.mark.timeout(240)
 

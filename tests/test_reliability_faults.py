@@ -18,7 +18,7 @@ import pytest
 import flowmagic
 from flowmagic.flow import Flow, load
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
 
 from conftest import ROOT

@@ -22,8 +22,8 @@ import pytest
 import flowmagic
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
-from flowmagic.sandbox import run_code
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.engine.sandbox import run_code
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 
 import flowmagic
-from flowmagic import cli, notebook
+from flowmagic import cli
+from flowmagic.ops import export as notebook
 from flowmagic.errors import EndpointError
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import ROOT
 

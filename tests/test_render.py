@@ -1,4 +1,4 @@
-"""flowmagic.render: the graphviz drawing read back as SVG, the fallback without `dot`,
+"""flowmagic.view.render: the graphviz drawing read back as SVG, the fallback without `dot`,
 the Gantt timeline, the Flow's rich display and the throttled live drawing."""
 
 import asyncio
@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import graphviz
 import pytest
 
-from flowmagic import render
+from flowmagic.view import render
 from flowmagic.errors import ConfigError
 from flowmagic.flow import Flow
 
@@ -146,8 +146,8 @@ def test_without_dot_svg_falls_back_to_dot_text_and_hint(monkeypatch, tmp_path):
 
 
 def test_live_drawing_outside_ipython_says_to_pass_update():
-    code = ("import flowmagic.render as r, flowmagic.errors as e\n"
-            "from flowmagic.graph import Workflow, Node\n"
+    code = ("import flowmagic.view.render as r, flowmagic.errors as e\n"
+            "from flowmagic.model.graph import Workflow, Node\n"
             "wf = Workflow('t'); wf.add_node(Node('a', 'x'))\n"
             "class F: workflow = wf; subscribe = staticmethod(lambda cb: None)\n"
             "try:\n    r.LiveDrawing(F())\nexcept e.ConfigError as exc:\n    print(exc)\n")
@@ -273,7 +273,7 @@ def test_live_drawing_updates_one_ipython_display(monkeypatch, tmp_path):
 
 
 def test_render_imports_neither_ipython_nor_graphviz():
-    code = ("import sys, flowmagic.render, flowmagic.flow; "
+    code = ("import sys, flowmagic.view.render, flowmagic.flow; "
             "print(sorted(m for m in ('IPython', 'graphviz') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,11 +5,11 @@ import json
 import pytest
 
 import flowmagic
-from flowmagic import updater
+from flowmagic.engine import updater
 from flowmagic.errors import NodeError
-from flowmagic.graph import Workflow
-from flowmagic.loopback import LoopbackServer
-from flowmagic.repairs import (next_kind, plan_repair, refine_instruction, repair,
+from flowmagic.model.graph import Workflow
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.engine.repairs import (next_kind, plan_repair, refine_instruction, repair,
                                substitute_agent)
 
 from conftest import fast_llm, run

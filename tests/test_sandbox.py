@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from flowmagic.errors import ConfigError, SandboxError
-from flowmagic.sandbox import TESTS_FAILED, extract_code, run_code
+from flowmagic.engine.sandbox import TESTS_FAILED, extract_code, run_code
 
 pytestmark = pytest.mark.timeout(60)
 

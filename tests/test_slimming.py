@@ -17,17 +17,19 @@ import networkx as nx
 import pytest
 
 import flowmagic
-from flowmagic import batch, pareto, slimming
+from flowmagic.ops import batch
+from flowmagic.view import pareto
+from flowmagic.ops import slimming
 from flowmagic.errors import ConfigError, FlowError, NodeError
 from flowmagic.flow import Flow
-from flowmagic.graph import Node, Workflow
+from flowmagic.model.graph import Node, Workflow
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer, default_responder
+from flowmagic.testing.loopback import LoopbackServer, default_responder
 
 @pytest.fixture(autouse=True)
 def own_prices(monkeypatch):
     """configure(prices=...) edits a process-wide table: give each test its own copy."""
-    from flowmagic import endpoints
+    from flowmagic.llm import endpoints
     monkeypatch.setattr(endpoints, "PRICES", dict(endpoints.PRICES))
 
 

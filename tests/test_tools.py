@@ -12,9 +12,9 @@ import flowmagic
 from flowmagic.errors import ConfigError
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
-from flowmagic.toolloop import action_schema, run_with_tools
-from flowmagic.tools import (as_tool, call_tool, registry, resolve_tools, schema_of, select_tools,
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.engine.toolloop import action_schema, run_with_tools
+from flowmagic.engine.tools import (as_tool, call_tool, registry, resolve_tools, schema_of, select_tools,
                              tool)
 
 from conftest import fast_llm, ipython_shell, run

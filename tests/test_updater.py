@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 import flowmagic
 from flowmagic.errors import PlanError
-from flowmagic.graph import STATUSES, Node, Workflow, parse_plan
+from flowmagic.model.graph import STATUSES, Node, Workflow, parse_plan
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
-from flowmagic.updater import (DIFF_KEYS, UPDATE_SCHEMA, build_update_prompt, merge, propose,
+from flowmagic.engine.updater import (DIFF_KEYS, UPDATE_SCHEMA, build_update_prompt, merge, propose,
                                stats)
 
 pytestmark = pytest.mark.timeout(120)

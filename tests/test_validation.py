@@ -7,11 +7,11 @@ import pytest
 
 import flowmagic
 from flowmagic.errors import ConfigError, EndpointError
-from flowmagic.graph import Node
+from flowmagic.model.graph import Node
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
-from flowmagic.validation import JUDGE_SCHEMA, Verdict, retry_prompt, validate
+from flowmagic.engine.validation import JUDGE_SCHEMA, Verdict, retry_prompt, validate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 import flowmagic
-from flowmagic.endpoints import PRICES
+from flowmagic.llm.endpoints import PRICES
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
-from flowmagic.widgets import Panel, model_choices
+from flowmagic.jupyter.widgets import Panel, model_choices
 
 PLAN = {"nodes": [{"id": "load", "requirement": "load the data", "agent": "coder"},
                   {"id": "stats", "requirement": "summarise each column", "agent": "analyst"},
@@ -353,7 +353,7 @@ def test_a_failing_slim_is_one_line_in_the_panel(slim_server):
 
 
 def test_importance_button_shows_the_table_of_flow_importance(slim_server):
-    from flowmagic.display import IMPORTANCE_HEADER, importance_cells
+    from flowmagic.view.display import IMPORTANCE_HEADER, importance_cells
 
     async def scenario():
         flow = slim_flow()
@@ -442,7 +442,7 @@ def chat_responder(body):
 
 
 def test_chat_view_shows_each_message_once_in_order_and_the_answer():
-    from flowmagic.chatview import ChatView, message_markdown
+    from flowmagic.jupyter.chatview import ChatView, message_markdown
     from flowmagic.orchestrator import Orchestrator
 
     views = []
@@ -482,7 +482,7 @@ def test_chat_view_shows_each_message_once_in_order_and_the_answer():
 
 
 def test_chat_view_stop_button_stops_the_orchestration():
-    from flowmagic.chatview import ChatView
+    from flowmagic.jupyter.chatview import ChatView
     from flowmagic.orchestrator import Orchestrator
 
     def never_submits(body):

@@ -1,0 +1,1 @@
+"""Private helpers shared by every layer (no flowmagic imports above `errors`)."""

@@ -1,0 +1,57 @@
+"""Await a coroutine to its end from sync code, also inside a running event loop.
+
+A notebook cell runs inside the kernel's loop, where `asyncio.run` is refused; there the
+coroutine runs in a worker thread with a loop of its own, and the cell waits for it.
+The HTTP clients the coroutine opened belong to that short-lived loop, so the caller hands
+in `close` (e.g. an LLM's `aclose`), awaited in that loop before it ends. Ctrl-C while
+waiting calls `on_interrupt(loop)` in that loop (e.g. to stop a run cleanly) and then
+re-raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Callable
+
+__all__ = ["run_blocking"]
+
+
+def run_blocking(make: Callable[[], Awaitable[Any]], *,
+                 close: Callable[[], Awaitable[Any]] | None = None,
+                 on_interrupt: Callable[[], None] | None = None,
+                 name: str = "flowmagic") -> Any:
+    """The result of `await make()`, then `await close()` in the same loop."""
+    box: dict[str, Any] = {}
+
+    async def main():
+        box["loop"] = asyncio.get_running_loop()
+        try:
+            return await make()
+        finally:
+            if close is not None:
+                await close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+
+    def worker() -> None:
+        try:
+            box["value"] = asyncio.run(main())
+        except BaseException as exc:   # handed back to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=worker, name=name, daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        if on_interrupt is not None and "loop" in box:
+            box["loop"].call_soon_threadsafe(on_interrupt)
+        thread.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

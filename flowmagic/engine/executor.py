@@ -1,0 +1,298 @@
+"""Event-driven execution of a workflow: a node starts the moment its last parent is done.
+
+In graphlib's spirit the `Executor` keeps only counts of unfinished parents, hands out
+ready nodes, and is told when each is done; the work itself is a coroutine supplied by
+the caller (`Flow` supplies `NodeRunner.run`, benchmarks a no-op). One asyncio task per
+running node, a cap on how many run at once, and cancellation that puts in-flight nodes
+back to pending, so nothing finished is ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from ..model.graph import Node, Workflow
+
+__all__ = ["Executor", "Outcome", "RUN_STATES"]
+
+RUN_STATES = ("done", "stepped", "paused", "stopped", "incomplete", "budget")
+
+
+@dataclass
+class Outcome:
+    """What one node's work produced; the executor applies it to the node."""
+    ok: bool
+    output: str | None = None
+    error: str | None = None
+    attempts: list[dict] = field(default_factory=list)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    masked: bool = False
+
+
+Work = Callable[[str], Awaitable[Outcome]]
+
+
+async def _noop(node_id: str) -> Outcome:
+    return Outcome(ok=True, output="")
+
+
+class Executor:
+    """Runs `work(node_id)` for every node once its parents are done.
+
+    Hooks, all optional: `on_event(kind, node_id, data)` after every state change (the
+    Flow persists, then notifies the UI); `can_start()` returns a reason string to stop
+    starting nodes (a budget) or None; `after_node(node_id, ok, outcome)` returns True
+    when an update should run before more nodes start; `update()` performs it (it may
+    replace the workflow through `get_workflow`).
+    """
+
+    def __init__(self, get_workflow: Callable[[], Workflow] | Workflow, work: Work | None = None,
+                 *, concurrency: int | None = 8,
+                 on_event: Callable[[str, str | None, dict], None] | None = None,
+                 can_start: Callable[[], str | None] | None = None,
+                 after_node: Callable[[str, bool, Outcome], bool] | None = None,
+                 update: Callable[[], Awaitable[Any]] | None = None,
+                 concurrent_update: bool = False):
+        if isinstance(get_workflow, Workflow):
+            fixed = get_workflow
+            get_workflow = lambda: fixed  # noqa: E731 - a fixed workflow
+        self._get_workflow = get_workflow
+        self.work = work or _noop
+        self.concurrency = concurrency
+        self._on_event = on_event
+        self._can_start = can_start
+        self._after_node = after_node
+        self._update = update
+        self._concurrent_update = concurrent_update
+        self._running: dict[asyncio.Task, str] = {}
+        self._agents: Counter = Counter()
+        self._waiting: dict[str, int] = {}
+        self._ready: deque[str] = deque()
+        self._paused = False
+        self._stopping = False
+        self._update_due = False
+        self._update_task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self.stop_reason: str | None = None
+
+    @property
+    def workflow(self) -> Workflow:
+        return self._get_workflow()
+
+    @property
+    def running(self) -> list[str]:
+        return list(self._running.values())
+
+    # -- counts -----------------------------------------------------------------
+    def recount(self) -> None:
+        """Derive the waiting counts and the ready queue from the graph (after any edit)."""
+        wf = self.workflow
+        nodes, graph = wf.nodes, wf.graph
+        running = set(self._running.values())
+        self._waiting = {}
+        ready = []
+        for node_id, node in nodes.items():
+            if node.status == "pruned":
+                continue
+            waiting = sum(1 for p in graph.predecessors(node_id) if nodes[p].status != "done")
+            self._waiting[node_id] = waiting
+            if node.status == "ready" and node_id not in running:
+                node.status = "pending"
+            if node.status == "pending" and waiting == 0 and node_id not in running:
+                ready.append(node_id)
+        self._ready = deque(ready)
+
+    def _emit(self, kind: str, node_id: str | None = None, **data: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, node_id, data)
+
+    # -- control ----------------------------------------------------------------
+    def pause(self) -> None:
+        self._paused = True
+        self._poke()
+
+    def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._running):
+            task.cancel()
+        if self._update_task is not None:
+            self._update_task.cancel()
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the loop ---------------------------------------------------------------
+    async def run(self, *, step: bool = False, only: list[str] | None = None) -> str:
+        """Run until nothing can start; returns one of RUN_STATES."""
+        self._paused = self._stopping = False
+        self.stop_reason = None
+        self._wake = asyncio.Event()
+        self.recount()
+        if only is not None:
+            self._ready = deque(i for i in only if i in self._ready)
+        stepping = step or only is not None
+        started = False
+        try:
+            while True:
+                if not (stepping and started):
+                    self._start_ready()
+                    started = True
+                if not self._running and self._update_task is None:
+                    if self._update_due and not self._stopping and not self._paused:
+                        await self._run_update()
+                        continue
+                    break
+                await self._wait_any()
+        except BaseException:
+            # Cancelled (stop, KeyboardInterrupt) or broken: leave no node running.
+            self._stopping = True
+            await self._cancel_running()
+            raise
+        finally:
+            if self._stopping:
+                await self._cancel_running()
+            self._wake = None
+        return self._final_state(stepping)
+
+    def _start_ready(self) -> None:
+        if self._paused or self._stopping or (self._update_due and not self._concurrent_update):
+            return
+        wf = self.workflow
+        while self._ready and (self.concurrency is None or len(self._running) < self.concurrency):
+            if self._can_start is not None:
+                reason = self._can_start()
+                if reason:
+                    self.stop_reason = reason
+                    self._paused = True
+                    self._emit("budget", None, message=reason)
+                    return
+            node_id = self._ready.popleft()
+            node = wf.nodes.get(node_id)
+            if node is None or node.status != "pending" or self._waiting.get(node_id, 1):
+                continue
+            self._start(node)
+
+    def _start(self, node: Node) -> None:
+        n = self._agents[node.agent]
+        self._agents[node.agent] += 1
+        node.clone = f"{node.agent}#{n + 1}" if n else None
+        node.status = "running"
+        node.start, node.end, node.error = time.time(), None, None
+        task = asyncio.ensure_future(self.work(node.id))
+        self._running[task] = node.id
+        self._emit("started", node.id, agent=node.agent, clone=node.clone)
+
+    async def _wait_any(self) -> None:
+        waits = set(self._running)
+        if self._update_task is not None:
+            waits.add(self._update_task)
+        wake = asyncio.ensure_future(self._wake.wait())
+        waits.add(wake)
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not wake.done():
+                wake.cancel()
+        self._wake.clear()
+        for task in done:
+            if task is wake:
+                continue
+            if task is self._update_task:
+                self._update_task = None
+                task.result()
+                self.recount()
+                continue
+            self._finish(task)
+
+    def _finish(self, task: asyncio.Task) -> None:
+        node_id = self._running.pop(task)
+        wf = self.workflow
+        node = wf.nodes.get(node_id)
+        if node is not None:
+            self._agents[node.agent] -= 1
+        if task.cancelled():
+            self._unstart(node)
+            return
+        try:
+            outcome = task.result()
+        except Exception:
+            self._unstart(node)   # the work itself broke: the node has not run
+            raise
+        if node is None or node.status != "running":
+            return  # removed or reset by an update while it ran; its outcome is moot
+        self._apply(node, outcome)
+        if outcome.ok:
+            for child in wf.graph.successors(node_id):
+                left = self._waiting.get(child, 1) - 1
+                self._waiting[child] = left
+                if left == 0 and wf.nodes[child].status == "pending":
+                    self._ready.append(child)
+        if self._after_node is not None and self._after_node(node_id, outcome.ok, outcome):
+            if self._concurrent_update:
+                if self._update_task is None:
+                    self._update_task = asyncio.ensure_future(self._update())
+            else:
+                self._update_due = True
+
+    def _apply(self, node: Node, outcome: Outcome) -> None:
+        node.end = time.time()
+        node.attempts.extend(outcome.attempts)
+        node.tokens_in += outcome.tokens_in
+        node.tokens_out += outcome.tokens_out
+        node.cost_usd += outcome.cost_usd
+        if outcome.ok:
+            node.status, node.output, node.error, node.stale = "done", outcome.output, None, False
+            self._emit("finished", node.id, masked=outcome.masked)
+        else:
+            node.status, node.error = "failed", outcome.error
+            self._emit("failed", node.id, error=outcome.error)
+
+    async def _run_update(self) -> None:
+        self._update_due = False
+        if self._update is not None:
+            await self._update()
+        self.recount()
+
+    async def _cancel_running(self) -> None:
+        tasks = list(self._running)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        wf = self.workflow
+        for task in tasks:
+            node_id = self._running.pop(task, None)
+            node = wf.nodes.get(node_id) if node_id else None
+            if node is not None:
+                self._agents[node.agent] -= 1
+            self._unstart(node)
+        if self._update_task is not None:
+            self._update_task.cancel()
+            await asyncio.gather(self._update_task, return_exceptions=True)
+            self._update_task = None
+
+    def _unstart(self, node: Node | None) -> None:
+        """A cancelled node goes back to pending, as if it had never started."""
+        if node is not None and node.status == "running":
+            node.status, node.start, node.end, node.clone = "pending", None, None, None
+            self._emit("stopped", node.id)
+
+    def _final_state(self, stepping: bool) -> str:
+        if self._stopping:
+            return "stopped"
+        if self.stop_reason:
+            return "budget"
+        if self._paused:
+            return "paused"
+        statuses = [n.status for n in self.workflow.nodes.values() if n.status != "pruned"]
+        if all(s == "done" for s in statuses):
+            return "done"
+        return "stepped" if stepping else "incomplete"

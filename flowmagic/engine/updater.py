@@ -1,0 +1,244 @@
+"""The global updater: ask a model how to revise the plan from progress so far.
+
+`build_update_prompt` shows the model every subtask with its status, failures with their
+feedback and the outputs of done subtasks within a character budget; `propose` asks for K
+candidate updates concurrently, merges each onto a copy of the workflow by node id (see
+`merge`, re-exported here) and chooses one by the planner's rule (`planner.select`: coverage,
+speed-up, Theorem 1's expected successes; Flow's max P_avg is only the fallback). A candidate that fails is recorded with its error; when all fail the result is
+a no-change, so an update never crashes a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..model import metrics
+from ..errors import FlowError
+from ..model.graph import Workflow
+from ..model.merge import DIFF_KEYS, _short, merge, stats
+
+__all__ = ["UPDATE_SCHEMA", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
+           "build_update_prompt", "merge", "stats", "propose"]
+
+# The answer _RULES asks for; merge also reads looser shapes that small models write.
+_SUBTASK = {"type": "object", "required": ["id"], "properties": {
+    "id": {"type": "string"}, "requirement": {"type": "string"}, "agent": {"type": "string"},
+    "depends_on": {"type": "array", "items": {"type": "string"}}, "rerun": {"type": "boolean"}}}
+UPDATE_SCHEMA = {"type": "object", "required": ["action"], "properties": {
+    "action": {"enum": ["no_change", "update"]}, "subtasks": {"type": "array", "items": _SUBTASK},
+    "remove": {"type": "array", "items": {"type": "string"}}}}
+
+
+# ---------------------------------------------------------------------------- the prompt
+_SYSTEM = ("You are the global updater of a team of agents working through a plan of "
+           "subtasks. From the progress so far, decide whether the rest of the plan still "
+           "reaches the goal, and revise it only where that helps. Answer with JSON only.")
+_RULES = """Answer with one JSON object:
+- if the plan needs no change: {"action": "no_change"}
+- otherwise: {"action": "update", "subtasks": [{"id": "...", "requirement": "...", "agent": "...", "depends_on": ["..."], "rerun": false}], "remove": ["..."]}
+Rules:
+- "subtasks" lists ONLY subtasks to add or change. Subtasks you leave out stay exactly as they are; they are NOT deleted.
+- A new id adds a subtask (ids: lowercase letters, digits and _). "depends_on" replaces a subtask's dependencies.
+- Done subtasks keep their results. Set "rerun": true only if a done subtask must be redone; everything after it will run again too.
+- Running subtasks cannot be changed.
+- A failed subtask you list runs again: give it a clearer requirement or another agent, or remove it and add a replacement.
+- "remove" lists ids of subtasks that are no longer needed; their dependents inherit their dependencies."""
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    if limit < 20:
+        return "[cut]"
+    head = limit * 2 // 3
+    return f"{text[:head]} [cut] {text[-(limit - head - 7):]}"
+
+
+def _fit_outputs(wf: Workflow, budget: int) -> dict[str, str]:
+    """Outputs of done nodes within `budget` characters in all.
+
+    The longest are cut first (they share one cap); when even the cap is too small to be
+    useful, the earliest finished outputs are dropped whole, each shown as "[cut]".
+    """
+    done = [i for i, n in wf.nodes.items() if n.status == "done"]
+    done.sort(key=lambda i: (wf.nodes[i].end or 0.0, list(wf.nodes).index(i)))
+    texts = {i: wf.nodes[i].output or "" for i in done}
+    dropped: list[str] = []
+    while done:
+        lengths, left, cap = sorted(len(texts[i]) for i in done), max(budget, 0), None
+        for k, length in enumerate(lengths):
+            if length * (len(lengths) - k) > left:
+                cap = left // (len(lengths) - k)
+                break
+            left -= length
+        if cap is None or cap >= 120:
+            break
+        dropped.append(done.pop(0))
+    out = {i: "[cut]" for i in dropped}
+    out.update({i: _cut(texts[i], cap) if cap is not None else texts[i] for i in done})
+    return out
+
+
+def _node_line(wf: Workflow, node_id: str) -> str:
+    n = wf.nodes[node_id]
+    if n.status == "pruned":
+        return f"- {node_id} [removed]"
+    flags = n.status + (", stale" if n.stale else "")
+    line = (f"- {node_id} [{flags}] agent: {n.agent}; depends on: "
+            f"{', '.join(wf.parents(node_id)) or 'nothing'}\n  requirement: {_cut(n.requirement, 500)}")
+    if n.status == "failed":
+        last = n.attempts[-1] if n.attempts else {}
+        why = n.error or last.get("error") or "no reason recorded"
+        line += f"\n  failed: {_cut(str(why), 300)}"
+        if last.get("feedback"):
+            line += f"\n  reviewer: {_cut(str(last['feedback']), 400)}"
+    return line
+
+
+def build_update_prompt(workflow: Workflow, *, budget_chars: int = 6000) -> list[dict]:
+    """Chat messages asking for an update: the task, every node with its status,
+    requirement and dependencies, failures with their feedback, and the outputs of done
+    nodes cut to `budget_chars` in all."""
+    wf = workflow
+    nodes = "\n".join(_node_line(wf, i) for i in wf.nodes)
+    outputs = _fit_outputs(wf, budget_chars)
+    results = "\n\n".join(f"[{i}]\n{outputs[i]}" for i in wf.nodes if i in outputs)
+    user = (f"Task:\n{_cut(wf.task or '(no task text)', 2000)}\n\n"
+            f"Subtasks (plan order):\n{nodes or '(none)'}\n\n"
+            f"Results of done subtasks:\n{results or '(none yet)'}\n\n{_RULES}")
+    return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------------------- proposing
+@dataclass
+class UpdateCandidate:
+    index: int
+    seed: int
+    workflow: Workflow | None = None
+    diff: dict | None = None
+    stats: dict | None = None
+    scores: dict = field(default_factory=dict)
+    update: Any = None          # the parsed JSON the model answered
+    raw: str = ""
+    error: str | None = None    # "<ErrorClass>: <one line>" when unusable
+    no_change: bool = False
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    call_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.workflow is not None
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "workflow"}
+        d["workflow"] = self.workflow.to_dict() if self.workflow is not None else None
+        return d
+
+
+@dataclass
+class UpdateResult:
+    workflow: Workflow          # the merged workflow (a copy of the input when no change)
+    diff: dict
+    stats: dict
+    candidates: list[UpdateCandidate]
+    chosen: int | None          # index of the chosen candidate, None when all failed
+    no_change: bool
+    raw: str | None             # the chosen answer's text
+    update: Any = None          # the chosen parsed update, to merge again onto a live workflow
+    before: Workflow | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"workflow": self.workflow.to_dict(), "diff": self.diff, "stats": self.stats,
+                "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
+                "no_change": self.no_change, "raw": self.raw, "update": self.update,
+                "errors": list(self.errors)}
+
+
+def _score(wf: Workflow) -> dict:
+    return metrics.shape(wf)
+
+
+def _rule(candidates: list[UpdateCandidate]) -> int:
+    """Flow's rule, as the planner applies it: max P_avg, then min complexity, then fewer nodes."""
+    ok = [c for c in candidates if c.ok]
+    return min(ok, key=lambda c: (-round(c.scores["parallelism"], 9),
+                                  round(c.scores["dependency_complexity"], 9),
+                                  c.scores["nodes"], c.index)).index
+
+
+def _choose(candidates: list[UpdateCandidate], select: Callable | None, warn) -> UpdateCandidate:
+    if select is None:
+        try:
+            from .planner import select
+        except ImportError:
+            select = _rule
+    try:
+        got = select(candidates)
+    except FlowError as exc:
+        warn(f"the selection rule failed ({exc}); used max P_avg, min complexity")
+        got = _rule(candidates)
+    by_index = {c.index: c for c in candidates}
+    chosen = got if isinstance(got, UpdateCandidate) else by_index.get(got) if isinstance(got, int) else None
+    if chosen is None or not chosen.ok:
+        warn(f"the selection rule returned {_short(got)}, not a usable candidate; "
+             "used max P_avg, min complexity")
+        chosen = by_index[_rule(candidates)]
+    return chosen
+
+
+async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, model, seed: int,
+                     run_id, max_tokens) -> UpdateCandidate:
+    cand = UpdateCandidate(index=i, seed=seed + i)
+    try:
+        reply = await llm.complete(messages, model=model, schema=UPDATE_SCHEMA, seed=seed + i,
+                                   temperature=None if k == 1 else 0.7, run_id=run_id,
+                                   max_tokens=max_tokens, purpose="update")
+        cand.raw, cand.update, cand.call_id = reply.text, reply.data, reply.call_id
+        cand.tokens_in, cand.tokens_out, cand.cost_usd = (reply.input_tokens, reply.output_tokens,
+                                                          reply.cost_usd)
+        cand.workflow, cand.diff = merge(before, reply.data)
+    except FlowError as exc:  # a failed candidate is recorded; an update never crashes a run
+        cand.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        cand.workflow = None
+        return cand
+    cand.stats = stats(cand.diff, before)
+    cand.no_change = cand.stats["changed_tasks"] == 0
+    cand.scores = _score(cand.workflow)
+    return cand
+
+
+async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str | None = None,
+                  seed: int = 0, run_id: str | None = None, select: Callable | None = None,
+                  budget_chars: int = 6000, max_tokens: int | None = None) -> UpdateResult:
+    """Ask for K update candidates concurrently (seeds seed..seed+K-1), merge each, choose one.
+
+    `select(candidates) -> index` defaults to `flowmagic.engine.planner.select` (max P_avg, then
+    min dependency complexity). When every candidate fails, the result is a no-change
+    with the errors in `errors` and in the diff's warnings.
+    """
+    if llm is None:
+        from ..llm.client import get_llm
+        llm = get_llm()
+    before = workflow.copy()
+    messages = build_update_prompt(before, budget_chars=budget_chars)
+    k = max(1, int(k))
+    cands = list(await asyncio.gather(*(
+        _candidate(before, messages, i, llm=llm, k=k, model=model, seed=seed, run_id=run_id,
+                   max_tokens=max_tokens) for i in range(k))))
+    errors = [f"candidate {c.index}: {c.error}" for c in cands if c.error]
+    if not any(c.ok for c in cands):
+        diff = {key: [] for key in DIFF_KEYS}
+        diff["warnings"] = [f"no update: every candidate failed ({'; '.join(errors)})"]
+        diff["kept_finished"] = [i for i, n in before.nodes.items() if n.status == "done"]
+        return UpdateResult(before.copy(), diff, stats(diff, before), cands, None, True, None,
+                            None, before, errors)
+    warnings: list[str] = []
+    chosen = _choose(cands, select, warnings.append)
+    chosen.diff["warnings"] = warnings + chosen.diff["warnings"]
+    return UpdateResult(chosen.workflow, chosen.diff, chosen.stats, cands, chosen.index,
+                        chosen.no_change, chosen.raw, chosen.update, before, errors)

@@ -1,0 +1,227 @@
+"""Is a node's output good enough? A structured verdict, never "the reply contains OK".
+
+Three validators:
+- "none": every non-empty output passes;
+- a callable `(node, output) -> bool | (bool, str) | Verdict`, sync or async, written by the
+  user (raising AssertionError is a fail with its message as feedback);
+- "llm": a judge call whose answer must be JSON `{"verdict": "pass"|"fail", "feedback",
+  "tests"}`. When the output holds Python code, the code (then the judge's tests) runs in
+  `flowmagic.engine.sandbox`; a crash, a timeout or a failing test is a fail whatever the judge said.
+
+Empty output, or the literal "none" (what a masked node leaves behind), fails in every mode.
+
+A judge answer that cannot be read is a *pass* with source "judge-unparsed": the node's
+output may be fine, and a broken judge must not burn the node's attempts (and then its
+descendants). The feedback says so, so the UI and the update log show it. Code that
+crashes is still a fail in that case: the sandbox does not need the judge.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigError, ModelOutputError
+from .sandbox import arun_code, extract_code
+
+__all__ = ["Verdict", "JUDGE_SCHEMA", "validate", "retry_prompt", "judge_messages"]
+
+JUDGE_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["pass", "fail"]}, "feedback": {"type": "string"},
+                   "tests": {"type": "string"}},
+    "required": ["verdict", "feedback"],
+}
+_OUTPUT_CHARS = 8000   # of the output shown to the judge
+_FEEDBACK_CHARS = 2000
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    feedback: str
+    source: str   # "none", "empty", "user", "judge", "judge-unparsed", "sandbox"
+    tests: str | None = None       # what the judge wrote, when it wrote tests
+    sandbox: dict | None = None    # SandboxResult.to_dict() of the code run, if any
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = max(limit // 2 - 8, 1)
+    return f"{text[:half]}\n[... cut ...]\n{text[-half:]}"
+
+
+def _is_empty(output: Any) -> bool:
+    return not isinstance(output, str) or output.strip().lower() in ("", "none")
+
+
+def judge_messages(node: Any, output: str, task: str) -> list[dict]:
+    """The judge's prompt: the task, the subtask, the output, and what to answer."""
+    system = ("You are a strict reviewer in a team of agents. Judge whether an output "
+              "fully and correctly does its subtask. Answer with JSON only: "
+              '{"verdict": "pass" or "fail", "feedback": "what is wrong and how to fix it '
+              '(or why it is fine)", "tests": "optional Python asserts or test_ functions '
+              'that check the code in the output; they run after that code"}.')
+    user = (f"Overall task:\n{_clip(task or '', 3000)}\n\n"
+            f"Subtask {getattr(node, 'id', '?')} (agent: {getattr(node, 'agent', 'assistant')}):\n"
+            f"{_clip(getattr(node, 'requirement', '') or '', 3000)}\n\n"
+            f"Output to judge:\n{_clip(output, _OUTPUT_CHARS)}\n\n"
+            "Does the output do the subtask? Reply with the JSON verdict.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def _call_user(fn: Callable, node: Any, output: str) -> Verdict:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    try:
+        got = fn(node, output)
+        if inspect.isawaitable(got):
+            got = await got
+    except AssertionError as exc:  # pytest habits: an assert in a validator is a fail
+        return Verdict(False, str(exc) or f"rejected by the validator {name}", "user")
+    except Exception as exc:  # the user's code is broken, not the node's output
+        raise ConfigError(f"the validator {name} raised {type(exc).__name__}: {exc}; "
+                          "fix it, or use validate='llm' or 'none'") from exc
+    if isinstance(got, Verdict):
+        return got
+    if isinstance(got, bool):
+        return Verdict(got, "" if got else f"rejected by the validator {name}", "user")
+    if (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], bool)
+            and isinstance(got[1], (str, type(None)))):
+        return Verdict(got[0], got[1] or ("" if got[0] else f"rejected by the validator {name}"),
+                       "user")
+    raise ConfigError(f"the validator {name} returned {type(got).__name__}; return a bool, "
+                      "a (bool, feedback) pair or a Verdict")
+
+
+def _read_judge(data: Any) -> tuple[str, str, str | None] | str:
+    """(verdict, feedback, tests) from the judge's JSON, or why it is unreadable."""
+    if not isinstance(data, dict):
+        return f"a {type(data).__name__}, not a JSON object"
+    verdict = data.get("verdict")
+    if not isinstance(verdict, str) or verdict.strip().strip(".!").lower() not in ("pass", "fail"):
+        return f"verdict {str(verdict)[:40]!r} is neither 'pass' nor 'fail'"
+    feedback = data.get("feedback")
+    feedback = feedback if isinstance(feedback, str) else ""
+    tests = data.get("tests")
+    tests = tests if isinstance(tests, str) and tests.strip() else None
+    return verdict.strip().strip(".!").lower(), feedback, tests
+
+
+async def _judge(node: Any, output: str, task: str, llm: Any, model: str | None,
+                 run_id: str | None, max_tokens: int | None) -> tuple[str, str, str | None] | str:
+    try:
+        reply = await llm.complete(judge_messages(node, output, task), model=model,
+                                   schema=JUDGE_SCHEMA, temperature=0, purpose="validate",
+                                   max_tokens=max_tokens,
+                                   node_id=getattr(node, "id", None), run_id=run_id)
+    except ModelOutputError as exc:  # EndpointError goes up: a dead endpoint is not a verdict
+        return str(exc)
+    return _read_judge(reply.data)
+
+
+def _tests_parse(tests: str | None) -> bool:
+    import ast
+    try:
+        ast.parse(tests or "")
+        return True
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+
+
+async def _run_output_code(blocks: list[str], tests: str | None, timeout: float):
+    """(failure feedback or None, result dict, note) for the output's code blocks."""
+    usable_tests = tests if _tests_parse(tests) else None
+    note = "" if usable_tests == tests else " (the judge's tests did not parse and were skipped)"
+    result = await arun_code("\n\n".join(blocks), tests=usable_tests, timeout=timeout,
+                             site_packages=True)
+    if result.ok:
+        return None, result.to_dict(), note
+    error = result.error()
+    if result.stage == "code" and "ModuleNotFoundError" in error.splitlines()[-1]:
+        # A package this machine lacks says nothing about the code; do not fail on it.
+        return None, result.to_dict(), f" (code not run to the end: {error.splitlines()[-1]})"
+    where = {"tests": "failed the tests", "timeout": "did not finish"}.get(result.stage, "crashed")
+    if result.stage == "timeout":
+        return error.capitalize(), result.to_dict(), note   # "The code did not finish within ..."
+    # The first line names the cause (the exception, the failed tests): a node's one-line
+    # error is cut from it, and the whole traceback follows for the retry.
+    cause = error.strip().splitlines()[-1][:300]
+    return f"The code {where}: {cause}\n{_clip(error, _FEEDBACK_CHARS)}", result.to_dict(), note
+
+
+async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str | None,
+                        run_id: str | None, code_timeout: float, max_tokens: int | None) -> Verdict:
+    if llm is None:
+        from ..llm.client import get_llm
+        llm = get_llm()
+    judged = await _judge(node, output, task, llm, model, run_id, max_tokens)
+    unreadable = isinstance(judged, str)
+    verdict, feedback, tests = ("pass", "", None) if unreadable else judged
+    if unreadable:
+        feedback = (f"validator answer unreadable ({_clip(judged, 300)}); the output was "
+                    "accepted without a review")
+    blocks = extract_code(output)
+    if blocks:
+        failure, result, note = await _run_output_code(blocks, tests, code_timeout)
+        if failure is not None:
+            judge_said = f"\nThe reviewer said: {_clip(feedback, 600)}" if feedback and not unreadable else ""
+            return Verdict(False, failure + judge_said, "sandbox", tests, result)
+        feedback += note
+        return Verdict(verdict == "pass", feedback.strip(),
+                       "judge-unparsed" if unreadable else "judge", tests, result)
+    return Verdict(verdict == "pass", feedback.strip(),
+                   "judge-unparsed" if unreadable else "judge", tests)
+
+
+async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm", llm: Any = None,
+                   model: str | None = None, run_id: str | None = None,
+                   code_timeout: float = 10.0, max_tokens: int | None = None) -> Verdict:
+    """The verdict on `output` for `node` (see the module docstring for the modes).
+
+    Raises ConfigError for an unknown mode or a broken user validator, and lets
+    EndpointError through when the judge's endpoint is down (the caller decides).
+    """
+    if _is_empty(output):
+        return Verdict(False, "empty output", "empty")
+    if callable(mode):
+        return await _call_user(mode, node, output)
+    if mode == "none" or mode is None:
+        return Verdict(True, "", "none")
+    if mode == "llm":
+        return await _validate_llm(node, output, task, llm, model, run_id, code_timeout,
+                                   max_tokens)
+    raise ConfigError(f"validate must be 'llm', 'none' or a function (node, output) -> bool, "
+                      f"not {mode!r}")
+
+
+def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
+    """Text to append to a node's prompt after rejected attempts; '' when there are none.
+
+    The newest attempt comes first and gets the most room (two thirds of what is left):
+    its feedback (head kept, up to half its share), then its output (head and tail);
+    older attempts share the rest, and the text never exceeds `budget_chars`.
+    """
+    rejected = [a for a in attempts or [] if isinstance(a, dict) and not a.get("passed")]
+    if not rejected or budget_chars <= 0:
+        return ""
+    head = ("Your earlier attempt(s) at this subtask were rejected. Fix every problem named "
+            "below and do not repeat them.")
+    parts, left = [head], budget_chars - len(head)
+    for n, attempt in reversed(list(enumerate(rejected, 1))):
+        share = left * 2 // 3 if n > 1 else left
+        if share < 80:
+            parts.append(f"[{n} older attempt(s) cut]")
+            break
+        why = str(attempt.get("feedback") or attempt.get("error") or "no reason given")
+        if len(why) > share // 2:  # the reason's first words matter most: keep its head
+            why = why[: max(share // 2 - 6, 20)] + " [cut]"
+        shown = _clip(str(attempt.get("output") or "(no output)"), max(share - len(why) - 70, 20))
+        block = f"Attempt {n} was rejected because: {why}\nIts output was:\n{shown}"
+        parts.append(block[:share])
+        left -= len(parts[-1]) + 2
+    return "\n\n".join(parts)[:budget_chars]

@@ -1,0 +1,360 @@
+"""The control panel of a Flow (ipywidgets): every button is one public `Flow` method.
+
+Run -> `flow.run()`, Step -> `flow.step()`, Pause/Resume -> `flow.pause()` / `flow.resume()`,
+Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Downgrade -> `flow.downgrade(node, model)`,
+Rerun -> `flow.rerun(node)`; Show output reads `node.output` (and, with `flow.streaming`
+on, the text as it arrives); with a probe set attached, Importance -> `flow.aimportance()`
+and Slim -> `flow.aslim(cheaper=...)` (flowmagic.jupyter.slimpanel). The panel follows the Flow
+through `flow.subscribe`, so a change made from code, a magic or another panel shows here
+too. In a notebook the run is a task on the kernel's loop, so these buttons stay live while
+nodes run. `ChatView` (flowmagic.jupyter.chatview) is the live view of an orchestration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from typing import Any, Callable
+
+from .chatview import ChatView
+from ..errors import FlowError
+from .slimpanel import SlimControls
+
+__all__ = ["Panel", "ChatView", "SlimControls", "model_choices"]
+
+_RED = "#b00020"
+
+
+def model_choices() -> list[tuple[str, str]]:
+    """(label, model id) for the Downgrade dropdown: configured endpoints, then priced models
+    from the cheapest up (a downgrade is usually to something cheaper)."""
+    from ..llm.endpoints import PRICES, endpoints
+
+    out: list[tuple[str, str]] = []
+    for ep in endpoints():
+        if ep.local:
+            value = "local"
+        elif ep.name == "default":
+            value = ep.model or "default"
+        else:
+            value = f"{ep.name}:{ep.model}" if ep.model else ep.name
+        where = "embedded" if ep.local else ep.name
+        out.append((f"{value} ({where})", value))
+    for name, (p_in, p_out) in sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0])):
+        out.append((f"{name} (${p_in:g} / ${p_out:g} per 1M)", name))
+    seen: set[str] = set()
+    return [(label, value) for label, value in out if not (value in seen or seen.add(value))]
+
+
+def _svg_only(content: str) -> str:
+    """The <svg> element of graphviz output (an XML prolog means nothing inside HTML)."""
+    start = content.find("<svg")
+    if start < 0:
+        return f"<pre>{html.escape(content)}</pre>"
+    return content[start:]
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+def _fmt_int(n: Any) -> str:
+    return f"{int(n or 0):,}"
+
+
+class Panel:
+    """Drawing, buttons, node picker, progress, tokens-and-cost meter, update log, warnings.
+
+    `panel.widget` is the ipywidgets box; `display(panel)` shows it (text/plain and the
+    static drawing ride along for viewers without widgets). `close()` stops following.
+    """
+
+    def __init__(self, flow: Any, *, models: list[tuple[str, str]] | None = None):
+        import ipywidgets as w
+
+        self.flow = flow
+        self._texts: dict[str, str] = {}    # node id -> text streamed so far
+        self._watching: str | None = None   # the node whose output is shown
+        self._following = False             # a task awaits the current run (see follow())
+        self.title = w.HTML()
+        self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
+        self.drawing.add_class("flowmagic-drawing")
+        self.run_button = self._button("Run", "play", "run every node that can run")
+        self.step_button = self._button("Step", "step-forward", "run the nodes that are ready now")
+        self.pause_button = self._button("Pause", "pause", "nothing new starts; running nodes finish")
+        self.stop_button = self._button("Stop", "stop", "cancel running nodes (they go back to pending)")
+        self.node_picker = w.Dropdown(description="node", options=list(flow.workflow.nodes),
+                                      layout=w.Layout(width="260px"))
+        self.model_picker = w.Dropdown(description="model", options=models or model_choices(),
+                                       layout=w.Layout(width="340px"))
+        self.prune_button = self._button("Prune", "cut", "remove the node; its parents feed its children")
+        self.downgrade_button = self._button("Downgrade", "arrow-down", "run the node on the chosen model")
+        self.rerun_button = self._button("Rerun", "redo", "run the node again; descendants become pending")
+        self.output_button = self._button("Show output", "file-text", "the node's output as Markdown")
+        self.slim = SlimControls(flow, self.model_picker)
+        self.importance_button = self.slim.importance_button
+        self.slim_button = self.slim.slim_button
+        self.node_info = w.HTML()
+        self.progress = w.IntProgress(min=0, max=1, value=0, description="0/0 done",
+                                      style={"description_width": "initial"})
+        self.meter = w.HTML()
+        self.message = w.HTML()
+        self.output = w.Output(layout=w.Layout(max_height="320px", overflow="auto"))
+        self.log = w.HTML()
+        self.warnings = w.HTML()
+        self.candidates = w.HTML()
+        self.widget = w.VBox([
+            self.title, self.drawing,
+            w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
+            w.HBox([self.node_picker, self.prune_button, self.rerun_button, self.output_button]),
+            w.HBox([self.model_picker, self.downgrade_button]), self.slim.widget,
+            self.node_info, w.HBox([self.progress, self.meter]), self.message,
+            self.output, self.warnings, self.candidates, self.log])
+        self.widget.add_class("flowmagic-panel")
+        self._wire()
+        from ..view.render import LiveDrawing
+        self._live = LiveDrawing(flow, update=self._set_drawing)
+        self._unsubscribe = flow.subscribe(self._on_event)
+        self.refresh()
+
+    @staticmethod
+    def _button(label: str, icon: str, tip: str):
+        import ipywidgets as w
+        return w.Button(description=label, icon=icon, tooltip=tip,
+                        layout=w.Layout(width="auto"))
+
+    def _wire(self) -> None:
+        clicks: dict[Any, Callable[[], Any]] = {
+            self.run_button: self.flow.run,
+            self.step_button: self.flow.step,
+            self.pause_button: self._pause_or_resume,
+            self.stop_button: self.flow.stop,
+            self.prune_button: lambda: self.flow.prune(self.node_picker.value),
+            self.downgrade_button: lambda: self.flow.downgrade(self.node_picker.value,
+                                                               self.model_picker.value),
+            self.rerun_button: lambda: self.flow.rerun(self.node_picker.value),
+            self.output_button: lambda: self.show_output(self.node_picker.value),
+        }
+        for button, action in clicks.items():
+            button.on_click(lambda _b, action=action: self._act(action))
+        self.node_picker.observe(lambda _c: self.refresh(), names="value")
+        self.model_picker.observe(lambda _c: self._sync_buttons(), names="value")
+
+    # -- actions ---------------------------------------------------------------------
+    def _act(self, action: Callable[[], Any]) -> None:
+        """Run one Flow method; a FlowError is one red line in the panel, never a traceback."""
+        self.message.value = ""
+        try:
+            action()
+        except FlowError as exc:
+            self._error(exc)
+        self.follow()
+        self.refresh()
+
+    def _error(self, exc: BaseException) -> None:
+        self.message.value = (f'<span style="color:{_RED}">flowmagic: '
+                              f"{html.escape(str(exc))}</span>")
+
+    def follow(self) -> None:
+        """When a run is under way on this loop, show how it ends (a FlowError as one line)."""
+        if self.flow.busy and _loop_running() and not self._following:
+            self._following = True
+            asyncio.ensure_future(self._await_run())
+
+    async def _await_run(self) -> None:
+        try:
+            await self.flow.wait()
+        except FlowError as exc:   # e.g. the endpoint failed while consolidating
+            self._error(exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._following = False
+        self.refresh()
+
+    def _pause_or_resume(self) -> None:
+        if self.flow.busy:
+            self.flow.pause()
+        else:
+            self.flow.resume()
+
+    def show_output(self, node_id: str | None) -> None:
+        """Show a node's output as Markdown; while it runs, its text as it streams in."""
+        self.flow.workflow.node(node_id)  # NodeError for an unknown id
+        self._watching = node_id
+        self.flow.streaming = True
+        self._render_output()
+
+    def _render_output(self) -> None:
+        node = self.flow.workflow.nodes.get(self._watching or "")
+        if node is None:
+            self.output.outputs = ()
+            return
+        text = node.output if node.status != "running" else self._texts.get(node.id, "")
+        if text is None:
+            text = self._texts.get(node.id) or f"*{node.id} has no output yet ({node.status})*"
+        head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
+        self.output.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"text/markdown": head + text, "text/plain": text}},)
+
+    # -- following the flow -------------------------------------------------------------
+    def _set_drawing(self, content: str) -> None:
+        self.drawing.value = _svg_only(content)
+
+    def _on_event(self, event: dict) -> None:
+        kind, node_id = event.get("kind"), event.get("node")
+        if kind == "slim":   # slimming works on copies: nothing here changes but its progress
+            self.slim.progress(event)
+            return
+        if kind == "probe":  # a probe set attached from code enables Importance and Slim
+            self.slim.sync()
+            return
+        if kind == "text":
+            self._texts[node_id] = self._texts.get(node_id, "") + event.get("text", "")
+            if node_id == self._watching:
+                self._render_output()
+            return
+        if kind == "started" and node_id is not None:
+            self._texts.pop(node_id, None)
+        if kind == "run" and event.get("message"):
+            self.message.value = html.escape(str(event["message"]))
+        if not _loop_running():
+            # LiveDrawing coalesces with a timer on the running loop; a change made outside
+            # any loop (a script's prune()) would wait for the next event, so draw it now.
+            from ..view.render import svg
+            self._set_drawing(svg(self.flow))
+        self.refresh()
+        if node_id is not None and node_id == self._watching:
+            self._render_output()
+
+    def refresh(self) -> None:
+        """Bring every part except the drawing (LiveDrawing owns it) up to date."""
+        flow, wf = self.flow, self.flow.workflow
+        counts = flow.counts()
+        done, total = counts.get("done", 0), flow.total()
+        self.title.value = (f"<b>{html.escape(flow.name)}</b> · {html.escape(flow.status)} · "
+                            f"run {html.escape(flow.run_id)}")
+        self.progress.max = max(total, 1)
+        self.progress.value = done
+        self.progress.description = f"{done}/{total} done"
+        self.progress.bar_style = ("danger" if counts.get("failed") else
+                                   "success" if total and done == total else "info")
+        self._sync_nodes(list(wf.nodes))
+        self.meter.value = self._meter()
+        self.node_info.value = self._node_info()
+        self.warnings.value = self._list("warnings", wf.warnings)
+        self.log.value = self._list("updates", [self._update_line(e) for e in flow.update_log])
+        self.candidates.value = self._list("candidate plans", self._candidate_lines())
+        self._sync_buttons()
+
+    def _sync_nodes(self, ids: list[str]) -> None:
+        if list(self.node_picker.options) != ids:
+            keep = self.node_picker.value
+            self.node_picker.options = ids
+            if keep in ids:
+                self.node_picker.value = keep
+
+    def _sync_buttons(self) -> None:
+        flow = self.flow
+        busy, ready = flow.busy, bool(flow.workflow.ready())
+        self.run_button.disabled = self.step_button.disabled = busy or not ready
+        paused = not busy and flow.status == "paused" and ready
+        self.pause_button.description, self.pause_button.icon = (
+            ("Resume", "play") if paused else ("Pause", "pause"))
+        self.pause_button.disabled = not (busy or paused)
+        self.stop_button.disabled = not busy
+        node = flow.workflow.nodes.get(self.node_picker.value or "")
+        fixed = node is None or node.status in ("running", "pruned")
+        self.prune_button.disabled = fixed
+        self.downgrade_button.disabled = (fixed or not self.model_picker.value
+                                          or self.model_picker.value == node.model)
+        # While a run finishes (consolidating, no node running) a rerun would not be picked
+        # up by that run, so it waits until the run is over.
+        finishing = busy and not any(n.status == "running" for n in flow.workflow.nodes.values())
+        self.rerun_button.disabled = fixed or finishing or node.status not in ("done", "failed")
+        self.output_button.disabled = node is None or not (
+            node.output is not None or node.status == "running" or node.id in self._texts)
+        self.slim.sync()
+
+    def _meter(self) -> str:
+        total = self.flow.cost()["total"]
+        line = (f"tokens {_fmt_int(total['input_tokens'])} in · "
+                f"{_fmt_int(total['output_tokens'])} out · ${total['cost_usd']:.4f} "
+                f"({total['calls']} calls, {total['cached']} cached)")
+        try:
+            est = self.flow.estimate()
+        except FlowError:
+            return line
+        if est["output_tokens"]:
+            line += (f" · still to run: ~{_fmt_int(est['input_tokens'] + est['output_tokens'])}"
+                     f" tokens, ~${est['cost_usd']:.4f}")
+        budget = self.flow.settings.get("budget_usd")
+        if budget is not None:
+            line += f" · budget ${float(budget):.4f}"
+        return line
+
+    def _node_info(self) -> str:
+        node = self.flow.workflow.nodes.get(self.node_picker.value or "")
+        if node is None:
+            return ""
+        model = node.model or self.flow.settings.get("model") or "default"
+        if node.downgraded_from:
+            model = f"{node.downgraded_from} → {node.model}"
+        bits = [f"<b>{html.escape(node.id)}</b> ({html.escape(node.agent)}, {node.status}"
+                f"{', stale' if node.stale else ''}) · model {html.escape(str(model))}",
+                html.escape(node.requirement)]
+        if node.error:
+            bits.append(f'<span style="color:{_RED}">{html.escape(node.error)}</span>')
+        return "<br>".join(bits)
+
+    def _candidate_lines(self) -> list[str]:
+        from .planner import candidate_line
+
+        return [candidate_line(c, self.flow.chosen) for c in self.flow.candidates
+                if hasattr(c, "ok")]
+
+    @staticmethod
+    def _update_line(entry: dict) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(entry.get("time") or 0))
+        trigger = ", ".join(entry.get("trigger") or []) or "progress"
+        if entry.get("no_change"):
+            what = "no change"
+        else:
+            stats = entry.get("stats") or {}
+            what = ", ".join(f"{k} {v}" for k, v in stats.items() if v) or "changed the plan"
+        return f"{when} {entry.get('strategy', '')} update after {trigger}: {what}"
+
+    @staticmethod
+    def _list(title: str, items: list[str]) -> str:
+        if not items:
+            return ""
+        rows = "".join(f"<li>{html.escape(str(i))}</li>" for i in items[-10:])
+        return f"<details><summary>{title} ({len(items)})</summary><ul>{rows}</ul></details>"
+
+    @property
+    def slimmed(self):
+        """The flow the last Slim click produced (also `flow.last_slim[0]`), or None."""
+        return self.slim.slimmed
+
+    # -- display --------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop following the flow and close the widgets."""
+        self._unsubscribe()
+        self._live.close(redraw=False)
+        stack = [self.widget]
+        while stack:   # Widget.close_all() would close every widget in the kernel
+            widget = stack.pop()
+            stack.extend(getattr(widget, "children", ()))
+            widget.close()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from ..view.render import summary
+
+        data = self.widget._repr_mimebundle_(include=include, exclude=exclude) or {}
+        data["text/plain"] = summary(self.flow)
+        return data

@@ -1,0 +1,574 @@
+"""The only door to models: AsyncOpenAI against any OpenAI-compatible endpoint.
+
+Every call is cached by a content hash of (endpoint, model, messages, parameters,
+seed), logged in the store with tokens, latency and cost, retried with bounded
+exponential backoff on 429 / 5xx / timeouts / connection errors, and limited by a
+process-wide concurrency cap (and an optional requests-per-minute cap).
+Structured output asks for `json_schema`, falls back to `json_object` with the
+schema (llama.cpp turns it into a grammar), then to plain text with extraction, and
+remembers per endpoint what worked. With `tools`, the reply carries the model's
+`tool_calls` (OpenAI wire shape); an endpoint that rejects `tools` raises
+`ToolsUnsupportedError` once and is remembered, so callers switch to a JSON protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import re
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from . import endpoints as _endpoints
+from .endpoints import Endpoint, configure, price_of
+from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
+from .._internal.aio import run_blocking
+from ..extract import extract_json
+from ..store import Store, get_store
+
+__all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
+           "EmbeddingsUnsupportedError"]
+
+_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+_MODES = ("json_schema", "json_object", "text")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class Reply:
+    text: str
+    data: Any = None
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+    cached: bool = False
+    call_id: int | None = None
+    finish_reason: str | None = None
+    cache_key: str = ""
+    tool_calls: list[dict] | None = None   # [{"id", "type": "function", "function": {"name", "arguments"}}]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
+    blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ToolsUnsupportedError(EndpointError):
+    """The endpoint refused a request with `tools`; use a JSON action protocol instead."""
+
+
+class EmbeddingsUnsupportedError(EndpointError):
+    """The endpoint has no usable /embeddings (remembered per endpoint by `LLM.embed`)."""
+
+
+# Statuses that mean "this endpoint does not embed" until it has embedded once: llama.cpp
+# started without --embedding answers 500, chat-only servers 404/405/501, and a chat
+# model named as the embedding model 400/422.
+_NO_EMBEDDINGS = {400, 404, 405, 422, 500, 501}
+_EMBED_BATCH = 256
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _valid_unicode(value: Any) -> Any:
+    """Lone surrogates (a "\\ud800" escape in a reply or in its JSON) as U+FFFD: SQLite,
+    nbformat and file writers refuse them, so one bad character would crash the run."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+        return value
+    except UnicodeEncodeError:   # in JSON text they can only be inside strings
+        text = _SURROGATE.sub("\ufffd", text)
+        return text if isinstance(value, str) else json.loads(text)
+
+
+def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float:
+    price = price_of(model, local=endpoint.local)
+    if not price:
+        return 0.0
+    return (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+
+
+def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
+    note = ("Answer with one JSON value and nothing else. It must match this JSON schema:\n"
+            + json.dumps(schema, separators=(",", ":")))
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+    else:
+        out.insert(0, {"role": "system", "content": note})
+    return out
+
+
+def _retryable(exc: Exception, timeout: float) -> "_Retryable | None":
+    """The retryable form of a transport or HTTP failure, or None when retrying cannot help
+    (a 4xx other than 408/409/429)."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code not in _RETRY_STATUS:
+            return None
+        retry_after = exc.response.headers.get("retry-after")
+        try:
+            wait = float(retry_after) if retry_after else None
+        except ValueError:
+            wait = None
+        return _Retryable(f"HTTP {exc.status_code}", wait)
+    if isinstance(exc, openai.APITimeoutError):
+        return _Retryable(f"no answer within {timeout:g} s")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return _Retryable(f"cannot connect: {type(cause).__name__}: {cause}")
+    return _Retryable(f"malformed response: {exc}")
+
+
+def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float):
+    """The error for an answer that was not the JSON asked for; it carries the call's
+    id and usage, because the call happened and was paid for."""
+    exc = (TruncatedError if "cut off" in error else ModelOutputError)(error)
+    exc.call_id, exc.input_tokens, exc.output_tokens, exc.cost_usd = (
+        call_id, tokens_in, tokens_out, cost)
+    return exc
+
+
+class LLM:
+    """Calls models through the openai SDK; see the module docstring."""
+
+    def __init__(self, store: Store | None = None, *, timeout: float = 120.0,
+                 max_retries: int = 4, concurrency: int = 8, rpm: int | None = None,
+                 backoff_base: float = 0.5, backoff_max: float = 20.0):
+        self._store = store
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.concurrency = concurrency
+        self.rpm = rpm
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
+        self._tool_modes: dict[str, str] = {}   # endpoint identity -> "native" | "action"
+        self._embeds: dict[str, bool] = {}   # endpoint identity -> /embeddings works
+        self._per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
+            weakref.WeakKeyDictionary())
+        self._sent: deque[float] = deque()
+        self._loop_lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        return self._store or get_store()
+
+    # -- per event loop state (httpx clients and semaphores belong to one loop) --
+    def _state(self) -> dict:
+        loop = asyncio.get_running_loop()
+        with self._loop_lock:
+            state = self._per_loop.get(loop)
+            if state is None:
+                state = {"clients": {}, "limits": {}, "all": asyncio.Semaphore(self.concurrency)}
+                self._per_loop[loop] = state
+            return state
+
+    async def _client(self, endpoint: Endpoint):
+        from openai import AsyncOpenAI
+
+        base_url = endpoint.base_url
+        if endpoint.local:
+            from .local import ensure_server
+            base_url = await asyncio.to_thread(ensure_server)
+        state = self._state()
+        key = (endpoint.name, base_url)
+        if key not in state["clients"]:
+            state["clients"][key] = AsyncOpenAI(
+                base_url=base_url, api_key=endpoint.api_key or "not-needed",
+                max_retries=0, timeout=self.timeout)
+        return state["clients"][key]
+
+    def _limit(self, endpoint: Endpoint) -> asyncio.Semaphore | None:
+        if not endpoint.concurrency:
+            return None
+        limits = self._state()["limits"]
+        if endpoint.identity not in limits:
+            limits[endpoint.identity] = asyncio.Semaphore(endpoint.concurrency)
+        return limits[endpoint.identity]
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients of the running loop (scripts call this before exit)."""
+        state = self._state()
+        clients, state["clients"] = state["clients"], {}
+        for client in clients.values():
+            await client.close()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, endpoint: Endpoint):
+        """One request's place: the requests-per-minute pace, the process-wide cap and the
+        endpoint's own cap (the embedded server serves one request at a time)."""
+        await self._pace()
+        limit = self._limit(endpoint)
+        async with self._state()["all"]:
+            if limit is None:
+                yield
+            else:
+                async with limit:
+                    yield
+
+    async def _pace(self) -> None:
+        if not self.rpm:
+            return
+        while True:
+            now = time.monotonic()
+            while self._sent and now - self._sent[0] > 60:
+                self._sent.popleft()
+            if len(self._sent) < self.rpm:
+                self._sent.append(now)
+                return
+            await asyncio.sleep(60 - (now - self._sent[0]) + 0.01)
+
+    # -- the call ---------------------------------------------------------------
+    async def complete(self, messages: list[dict] | str, *, model: str | None = None,
+                       schema: dict | None = None, temperature: float | None = None,
+                       seed: int | None = None, max_tokens: int | None = None,
+                       cache: bool = True, run_id: str | None = None,
+                       node_id: str | None = None, purpose: str | None = None,
+                       on_text: Callable[[str], None] | None = None,
+                       tools: list[dict] | None = None) -> Reply:
+        """One chat completion; `on_text` receives the text as it streams in.
+
+        `tools` are OpenAI function specs; the reply's `tool_calls` holds what the model
+        asked for (None when it answered in text).
+        """
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        endpoint, model_name = _endpoints.resolve(model)
+        if not model_name:
+            model_name = await self._first_model(endpoint)
+        params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                    ("max_tokens", max_tokens), ("schema", schema),
+                                    ("tools", tools or None)) if v is not None}
+        key = cache_key(endpoint.identity, model_name, messages, params)
+        model_id = f"{endpoint.name}:{model_name}"
+        log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
+                   params=params, cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
+        if cache:
+            hit = self.store.cache_get(key)
+            if hit is not None:
+                call_id = self.store.log_call(**log, response=hit, cached=True,
+                                              input_tokens=hit["input_tokens"],
+                                              output_tokens=hit["output_tokens"],
+                                              error=hit.get("error"))
+                if hit.get("error"):
+                    raise _output_error(hit["error"], call_id, 0, 0, 0.0)
+                if on_text:
+                    on_text(hit["text"])
+                return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
+                             hit["output_tokens"], 0.0, 0.0, True, call_id,
+                             hit.get("finish_reason"), key, hit.get("tool_calls"))
+        self.store.check_writable()   # a paid call whose answer could not be kept: refuse first
+        started = time.perf_counter()
+        try:
+            raw, attempts = await self._call_with_retries(
+                endpoint, model_name, messages, schema, temperature, seed, max_tokens, on_text,
+                tools or None)
+        except EndpointError as exc:
+            self.store.log_call(**log, error=str(exc),
+                                latency_s=time.perf_counter() - started)
+            raise
+        latency = time.perf_counter() - started
+        text, finish, tokens_in, tokens_out, tool_calls = raw
+        text = _valid_unicode(text)
+        cost = _cost(endpoint, model_name, tokens_in, tokens_out)
+        data, error = None, None
+        if schema is not None:
+            try:
+                data = _valid_unicode(extract_json(text, finish_reason=finish))
+            except ModelOutputError as exc:
+                error = str(exc)
+        payload = {"text": text, "data": data, "finish_reason": finish,
+                   "input_tokens": tokens_in, "output_tokens": tokens_out, "attempts": attempts}
+        if tool_calls:
+            payload["tool_calls"] = tool_calls
+        call_id = self.store.log_call(**log, response=payload, input_tokens=tokens_in,
+                                      output_tokens=tokens_out, latency_s=latency,
+                                      cost_usd=cost, error=error)
+        if error is not None:
+            if cache:   # a replay must meet the same unusable answer, not call again
+                self.store.cache_put(key, {**payload, "error": error})
+            raise _output_error(error, call_id, tokens_in, tokens_out, cost)
+        if cache:
+            self.store.cache_put(key, payload)
+        return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
+                     call_id, finish, key, tool_calls or None)
+
+    def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
+        """`complete` for scripts; from inside a running loop it uses a worker thread."""
+        return run_blocking(lambda: self.complete(messages, **kwargs), close=self.aclose)
+
+    # -- embeddings -------------------------------------------------------------
+    def embeddings_supported(self, model: str | None = None) -> bool | None:
+        """Whether the endpoint of `model` embeds: True / False once known, None before."""
+        endpoint, _ = _endpoints.resolve(model)
+        return self._embeds.get(endpoint.identity)
+
+    async def embed(self, texts: list[str] | str, *, model: str | None = None,
+                    cache: bool = True, run_id: str | None = None,
+                    purpose: str = "embed") -> list[list[float]]:
+        """One vector per text from the endpoint's `/embeddings`, in order.
+
+        Texts are cached one by one (endpoint, model, text), so only new ones are sent;
+        each request is logged as a call, and a request answered wholly from the cache
+        as one cached call. An endpoint that cannot embed raises
+        `EmbeddingsUnsupportedError`, at once on later calls. Blank texts get [].
+        """
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        endpoint, model_name = _endpoints.resolve(model)
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        if self._embeds.get(endpoint.identity) is False:
+            raise EmbeddingsUnsupportedError(f"{where} has no /embeddings; use TF-IDF similarity")
+        if not model_name:
+            model_name = await self._first_model(endpoint)
+        keys = {t: cache_key(endpoint.identity, model_name, [t], {"embed": True})
+                for t in texts if t.strip()}
+        found: dict[str, list[float]] = {}
+        for text, key in keys.items() if cache else ():
+            hit = self.store.cache_get(key)
+            if hit is not None:
+                found[text] = hit["vector"]
+        missing = [t for t in keys if t not in found]
+        log = dict(endpoint=endpoint.identity, model=f"{endpoint.name}:{model_name}",
+                   messages=[{"role": "input", "content": t} for t in missing or list(keys)],
+                   params={"embed": True}, run_id=run_id, purpose=purpose)
+        if not missing:
+            self.store.log_call(**log, response={"vectors": len(keys)}, cached=True)
+            return [found.get(t, []) for t in texts]
+        started, tokens = time.perf_counter(), 0
+        try:
+            for i in range(0, len(missing), _EMBED_BATCH):
+                batch = missing[i:i + _EMBED_BATCH]
+                vectors, used = await self._embed_with_retries(endpoint, model_name, batch)
+                found.update(zip(batch, vectors))
+                tokens += used
+        except EndpointError as exc:
+            self.store.log_call(**log, error=str(exc), latency_s=time.perf_counter() - started)
+            raise
+        self._embeds[endpoint.identity] = True
+        self.store.log_call(**log, response={"vectors": len(missing)}, input_tokens=tokens,
+                            latency_s=time.perf_counter() - started,
+                            cost_usd=_cost(endpoint, model_name, tokens, 0))
+        for text in missing if cache else ():
+            self.store.cache_put(keys[text], {"vector": found[text]})
+        return [found.get(t, []) for t in texts]
+
+    def embed_sync(self, texts: list[str] | str, **kwargs) -> list[list[float]]:
+        """`embed` for scripts and sync callers; inside a running loop it uses a worker thread."""
+        return run_blocking(lambda: self.embed(texts, **kwargs), close=self.aclose)
+
+    async def _embed_with_retries(self, endpoint: Endpoint, model: str, texts: list[str]):
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, last))
+            try:
+                return await self._embed_once(endpoint, model, texts)
+            except _Retryable as exc:
+                last = exc
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        raise EndpointError(f"{where} /embeddings failed {self.max_retries + 1} times ({last}); "
+                            "check that the server is up, or use TF-IDF similarity")
+
+    async def _embed_once(self, endpoint: Endpoint, model: str, texts: list[str]):
+        import openai
+
+        client = await self._client(endpoint)
+        try:
+            async with self._slot(endpoint):
+                response = await client.embeddings.create(model=model, input=texts,
+                                                          encoding_format="float")
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            if status in _NO_EMBEDDINGS and not self._embeds.get(endpoint.identity):
+                self._embeds[endpoint.identity] = False
+                where = "the embedded model" if endpoint.local else endpoint.base_url
+                raise EmbeddingsUnsupportedError(
+                    f"{where} cannot embed with {model!r} (HTTP {status}: "
+                    f"{' '.join(str(exc).split())[:120]}); use TF-IDF similarity") from None
+            raise _retryable(exc, self.timeout) or EndpointError(
+                self._status_message(endpoint, model, exc)) from None
+        except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError,
+                AttributeError) as exc:
+            raise _retryable(exc, self.timeout) from None
+        data = sorted(getattr(response, "data", None) or [], key=lambda d: d.index)
+        if len(data) != len(texts):
+            raise _Retryable(f"{len(data)} vectors for {len(texts)} texts")
+        used = getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
+        return [[float(x) for x in d.embedding] for d in data], used
+
+    async def _first_model(self, endpoint: Endpoint) -> str:
+        client = await self._client(endpoint)
+        try:
+            page = await client.models.list()
+            ids = [m.id for m in page.data]
+        except Exception as exc:  # any failure here means: tell the user to name one
+            raise ConfigError(
+                f"no model named for {endpoint.base_url} and listing its models failed ({exc}); "
+                "set FLOWMAGIC_MODEL or configure(model=...)") from None
+        if not ids:
+            raise ConfigError(f"{endpoint.base_url} lists no models; set FLOWMAGIC_MODEL")
+        endpoint.model = ids[0]
+        return ids[0]
+
+    def tool_mode(self, model: str | None = None) -> str:
+        """"native" (OpenAI `tools`) or "action" (a JSON action protocol) for this endpoint.
+
+        The embedded llama.cpp server accepts `tools` but its chat template ignores them,
+        so it starts on "action"; others start on "native" until they refuse `tools`.
+        """
+        endpoint, _ = _endpoints.resolve(model)
+        return self._tool_modes.get(endpoint.identity, "action" if endpoint.local else "native")
+
+    async def _call_with_retries(self, endpoint, model, messages, schema, temperature, seed,
+                                 max_tokens, on_text, tools=None):
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, last))
+            try:
+                return await self._call_once(endpoint, model, messages, schema, temperature,
+                                             seed, max_tokens, on_text, tools), attempt + 1
+            except _Retryable as exc:
+                last = exc
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        raise EndpointError(
+            f"{where} failed {self.max_retries + 1} times ({last}); "
+            "check that the server is up and the model name is right, then re-run")
+
+    def _backoff(self, attempt: int, error: Exception | None) -> float:
+        ceiling = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        delay = random.uniform(ceiling / 2, ceiling)
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, 60.0))
+        return delay
+
+    async def _call_once(self, endpoint, model, messages, schema, temperature, seed,
+                         max_tokens, on_text, tools=None):
+        import openai
+
+        client = await self._client(endpoint)
+        mode = self._modes.get(endpoint.identity, "json_object" if endpoint.local
+                               else "json_schema") if schema is not None else None
+        while True:
+            kwargs = self._request(model, messages, schema, mode, temperature, seed, max_tokens)
+            if tools:
+                kwargs["tools"] = tools
+            try:
+                async with self._slot(endpoint):
+                    return await self._send(client, kwargs, on_text)
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if tools and status in (400, 422, 500, 501):
+                    self._tool_modes[endpoint.identity] = "action"
+                    raise ToolsUnsupportedError(
+                        f"{endpoint.base_url} refused function calling (HTTP {status}); "
+                        "flowmagic uses its JSON action protocol there from now on") from None
+                if mode in ("json_schema", "json_object") and status in (400, 422, 500, 501):
+                    mode = _MODES[_MODES.index(mode) + 1]   # try the next structured mode
+                    self._modes[endpoint.identity] = mode
+                    continue
+                raise _retryable(exc, self.timeout) or EndpointError(
+                    self._status_message(endpoint, model, exc)) from None
+            except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError,
+                    AttributeError) as exc:
+                raise _retryable(exc, self.timeout) from None
+
+    @staticmethod
+    def _status_message(endpoint: Endpoint, model: str, exc) -> str:
+        where = "the embedded model" if endpoint.local else endpoint.base_url
+        if exc.status_code in (401, 403):
+            env = endpoint.key_env or "FLOWMAGIC_API_KEY"
+            return f"{where} refused the API key (HTTP {exc.status_code}); check {env}"
+        if exc.status_code == 404:
+            return (f"{where} has no model {model!r} (HTTP 404); "
+                    "check the model name with `%flow models` or FLOWMAGIC_MODEL")
+        return f"{where} rejected the request (HTTP {exc.status_code}): {str(exc)[:200]}"
+
+    @staticmethod
+    def _request(model, messages, schema, mode, temperature, seed, max_tokens) -> dict:
+        kwargs: dict[str, Any] = {"model": model, "messages": messages}
+        if temperature is not None:
+            kwargs["temperature"] = temperature
+        if seed is not None:
+            kwargs["seed"] = seed
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        if schema is not None:
+            kwargs["messages"] = _with_schema_note(messages, schema)
+            if mode == "json_schema":
+                kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+                    "name": "answer", "schema": schema}}
+            elif mode == "json_object":
+                kwargs["response_format"] = {"type": "json_object", "schema": schema}
+        return kwargs
+
+    @staticmethod
+    async def _send(client, kwargs: dict, on_text) -> tuple[str, str | None, int, int, list]:
+        if on_text is None:
+            response = await client.chat.completions.create(**kwargs)
+            if isinstance(response, (str, bytes)) or not getattr(response, "choices", None):
+                raise ValueError("the body is not a chat completion")
+            choice = response.choices[0]
+            usage = response.usage
+            calls = [{"id": c.id, "type": "function",
+                      "function": {"name": c.function.name, "arguments": c.function.arguments or ""}}
+                     for c in choice.message.tool_calls or [] if getattr(c, "function", None)]
+            return (choice.message.content or "", choice.finish_reason,
+                    getattr(usage, "prompt_tokens", 0) or 0,
+                    getattr(usage, "completion_tokens", 0) or 0, calls)
+        stream = await client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True})
+        parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, {}
+        async for chunk in stream:
+            if chunk.usage:
+                tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    parts.append(choice.delta.content)
+                    on_text(choice.delta.content)
+                for piece in (choice.delta.tool_calls or []) if choice.delta else []:
+                    _add_tool_delta(calls, piece)
+                finish = choice.finish_reason or finish
+        return "".join(parts), finish, tokens_in or 0, tokens_out or 0, list(calls.values())
+
+
+def _add_tool_delta(calls: dict, piece) -> None:
+    """Streamed tool calls arrive in pieces keyed by index: the id and name once, the
+    arguments as text fragments to join."""
+    slot = calls.setdefault(piece.index, {"id": None, "type": "function",
+                                          "function": {"name": "", "arguments": ""}})
+    slot["id"] = piece.id or slot["id"] or f"call_{piece.index}"
+    if piece.function is not None:
+        slot["function"]["name"] += piece.function.name or ""
+        slot["function"]["arguments"] += piece.function.arguments or ""
+
+
+_shared: LLM | None = None
+
+
+def get_llm() -> LLM:
+    """The process-wide LLM (one concurrency limit for everything in the process)."""
+    global _shared
+    if _shared is None:
+        _shared = LLM()
+    return _shared

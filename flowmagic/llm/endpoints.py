@@ -1,0 +1,200 @@
+"""Where models live: endpoint resolution, named endpoints, model ids and prices.
+
+Resolution of the default endpoint, first match wins: `configure(...)`;
+FLOWMAGIC_BASE_URL / FLOWMAGIC_API_KEY / FLOWMAGIC_MODEL; the openai SDK's own
+OPENAI_BASE_URL / OPENAI_API_KEY; else the embedded model (see local.py).
+Keys are held in memory only; `Endpoint.__repr__` and `describe()` never show them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from ..errors import ConfigError
+
+__all__ = [
+    "Endpoint",
+    "configure",
+    "reset",
+    "resolve",
+    "endpoints",
+    "price_of",
+    "set_prices",
+    "PRICES",
+    "LOCAL_MODEL",
+]
+
+LOCAL_MODEL = "smollm2-135m-instruct"
+OPENAI_URL = "https://api.openai.com/v1"
+OPENAI_DEFAULT_MODEL = "gpt-4o-mini"
+
+# USD per million (input, output) tokens; matched by the longest prefix of the model name.
+PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-5-nano": (0.05, 0.40),
+    "gpt-5-mini": (0.25, 2.00),
+    "gpt-5": (1.25, 10.00),
+    "o3-mini": (1.10, 4.40),
+    "o4-mini": (1.10, 4.40),
+    "o3": (2.00, 8.00),
+    "gpt-3.5-turbo": (0.50, 1.50),
+    "deepseek-chat": (0.27, 1.10),
+    "deepseek-reasoner": (0.55, 2.19),
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
+    LOCAL_MODEL: (0.0, 0.0),
+}
+
+
+@dataclass
+class Endpoint:
+    name: str
+    base_url: str
+    model: str | None
+    api_key: str = field(default="", repr=False)
+    key_env: str | None = None   # the environment variable the key came from, if any
+    local: bool = False          # the embedded llama.cpp server
+    concurrency: int | None = None  # requests it can serve at once (None: the LLM's limit)
+
+    @property
+    def identity(self) -> str:
+        """What the cache key uses: stable across ports for the embedded model."""
+        return "local" if self.local else self.base_url.rstrip("/")
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "base_url": "embedded" if self.local else self.base_url,
+            "model": self.model,
+            "key": self.key_env or ("set" if self.api_key else "none"),
+            "key_set": bool(self.api_key) or self.local,
+        }
+
+
+_lock = threading.Lock()
+_configured: dict[str, Endpoint] = {}
+
+
+def _check_url(url: str, source: str) -> str:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(
+            f"{source} {url!r} is not an http(s) URL; use something like "
+            "http://localhost:11434/v1 (Ollama) or https://api.openai.com/v1"
+        )
+    return url.rstrip("/")
+
+
+def configure(base_url: str | None = None, api_key: str | None = None,
+              model: str | None = None, *, name: str = "default",
+              prices: dict[str, tuple[float, float]] | None = None,
+              concurrency: int | None = None) -> Endpoint | None:
+    """Register an endpoint (the default one unless `name` is given) and/or prices.
+
+    `configure(base_url="http://localhost:11434/v1", model="llama3.2")` points every call
+    at Ollama; `configure(name="cheap", base_url=..., model=...)` adds a second endpoint
+    that nodes can use as `model="cheap"` or `"cheap:other-model"`.
+    """
+    if prices:
+        set_prices(prices)
+    if base_url is None and api_key is None and model is None:
+        return None
+    if ":" in name or not name:
+        raise ConfigError(f"endpoint name {name!r} must be a non-empty word without ':'")
+    if base_url is None:
+        base_url = OPENAI_URL if api_key else None
+    if base_url is None and model is not None and name == "default":
+        # Only a model: keep the endpoint resolution, override the model.
+        current = resolve_default(ignore_configured=True)
+        endpoint = Endpoint(name, current.base_url, model, current.api_key,
+                            current.key_env, current.local, current.concurrency)
+    elif base_url is None:
+        raise ConfigError(f"endpoint {name!r} needs a base_url (or an api_key for OpenAI)")
+    else:
+        endpoint = Endpoint(name, _check_url(base_url, "base_url"), model, api_key or "",
+                            concurrency=concurrency)
+    with _lock:
+        _configured[name] = endpoint
+    return endpoint
+
+
+def reset() -> None:
+    """Forget every configure() call (tests, or a fresh start in a notebook)."""
+    with _lock:
+        _configured.clear()
+
+
+def resolve_default(*, ignore_configured: bool = False) -> Endpoint:
+    if not ignore_configured:
+        with _lock:
+            if "default" in _configured:
+                return _configured["default"]
+    env = os.environ
+    if env.get("FLOWMAGIC_BASE_URL") or env.get("FLOWMAGIC_API_KEY"):
+        url = env.get("FLOWMAGIC_BASE_URL") or OPENAI_URL
+        return Endpoint("default", _check_url(url, "FLOWMAGIC_BASE_URL"),
+                        env.get("FLOWMAGIC_MODEL") or None, env.get("FLOWMAGIC_API_KEY", ""),
+                        "FLOWMAGIC_API_KEY" if env.get("FLOWMAGIC_API_KEY") else None)
+    if env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"):
+        url = env.get("OPENAI_BASE_URL") or OPENAI_URL
+        model = env.get("FLOWMAGIC_MODEL") or (OPENAI_DEFAULT_MODEL if url == OPENAI_URL else None)
+        return Endpoint("default", _check_url(url, "OPENAI_BASE_URL"), model,
+                        env.get("OPENAI_API_KEY", ""),
+                        "OPENAI_API_KEY" if env.get("OPENAI_API_KEY") else None)
+    return _local()
+
+
+def endpoints() -> list[Endpoint]:
+    """Every endpoint a model id can name: the default first, then the named ones."""
+    default = resolve_default()
+    with _lock:
+        named = [e for n, e in _configured.items() if n != "default"]
+    return [default, *named]
+
+
+def _local() -> Endpoint:
+    return Endpoint("local", "embedded", LOCAL_MODEL, local=True, concurrency=1)
+
+
+def resolve(model: str | None = None) -> tuple[Endpoint, str | None]:
+    """(endpoint, model name) for a model id; the model may be None (ask the endpoint)."""
+    if model in (None, "", "default"):
+        endpoint = resolve_default()
+        return endpoint, endpoint.model
+    if model in ("local", "embedded") or model.startswith("local:"):
+        return _local(), LOCAL_MODEL
+    prefix, sep, rest = model.partition(":")
+    with _lock:
+        named = _configured.get(prefix) if prefix != "default" else None
+    if named is not None:
+        return named, rest or named.model
+    if prefix == "default" and sep:
+        return resolve_default(), rest
+    # A plain model name (it may contain ':' itself, as Ollama's "llama3.2:1b" does).
+    return resolve_default(), model
+
+
+def set_prices(prices: dict[str, tuple[float, float]]) -> None:
+    """Add or change prices: {model name or prefix: (USD per 1M input, per 1M output)}."""
+    for name, pair in prices.items():
+        if len(pair) != 2 or any(not isinstance(p, (int, float)) or p < 0 for p in pair):
+            raise ConfigError(f"price for {name!r} must be (input, output) USD per million tokens")
+        PRICES[name] = (float(pair[0]), float(pair[1]))
+
+
+def price_of(model: str | None, *, local: bool = False) -> tuple[float, float] | None:
+    """(input, output) USD per million tokens, or None when the model is not priced."""
+    if local:
+        return (0.0, 0.0)
+    if not model:
+        return None
+    name = model.rsplit("/", 1)[-1].lower()
+    best = max((k for k in PRICES if name.startswith(k.lower())), key=len, default=None)
+    return PRICES[best] if best else None

@@ -1,0 +1,269 @@
+"""The AOV workflow: subtasks (`Node`) and "must finish before" edges on a networkx DiGraph.
+
+A `Workflow` keeps the graph (ids only) and the `Node` objects side by side. Pruned nodes
+stay in `nodes` for their history but have no edges, so every query that matters works
+on `active()`. Counts such as `num_parents_not_completed` are always derived from the
+graph, never stored, so they cannot drift. `parse_plan` (in `plans`, re-exported here)
+turns whatever a model wrote into a valid DAG plus one warning per repair, or one `PlanError`.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import re
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from ..errors import NodeError, PlanError
+
+__all__ = ["STATUSES", "SLUG_MAX", "Node", "Workflow", "parse_plan", "slugify", "is_slug"]
+
+STATUSES = ("pending", "ready", "running", "done", "failed", "pruned")
+SLUG_MAX = 40
+
+
+def is_slug(text: object) -> bool:
+    """True for a valid node id: 1-40 characters of lowercase ascii letters, digits, `_`."""
+    return (isinstance(text, str) and 0 < len(text) <= SLUG_MAX
+            and all(c in "abcdefghijklmnopqrstuvwxyz0123456789_" for c in text))
+
+
+def slugify(text: object, fallback: str = "") -> str:
+    """A node id made from `text`; valid slugs come back unchanged, so this is idempotent."""
+    if is_slug(text):
+        return str(text)
+    ascii_text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "_", ascii_text.lower()).strip("_")
+    return slug[:SLUG_MAX].rstrip("_") or fallback
+
+
+@dataclass
+class Node:
+    id: str
+    requirement: str
+    agent: str = "assistant"
+    model: str | None = None
+    status: str = "pending"
+    output: str | None = None
+    attempts: list[dict] = field(default_factory=list)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    start: float | None = None
+    end: float | None = None
+    error: str | None = None
+    clone: str | None = None
+    estimate_s: float | None = None
+    downgraded_from: str | None = None
+    stale: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Node:
+        """The inverse of `to_dict`; unknown keys are ignored, a wrongly typed field is a PlanError."""
+        if not isinstance(d, dict):
+            raise PlanError(f"a node must be a JSON object, not {type(d).__name__}; "
+                            "pass what Node.to_dict() returned")
+        kwargs, bad = _node_fields(d)
+        if bad:
+            raise PlanError(f"node field {bad[0]!r} has the wrong type; "
+                            "fix it or drop it from the node dict")
+        for key in ("id", "requirement"):
+            if not isinstance(d.get(key), str) or not d[key].strip():
+                raise PlanError(f"a node needs a non-empty string {key!r}; add one to the node dict")
+        return cls(id=d["id"], requirement=d["requirement"], **kwargs)
+
+    @property
+    def duration(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        return self.end - self.start
+
+
+_NONE = type(None)
+_NUM = (int, float)
+# Field -> accepted JSON types; bool is excluded from numbers explicitly below.
+_FIELD_TYPES: dict[str, tuple] = {
+    "agent": (str,), "model": (str, _NONE), "status": (str,), "output": (str, _NONE),
+    "attempts": (list,), "tokens_in": (int,), "tokens_out": (int,), "cost_usd": _NUM,
+    "start": _NUM + (_NONE,), "end": _NUM + (_NONE,), "error": (str, _NONE),
+    "clone": (str, _NONE), "estimate_s": _NUM + (_NONE,), "downgraded_from": (str, _NONE),
+    "stale": (bool,),
+}
+
+
+def _node_fields(d: dict) -> tuple[dict, list[str]]:
+    """Node fields of `d` (other than id and requirement) with valid types, and the names of bad ones."""
+    good, bad = {}, []
+    for name, types in _FIELD_TYPES.items():
+        if name not in d:
+            continue
+        value = d[name]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if name == "attempts" and ok:
+            ok = all(isinstance(a, dict) for a in value)
+        if ok:
+            good[name] = _copy.deepcopy(value)
+        else:
+            bad.append(name)
+    return good, bad
+
+
+class Workflow:
+    """An AOV graph of subtasks; ids in `graph`, `Node` objects in `nodes` (plan order)."""
+
+    def __init__(self, task: str = "") -> None:
+        self.task = task
+        self.graph = nx.DiGraph()
+        self.nodes: dict[str, Node] = {}
+        self.warnings: list[str] = []
+
+    def __repr__(self) -> str:
+        return (f"Workflow({len(self.nodes)} nodes, {self.graph.number_of_edges()} edges, "
+                f"task={self.task[:40]!r})")
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self.nodes
+
+    # -- ordering helpers: plan order breaks every tie, so nothing depends on hash seeds
+    def _sorted(self, ids) -> list[str]:
+        pos = {k: i for i, k in enumerate(self.nodes)}
+        return sorted(ids, key=lambda i: (pos.get(i, len(pos)), i))
+
+    def edges(self) -> list[tuple[str, str]]:
+        """All edges, sorted by the plan order of (parent, child)."""
+        pos = {k: i for i, k in enumerate(self.nodes)}
+        return sorted(self.graph.edges, key=lambda e: (pos.get(e[0], -1), pos.get(e[1], -1)))
+
+    # -- mutation
+    def add_node(self, node: Node) -> Node:
+        if not isinstance(node, Node):
+            raise NodeError(f"add_node takes a Node, not {type(node).__name__}")
+        if node.id in self.nodes:
+            raise NodeError(f"node {node.id!r} already exists; pick another id or edit that node")
+        if not is_slug(node.id):
+            raise NodeError(f"node id {node.id!r} is not a slug of [a-z0-9_] (at most {SLUG_MAX} "
+                            f"characters); use slugify(), e.g. {slugify(node.id, 'task')!r}")
+        if not isinstance(node.requirement, str) or not node.requirement.strip():
+            raise NodeError(f"node {node.id!r} has an empty requirement; say what the subtask must do")
+        if node.status not in STATUSES:
+            raise NodeError(f"node {node.id!r} has unknown status {node.status!r}; use one of {STATUSES}")
+        self.nodes[node.id] = node
+        self.graph.add_node(node.id)
+        return node
+
+    def _active_node(self, node_id: str) -> Node:
+        node = self.node(node_id)
+        if node.status == "pruned":
+            raise NodeError(f"node {node_id!r} is pruned; it can have no edges")
+        return node
+
+    def add_edge(self, a: str, b: str) -> None:
+        """Make `a` a parent of `b`; refuses self-loops and edges that would close a cycle."""
+        self._active_node(a)
+        self._active_node(b)
+        if a == b:
+            raise PlanError(f"node {a!r} cannot depend on itself; drop that dependency")
+        if self.graph.has_edge(a, b):
+            return
+        if nx.has_path(self.graph, b, a):
+            raise PlanError(f"edge {a} -> {b} would close a cycle ({b} already leads to {a}); "
+                            "drop one of the dependencies")
+        self.graph.add_edge(a, b)
+
+    def remove_edge(self, a: str, b: str) -> None:
+        if not self.graph.has_edge(a, b):
+            raise NodeError(f"there is no edge {a} -> {b}; see workflow.edges() for the edges")
+        self.graph.remove_edge(a, b)
+
+    def prune(self, node_id: str) -> None:
+        """Mark pruned and link every predecessor to every successor (reachability survives)."""
+        node = self.node(node_id)
+        if node.status == "pruned":
+            return
+        preds, succs = self.parents(node_id), self.children(node_id)
+        self.graph.remove_edges_from([(p, node_id) for p in preds] + [(node_id, s) for s in succs])
+        # A bypass edge cannot close a cycle: p -> node -> s already existed.
+        self.graph.add_edges_from((p, s) for p in preds for s in succs if p != s)
+        node.status = "pruned"
+
+    # -- queries
+    def node(self, node_id: str) -> Node:
+        try:
+            return self.nodes[node_id]
+        except (KeyError, TypeError):
+            known = ", ".join(list(self.nodes)[:20]) or "none"
+            raise NodeError(f"unknown node {node_id!r}; known nodes: {known}") from None
+
+    def parents(self, node_id: str) -> list[str]:
+        self.node(node_id)
+        return self._sorted(self.graph.predecessors(node_id))
+
+    def children(self, node_id: str) -> list[str]:
+        self.node(node_id)
+        return self._sorted(self.graph.successors(node_id))
+
+    def ancestors(self, node_id: str) -> list[str]:
+        self.node(node_id)
+        return self._sorted(nx.ancestors(self.graph, node_id))
+
+    def descendants(self, node_id: str) -> list[str]:
+        self.node(node_id)
+        return self._sorted(nx.descendants(self.graph, node_id))
+
+    def active(self) -> nx.DiGraph:
+        """A new DiGraph of the non-pruned nodes, built in plan order."""
+        g = nx.DiGraph()
+        g.add_nodes_from(i for i, n in self.nodes.items() if n.status != "pruned")
+        g.add_edges_from((a, b) for a, b in self.edges() if a in g and b in g)
+        return g
+
+    def order(self) -> list[str]:
+        pos = {k: i for i, k in enumerate(self.nodes)}
+        return list(nx.lexicographical_topological_sort(self.active(), key=pos.__getitem__))
+
+    def generations(self) -> list[list[str]]:
+        return [self._sorted(gen) for gen in nx.topological_generations(self.active())]
+
+    def num_parents_not_completed(self, node_id: str) -> int:
+        return sum(1 for p in self.parents(node_id) if self.nodes[p].status != "done")
+
+    def ready(self) -> list[str]:
+        """Pending nodes whose parents are all done, in plan order."""
+        return [i for i, n in self.nodes.items()
+                if n.status == "pending" and self.num_parents_not_completed(i) == 0]
+
+    def copy(self) -> Workflow:
+        return _copy.deepcopy(self)
+
+    # -- JSON
+    def to_dict(self) -> dict:
+        return {"task": self.task, "nodes": [n.to_dict() for n in self.nodes.values()],
+                "edges": [[a, b] for a, b in self.edges()], "warnings": list(self.warnings)}
+
+    def to_paper_dict(self) -> dict:
+        """Flow's form: one entry per node id (pruned ones included, with no children)."""
+        return {i: {"requirement": n.requirement, "status": n.status, "data": n.output,
+                    "agent": n.agent, "child": self.children(i),
+                    "num_parents_not_completed": self.num_parents_not_completed(i)}
+                for i, n in self.nodes.items()}
+
+    @classmethod
+    def from_dict(cls, d: Any, task: str | None = None) -> Workflow:
+        """Plain (`to_dict`) or paper (`to_paper_dict`) form, or anything `parse_plan` takes."""
+        from .plans import parse_plan
+        return parse_plan(d, task=task or "")
+
+
+def __getattr__(name: str) -> Any:
+    # plans builds Workflows, so it imports this module; importing it back here only
+    # when parse_plan is first asked for lets either module be imported first.
+    if name == "parse_plan":
+        from .plans import parse_plan
+        return parse_plan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,372 @@
+"""Export an executed flow as a notebook whose cells replay it; drawings; the call cache.
+
+`export(flow, path)` (also `Flow.to_notebook(path)` and `%flow export NAME PATH`) writes an
+nbformat v4 notebook:
+
+1. the task (Markdown);
+2. `%load_ext flowmagic` and the endpoints by name and model (never a key);
+3. `%%flow_plan NAME`: the chosen graph and the settings as JSON (nothing is planned again);
+4. `%%flow_record NAME` (input collapsed): what every node produced, with its fingerprint;
+5. one `%%flow_node NAME NODE --after A,B --agent ROLE [--model M]` cell per node in
+   topological order, its body the requirement, its output the node's recorded output;
+6. the result and the cost (`show_result`), then the graph and the timeline
+   (`show_drawings`, tagged `nbval-ignore-output`: graphviz versions draw differently),
+   each as PNG beside SVG so they show in an untrusted notebook and on code-hosting sites.
+
+Every output is made by the same function the cell calls when it runs (see replay.py), on
+a copy of the flow rebuilt from the exported cells, so running the notebook top to bottom
+reproduces each output exactly with no model call. The notebook's metadata keeps models,
+seeds, cache keys, tokens, cost, timings, the candidates and the update log.
+
+`save_cache` / `load_cache` move cached model answers between machines as JSON (the
+tutorials ship theirs, so they replay anywhere without calling the model).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import ConfigError, NodeError
+from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
+                     handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
+                     plan_summary, result_bundle, setting_value, settle, show_result,
+                     tables)
+
+__all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
+           "handle_flow_plan", "handle_flow_record", "handle_flow_node", "load_cache",
+           "save_cache", "MAGICS", "NBVAL_IGNORE", "RECORD_FORMAT"]
+
+MAGICS = ("flow_plan", "flow_record", "flow_node")
+NBVAL_IGNORE = "nbval-ignore-output"
+RECORD_FORMAT = 1
+_ATTEMPT_KEYS = ("attempt", "start", "end", "passed", "feedback", "error", "call_id",
+                 "cache_key", "model", "cached", "tokens_in", "tokens_out", "cost_usd",
+                 "seed", "masked")
+_KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+# ----------------------------------------------------------------------------- drawings
+def _timeline_png(rows: list[dict]) -> bytes | None:
+    """The timeline as PNG, drawn by graphviz at fixed positions (neato -n2), so it shows
+    where SVG does not (an untrusted notebook in JupyterLab); None without `dot`."""
+    import graphviz
+
+    rows = [r for r in rows if r.get("start") is not None and r.get("end") is not None]
+    if not rows:
+        return None
+    from ..view.render import STATUS_COLORS
+
+    t0 = min(r["start"] for r in rows)
+    span = max(max(r["end"] for r in rows) - t0, 1e-3)
+    scale, left, row_h = 400 / span, 180, 22
+    g = graphviz.Graph("timeline", engine="neato")
+    g.attr(bgcolor="white")
+    g.attr("node", fontname="Helvetica", fontsize="9", fixedsize="true", height=str(14 / 72))
+    for i, row in enumerate(rows):
+        y = (len(rows) - i) * row_h + 20
+        x0, x1 = left + (row["start"] - t0) * scale, left + (row["end"] - t0) * scale
+        width = max(x1 - x0, 2)
+        who = row.get("clone") or row.get("agent") or ""
+        g.node(f"l{i}", label=f"{row['node']} · {who}"[:34], shape="plaintext",
+               pos=f"{left / 2 - 4},{y}!", width=str((left - 10) / 72))
+        g.node(f"b{i}", label="", shape="box", style="filled", pos=f"{x0 + width / 2},{y}!",
+               width=str(width / 72), fillcolor=STATUS_COLORS.get(row.get("status"), "#ffffff"))
+    g.node("axis", label=f"0 s … {span:.1f} s", shape="plaintext", pos=f"{left + 200},8!",
+           width=str(400 / 72))
+    try:
+        return g.pipe(format="png", neato_no_op=2, quiet=True)
+    except graphviz.ExecutableNotFound:
+        return None
+
+
+def _timeline_text(rows: list[dict]) -> str:
+    rows = [r for r in rows if r.get("start") is not None]
+    if not rows:
+        return "nothing has run yet"
+    t0 = min(r["start"] for r in rows)
+    table = [[r["node"], r.get("clone") or r.get("agent") or "", r["status"],
+              f"{r['start'] - t0:.1f}",
+              f"{r['duration_s']:.1f}" if r.get("duration_s") is not None else ""]
+             for r in rows]
+    return tables(["node", "agent", "status", "start s", "took s"], table)[0]
+
+
+def drawing_bundles(flow) -> list[tuple[dict, dict]]:
+    """The graph (PNG beside SVG) and the timeline (SVG, PNG and a text table)."""
+    from ..view import render
+
+    meta = {"flowmagic": {"run": flow.run_id, "what": "drawing"}}
+    graph: dict[str, Any] = {"text/plain": render.summary(flow)}
+    if render.have_dot():
+        graph["image/svg+xml"] = render.svg(flow)
+        graph["image/png"] = base64.b64encode(render.png(flow)).decode("ascii")
+    else:
+        graph["text/plain"] += f"\n{render.DOT_HINT}\n{render.draw(flow).source}"
+    rows = flow.timeline()
+    timeline: dict[str, Any] = {"text/plain": _timeline_text(rows),
+                                "image/svg+xml": render.timeline_svg(flow)}
+    picture = _timeline_png(rows)
+    if picture is not None:
+        timeline["image/png"] = base64.b64encode(picture).decode("ascii")
+    return [(graph, meta), (timeline, {"flowmagic": {"run": flow.run_id, "what": "timeline"}})]
+
+
+
+
+def show_drawings(flow) -> None:
+    """The graph and the timeline, each as PNG beside SVG."""
+    from IPython.display import display
+
+    for data, meta in drawing_bundles(flow):
+        display(data, raw=True, metadata=meta)
+
+
+# ----------------------------------------------------------------------------- export
+def _identifier(name: str) -> str:
+    from ..model.graph import slugify
+
+    slug = slugify(name, "flow")
+    return slug if slug[0].isalpha() and slug not in ("and", "as", "if", "in", "is", "not", "or")\
+        else f"flow_{slug}"
+
+
+def _plan(flow) -> dict:
+    from ..flow import DEFAULTS
+
+    wf = flow.workflow
+    nodes = []
+    for node in wf.nodes.values():
+        d = {"id": node.id, "requirement": node.requirement.strip(), "agent": node.agent,
+             "model": node.model}
+        if node.downgraded_from:
+            d["downgraded_from"] = node.downgraded_from
+        if node.status == "pruned":
+            d["status"] = "pruned"
+        nodes.append(d)
+    settings = {k: setting_value(flow.settings[k]) for k in DEFAULTS if k in flow.settings}
+    return {"task": wf.task, "settings": settings, "nodes": nodes,
+            "edges": [list(e) for e in wf.edges()]}
+
+
+def plan_json(plan: dict) -> str:
+    """The plan as JSON to read: one line per node and for the settings."""
+    def one(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    nodes = ",\n".join(f"  {one(n)}" for n in plan["nodes"])
+    return (f'{{\n "task": {one(plan["task"])},\n "settings": {one(plan["settings"])},\n'
+            f' "nodes": [\n{nodes}\n ],\n "edges": {one(plan["edges"])}\n}}')
+
+
+def _node_record(node) -> dict:
+    attempts = [{k: a[k] for k in _ATTEMPT_KEYS if k in a} for a in node.attempts]
+    return {"status": node.status, "output": node.output, "error": node.error,
+            "tokens_in": node.tokens_in, "tokens_out": node.tokens_out,
+            "cost_usd": node.cost_usd, "start": node.start, "end": node.end,
+            "clone": node.clone, "attempts": attempts}
+
+
+def _overhead(flow) -> dict:
+    """Calls that belong to no node: planning, updates, validation, the final write-up."""
+    out = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+    for row in flow.cost()["rows"]:
+        if row.get("purpose") == "node":
+            continue
+        for key in out:
+            out[key] += row.get(key) or 0
+    return out
+
+
+def _replica(flow, name: str):
+    """The flow as the exported cells will rebuild it, with the record applied."""
+    from .._internal.version import __version__
+
+    replica = flow_from_plan(_plan(flow), name, run_id=flow.run_id, llm=flow.llm,
+                             store=flow.store, save=False)
+    nodes: dict[str, dict] = {}
+    for node_id in replica.workflow.order():   # parents first: a fingerprint reads their outputs
+        original = flow.workflow.nodes[node_id]
+        rec = _node_record(original)
+        if original.status in ("done", "failed"):
+            apply_record(replica, node_id, rec)
+            rec["fingerprint"] = fingerprint(replica, node_id)
+        else:
+            rec = {"status": "pending", "fingerprint": None}
+        nodes[node_id] = rec
+    record = {"format": RECORD_FORMAT, "flowmagic": __version__, "run": flow.run_id,
+              "result": flow.result, "overhead": _overhead(flow), "nodes": nodes}
+    attach_record(replica, record)
+    if settle(replica):
+        replica.result = flow.result
+    return replica, record
+
+
+def _clean_url(url: str) -> str:
+    """A URL without user:password@ or a query string (either can carry a key)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _endpoints() -> list[dict]:
+    from ..llm.endpoints import endpoints
+
+    out = []
+    for ep in endpoints():
+        out.append({"name": ep.name, "base_url": "embedded" if ep.local else _clean_url(ep.base_url),
+                    "model": ep.model, "key_from": ep.key_env if ep.api_key else None})
+    return out
+
+
+def _config_source(flow, endpoints: list[dict]) -> str:
+    from .._internal.version import __version__
+
+    lines = ["%load_ext flowmagic", "from flowmagic.ops.export import show_drawings, show_result",
+             f"# Exported by flowmagic {__version__} from run {flow.run_id}. Running the cells "
+             "below", "# replays every node from its record: no model call. A node whose cell "
+             "you edit calls", "# its model. Endpoints used (keys are never written here; "
+             "they come from your environment):"]
+    for ep in endpoints:
+        if ep["base_url"] == "embedded":
+            lines.append(f"#   {ep['name']}: the embedded model {ep['model']} (nothing to configure)")
+            continue
+        key = f", key from ${ep['key_from']}" if ep["key_from"] else ""
+        lines.append(f"#   {ep['name']}: {ep['base_url']} model {ep['model'] or '(first listed)'}{key}")
+        call = (f"flowmagic.configure(base_url={ep['base_url']!r}, model={ep['model']!r}"
+                + ("" if ep["name"] == "default" else f", name={ep['name']!r}") + ")")
+        lines.append(f"#   to use it: import flowmagic; {call}")
+    return "\n".join(lines)
+
+
+def _metadata(flow, record: dict, endpoints: list[dict], name: str) -> dict:
+    from .._internal.version import __version__
+
+    nodes = {}
+    for node_id, node in flow.workflow.nodes.items():
+        nodes[node_id] = {
+            "agent": node.agent, "model": node.model, "status": node.status,
+            "downgraded_from": node.downgraded_from,
+            "models": [a.get("model") for a in node.attempts if a.get("model")],
+            "seeds": [a.get("seed") for a in node.attempts if a.get("seed") is not None],
+            "cache_keys": [a.get("cache_key") for a in node.attempts if a.get("cache_key")],
+            "tokens_in": node.tokens_in, "tokens_out": node.tokens_out,
+            "cost_usd": node.cost_usd, "start": node.start, "end": node.end,
+            "duration_s": node.duration, "attempts": len(node.attempts),
+            "fingerprint": (record["nodes"].get(node_id) or {}).get("fingerprint")}
+    candidates = [{k: v for k, v in (c.to_dict() if hasattr(c, "to_dict") else dict(c)).items()
+                   if k != "workflow"} for c in flow.candidates]
+    meta = {"version": __version__, "name": name, "run": flow.run_id, "task": flow.task,
+            "status": flow.status, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": {k: setting_value(v) for k, v in flow.settings.items()},
+            "endpoints": endpoints,
+            "planning": {"chosen": getattr(flow, "chosen", 0), "candidates": candidates},
+            "nodes": nodes, "cost": flow.cost()["total"], "timeline": flow.timeline(),
+            "update_log": flow.update_log, "result": flow.result}
+    return json.loads(json.dumps(meta, default=str))   # plain JSON all the way down
+
+
+def _node_line(flow, name: str, node_id: str) -> str:
+    node = flow.workflow.nodes[node_id]
+    parts = ["%%flow_node", name, node_id]
+    parents = flow.workflow.parents(node_id)
+    if parents:
+        parts += ["--after", ",".join(parents)]
+    parts += ["--agent", shlex.quote(node.agent)]
+    if node.model:
+        parts += ["--model", shlex.quote(node.model)]
+    return " ".join(parts)
+
+
+def build(flow, *, name: str | None = None):
+    """The notebook (an nbformat NotebookNode) that replays `flow`; see the module docstring."""
+    import nbformat.v4 as v4
+
+    if getattr(flow, "busy", False) or getattr(flow, "running", False):
+        raise NodeError(f"flow {flow.name!r} is running; wait for it (or stop it) before exporting")
+    name = _identifier(name or flow.name)
+    replica, record = _replica(flow, name)
+    endpoints = _endpoints()
+
+    def out(bundle):
+        data, meta = bundle
+        return v4.new_output("display_data", data=data, metadata=meta)
+
+    cells = [
+        v4.new_markdown_cell(f"# {name}\n\n{flow.task}"),
+        v4.new_code_cell(_config_source(flow, endpoints)),
+        v4.new_code_cell(f"%%flow_plan {name}\n" + plan_json(_plan(flow)),
+                         outputs=[v4.new_output("stream", name="stdout",
+                                                text=plan_summary(replica) + "\n")]),
+        v4.new_code_cell(f"%%flow_record {name}\n" + json.dumps(record, indent=1, ensure_ascii=False),
+                         metadata={"jupyter": {"source_hidden": True}, "tags": ["flowmagic-record"]}),
+    ]
+    for node_id in replica.workflow.order():
+        cells.append(v4.new_code_cell(
+            f"{_node_line(replica, name, node_id)}\n{replica.workflow.nodes[node_id].requirement}",
+            metadata={"flowmagic": {"node": node_id}},
+            outputs=[out(node_bundle(replica, node_id, replayed=True))]))
+    cells.append(v4.new_code_cell(f"show_result({name})", outputs=[out(result_bundle(replica))]))
+    cells.append(v4.new_code_cell(f"show_drawings({name})", metadata={"tags": [NBVAL_IGNORE]},
+                                  outputs=[out(b) for b in drawing_bundles(replica)]))
+    count = 0
+    for cell in cells:   # numbered as one run top to bottom would number them
+        if cell.cell_type == "code":
+            count += 1
+            cell.execution_count = count
+    nb = v4.new_notebook(cells=cells)
+    nb.metadata.update({"kernelspec": dict(_KERNELSPEC), "language_info": {"name": "python"},
+                        "flowmagic": _metadata(flow, record, endpoints, name)})
+    return nb
+
+
+def export(flow, path: str | Path, *, name: str | None = None) -> Path:
+    """Write the notebook that replays `flow` to `path` (folders made as needed)."""
+    import nbformat
+
+    path = Path(path)
+    if path.suffix != ".ipynb":
+        raise ConfigError(f"{path} should end in .ipynb")
+    nb = build(flow, name=name)
+    nbformat.validate(nb)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+# ----------------------------------------------------------------------------- the cache
+def save_cache(path: str | Path, *, since_id: int = 0, store=None) -> int:
+    """Write the cached answers of the calls logged after `since_id` as JSON; returns how many."""
+    from ..store import get_store
+
+    store = store or get_store()
+    keys = sorted({row["cache_key"] for row in store.recent_calls(10**9)
+                   if row["id"] > since_id and row["cache_key"] and not row["error"]})
+    entries = {k: store.cache_get(k) for k in keys}
+    entries = {k: v for k, v in entries.items() if v is not None}
+    Path(path).write_text(json.dumps(entries, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+                          encoding="utf-8")
+    return len(entries)
+
+
+def load_cache(path: str | Path, *, store=None) -> int:
+    """Add the answers in a `save_cache` file to the cache; returns how many were new."""
+    from ..store import get_store
+
+    store = store or get_store()
+    try:
+        entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the cache file {path} ({exc})") from None
+    added = 0
+    for key, payload in entries.items():
+        if store.cache_get(key) is None:
+            store.cache_put(key, payload)
+            added += 1
+    return added

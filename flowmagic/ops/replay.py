@@ -1,0 +1,440 @@
+"""Replaying an exported notebook: the `%%flow_plan`, `%%flow_record` and `%%flow_node` cells.
+
+A node's *fingerprint* is a hash of everything that decides its model call: the prompt
+it would get now (task, requirement, agent role, its parents' outputs, its children's
+requirements), the model as named (not the endpoint's URL, so another machine replays
+too), the seed, temperature, token limit and validation settings.
+
+A `%%flow_node` cell whose fingerprint equals the one in the `%%flow_record` cell takes
+the recorded output: no model call, not even a cache lookup. Otherwise the node runs
+(through the cache, so a call made before on this machine is still free); its finished
+descendants and the result are marked stale, and their cells, if shown in this kernel
+session, change to "stale — re-run this cell to update". Running a cell again with
+nothing changed shows the same output again. The record is a cell, and not only
+notebook metadata, because a kernel never sees the notebook's metadata.
+
+The output of a node cell is a pure function of the node (its output, or why it has
+none), so a replay is byte-for-byte the exported output; where the output came from
+(run, node, model, seeds, cache keys, replayed or not) is in the output's metadata under
+"flowmagic", which nbval ignores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import weakref
+from typing import Any, Callable
+
+from ..errors import ConfigError, NodeError, PlanError
+from .._internal.aio import run_blocking
+
+__all__ = ["fingerprint", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
+           "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
+           "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS"]
+
+# Settings that change what a node's call returns; the prompt itself is hashed separately.
+CALL_SETTINGS = ("seed", "temperature", "max_tokens", "validate", "validator_model",
+                 "max_attempts", "fail_rate", "mask_rate", "context", "context_chars")
+
+
+class _Replay:
+    """What one notebook session knows about a Flow: its record and what ran how."""
+
+    def __init__(self) -> None:
+        self.record: dict = {}
+        self.seen: dict[str, str] = {}   # node -> fingerprint it was last shown with
+        self.replayed: set[str] = set()
+        self.executed: set[str] = set()
+        self.shown: dict[str, str] = {}  # node (or "result") -> id of its latest display
+        self.count = 0
+
+
+_STATES: "weakref.WeakKeyDictionary[Any, _Replay]" = weakref.WeakKeyDictionary()
+
+
+def _state(flow) -> _Replay:
+    if flow not in _STATES:
+        _STATES[flow] = _Replay()
+    return _STATES[flow]
+
+
+def setting_value(value: Any) -> Any:
+    """A setting as JSON: a function (a validator) by its name, "function:NAME"."""
+    if callable(value):
+        return f"function:{getattr(value, '__qualname__', None) or type(value).__name__}"
+    return value
+
+
+def fingerprint(flow, node_id: str) -> str:
+    """The hash of what decides a node's model call (see the module docstring)."""
+    from ..engine.runner import node_messages
+
+    node = flow.workflow.nodes[node_id]
+    facts = {"messages": node_messages(flow, node_id),
+             "model": node.model or flow.settings.get("model"),
+             **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
+    blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _block(flow, make: Callable[[], Any]) -> Any:
+    """Await `make()` to its end, also from inside a running loop (a notebook cell runs in
+    the kernel's loop): then in a worker thread with its own loop, so the cell's output
+    appears in the cell that asked for it. Ctrl-C stops the flow cleanly."""
+    return run_blocking(make, close=flow.llm.aclose, on_interrupt=flow.stop, name="flowmagic-node")
+
+
+# ----------------------------------------------------------------------------- displays
+def _model_of(flow, node) -> str:
+    for attempt in reversed(node.attempts):
+        if attempt.get("model"):
+            return str(attempt["model"])
+    return node.model or flow.settings.get("model") or "default"
+
+
+def node_bundle(flow, node_id: str, *, replayed: bool | None = None) -> tuple[dict, dict]:
+    """(data, metadata) of a `%%flow_node` cell's output; the data depends only on the node."""
+    wf = flow.workflow
+    node = wf.nodes[node_id]
+    if node.status == "done":
+        text = node.output or ""
+        if node.stale:
+            text = f"*⚠ stale — an input changed; re-run this cell to update.*\n\n{text}"
+    elif node.status == "failed":
+        text = f"**failed**: {node.error or 'no output'}"
+    else:
+        waiting = [p for p in wf.parents(node_id) if wf.nodes[p].status != "done"]
+        text = (f"*not run: waits for {', '.join(waiting)}*" if waiting else "*not run yet*")
+    attempts = node.attempts
+    meta = {"run": flow.run_id, "node": node_id, "agent": node.agent, "status": node.status,
+            "model": _model_of(flow, node), "replayed": replayed, "stale": node.stale,
+            "seeds": [a.get("seed") for a in attempts if a.get("seed") is not None],
+            "cache_keys": [a.get("cache_key") for a in attempts if a.get("cache_key")],
+            "source_run": _state(flow).record.get("run")}
+    return {"text/markdown": text, "text/plain": text}, {"flowmagic": meta}
+
+
+def _cost_rows(flow) -> tuple[list[list[str]], dict]:
+    wf = flow.workflow
+    rows, total = [], {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+    for node_id in wf.order():
+        node = wf.nodes[node_id]
+        if node.start is None and not node.attempts:
+            continue
+        seconds = f"{node.duration:.1f}" if node.duration is not None else ""
+        rows.append([node_id, node.agent, _model_of(flow, node), str(node.tokens_in),
+                     str(node.tokens_out), f"{node.cost_usd:.6f}", seconds])
+        total["tokens_in"] += node.tokens_in
+        total["tokens_out"] += node.tokens_out
+        total["cost_usd"] += node.cost_usd
+    extra = _state(flow).record.get("overhead") or {}
+    if extra.get("calls"):
+        rows.append(["(planning, updates, write-up)", "", "", str(extra.get("input_tokens", 0)),
+                     str(extra.get("output_tokens", 0)), f"{extra.get('cost_usd', 0.0):.6f}", ""])
+        total["tokens_in"] += extra.get("input_tokens", 0)
+        total["tokens_out"] += extra.get("output_tokens", 0)
+        total["cost_usd"] += extra.get("cost_usd", 0.0)
+    rows.append(["total", "", "", str(total["tokens_in"]), str(total["tokens_out"]),
+                 f"{total['cost_usd']:.6f}", ""])
+    return rows, total
+
+
+def tables(header: list[str], rows: list[list[str]]) -> tuple[str, str]:
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return text, "\n".join(md)
+
+
+def result_bundle(flow) -> tuple[dict, dict]:
+    """(data, metadata) of the result-and-cost cell."""
+    wf = flow.workflow
+    left = [i for i in wf.order() if wf.nodes[i].status != "done"]
+    stale = [i for i in wf.order() if wf.nodes[i].stale]
+    if left:
+        result = f"*no result yet: not done: {', '.join(left)}*"
+    elif stale:
+        result = (f"*⚠ stale — re-run the cells of {', '.join(stale)}, then this cell.*"
+                  + (f"\n\n{flow.result}" if flow.result else ""))
+    elif flow.result is None:
+        result = ("*no result: the final write-up is off (consolidate=False)*"
+                  if not flow.settings.get("consolidate") else "*no result yet*")
+    else:
+        result = flow.result
+    rows, total = _cost_rows(flow)
+    text_table, md_table = tables(
+        ["node", "agent", "model", "tokens in", "tokens out", "USD", "seconds"], rows)
+    markdown = f"### Result\n\n{result}\n\n### Cost\n\n{md_table}"
+    text = f"Result\n\n{result}\n\nCost\n\n{text_table}"
+    meta = {"flowmagic": {"run": flow.run_id, "what": "result", "total": total,
+                          "source_run": _state(flow).record.get("run")}}
+    return {"text/markdown": markdown, "text/plain": text}, meta
+
+
+def _show(flow, what: str, bundle: tuple[dict, dict], *, update: bool = False) -> None:
+    """Display a node's (or the result's) output; `update` rewrites its latest display.
+
+    Each display gets a new id, remembered per node: an update must reach the output now
+    on screen, not one a re-run cell has already cleared (nbclient trips over those)."""
+    from IPython.display import display, update_display
+
+    data, meta = bundle
+    state = _state(flow)
+    if update:
+        if what in state.shown:
+            update_display(data, raw=True, metadata=meta, display_id=state.shown[what])
+        return
+    state.count += 1
+    state.shown[what] = f"flowmagic-{flow.name}-{what}-{state.count}"
+    display(data, raw=True, metadata=meta, display_id=state.shown[what])
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+# ----------------------------------------------------------------------------- the magics
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):   # argparse would exit the kernel's process
+        raise ConfigError(f"{self.prog}: {message}; usage: {self.format_usage().strip()}")
+
+
+def _node_parser() -> _Parser:
+    p = _Parser(prog="%%flow_node", add_help=False)
+    p.add_argument("name")
+    p.add_argument("node")
+    p.add_argument("--after", default="")
+    p.add_argument("--agent", default=None)
+    p.add_argument("--model", default=None)
+    return p
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the magic's line ({exc}); check its quotes") from None
+
+
+def _user_flow(shell, name: str):
+    from ..flow import Flow
+
+    flow = shell.user_ns.get(name)
+    if not isinstance(flow, Flow):
+        raise ConfigError(f"no flow named {name!r}; run its %%flow_plan {name} cell first")
+    return flow
+
+
+def _json_body(cell: str | None, magic: str) -> Any:
+    try:
+        return json.loads(cell or "")
+    except ValueError as exc:
+        raise PlanError(f"the body of %%{magic} is not JSON ({exc}); fix it or export again") from None
+
+
+def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwargs: Any):
+    """The Flow a `%%flow_plan` cell makes: nodes pending (pruned ones stay pruned).
+
+    A setting "function:NAME" (a validator) becomes the function NAME of `namespace` when
+    the notebook defines it; else it stays a name, and a node that runs again reports
+    its validator as unavailable."""
+    from ..flow import DEFAULTS, Flow
+    from ..model.graph import Workflow
+
+    if not isinstance(plan, dict) or "nodes" not in plan:
+        raise PlanError('a %%flow_plan body is {"task": ..., "settings": {...}, "nodes": [...], '
+                        '"edges": [...]}; export the flow again to get one')
+    workflow = Workflow.from_dict({k: plan[k] for k in ("task", "nodes", "edges") if k in plan},
+                                  task=plan.get("task") or "")
+    for node in workflow.nodes.values():
+        if node.status != "pruned":
+            node.status, node.output = "pending", None
+    settings = {k: v for k, v in (plan.get("settings") or {}).items() if k in DEFAULTS}
+    for key, value in settings.items():
+        if isinstance(value, str) and value.startswith("function:"):
+            found = (namespace or {}).get(value.split(":", 1)[1])
+            if callable(found):
+                settings[key] = found
+    return Flow(workflow, name=name, **kwargs, **settings)
+
+
+def handle_flow_plan(shell, line: str, cell: str | None) -> None:
+    """`%%flow_plan NAME`: make the Flow from the JSON body and bind it to NAME."""
+    from ..parsers import check_name
+
+    args = _split(line)
+    if len(args) != 1:
+        raise ConfigError("usage: %%flow_plan NAME, then the plan as JSON in the cell")
+    name = check_name(args[0]) or args[0]
+    flow = flow_from_plan(_json_body(cell, "flow_plan"), name, shell.user_ns)
+    shell.user_ns[name] = flow
+    print(plan_summary(flow))
+
+
+def settle(flow) -> bool:
+    """Call the flow done when every active node is; True when it is."""
+    wf = flow.workflow
+    done = all(wf.nodes[i].status == "done" for i in wf.order())
+    if done:
+        flow.status = "done"
+    return done
+
+
+def plan_summary(flow) -> str:
+    """The one line a `%%flow_plan` cell prints."""
+    order = flow.workflow.order()
+    return (f"{flow.name}: {len(order)} subtasks ({', '.join(order)}), "
+            f"{len(flow.workflow.edges())} dependencies")
+
+
+def handle_flow_record(shell, line: str, cell: str | None) -> None:
+    """`%%flow_record NAME`: what every node of NAME produced when it was exported."""
+    args = _split(line)
+    if len(args) != 1:
+        raise ConfigError("usage: %%flow_record NAME, then the record as JSON in the cell")
+    flow = _user_flow(shell, args[0])
+    record = _json_body(cell, "flow_record")
+    if not isinstance(record, dict) or not isinstance(record.get("nodes"), dict):
+        raise PlanError('a %%flow_record body is {"run": ..., "nodes": {...}}; export again')
+    attach_record(flow, record)
+
+
+def attach_record(flow, record: dict) -> None:
+    """Give `flow` the record its `%%flow_node` cells replay from."""
+    _state(flow).record = record
+
+
+def apply_record(flow, node_id: str, rec: dict) -> None:
+    """Make a node what the record says it was (status, output, usage, timings, attempts)."""
+    node = flow.workflow.nodes[node_id]
+    node.status = rec.get("status", "done")
+    node.output, node.error = rec.get("output"), rec.get("error")
+    node.tokens_in, node.tokens_out = rec.get("tokens_in", 0), rec.get("tokens_out", 0)
+    node.cost_usd, node.start, node.end = rec.get("cost_usd", 0.0), rec.get("start"), rec.get("end")
+    node.attempts = [dict(a) for a in rec.get("attempts", [])]
+    node.clone, node.stale = rec.get("clone"), False
+
+
+def _edit(flow, node_id: str, requirement: str, agent: str, model: str | None) -> bool:
+    """Apply what the cell says; True when the node is no longer what it was."""
+    node = flow.workflow.nodes[node_id]
+    if (requirement, agent, model) == (node.requirement, node.agent, node.model):
+        return False
+    flow.edit(node_id, requirement)   # resets a finished node, marks its descendants stale
+    node.agent = agent
+    if model != node.model:
+        if model:
+            flow.downgrade(node_id, model)
+        else:
+            node.model = None
+    return True
+
+
+def _check_after(flow, node_id: str, after: str) -> None:
+    said = sorted(a for a in after.replace(" ", "").split(",") if a)
+    parents = flow.workflow.parents(node_id)
+    if said != sorted(parents):
+        raise PlanError(f"the plan has {node_id!r} after {', '.join(parents) or 'nothing'} but "
+                        f"the cell says --after {','.join(said) or '(nothing)'}; change edges in "
+                        "the %%flow_plan cell and run it again")
+
+
+def _run_one(flow, node_id: str) -> None:
+    """Run one node as if for the first time, so the same cell always makes the same call
+    (and hits the cache the next time); earlier attempts are kept before the new ones.
+    No final write-up: the result cell does that."""
+    node = flow.workflow.nodes[node_id]
+    consolidate, earlier = flow.settings["consolidate"], node.attempts
+    flow.settings["consolidate"], node.attempts = False, []
+    try:
+        _block(flow, lambda: flow.arun(only=[node_id]))
+    finally:
+        flow.settings["consolidate"] = consolidate
+        node.attempts = earlier + node.attempts
+
+
+def _mark_stale(flow, node_id: str) -> list[str]:
+    wf = flow.workflow
+    stale = [d for d in wf.descendants(node_id) if wf.nodes[d].stale]
+    if _in_kernel():
+        for d in stale:
+            _show(flow, d, node_bundle(flow, d), update=True)
+        _show(flow, "result", result_bundle(flow), update=True)
+    return stale
+
+
+def handle_flow_node(shell, line: str, cell: str | None) -> None:
+    """`%%flow_node NAME NODE --after A,B --agent ROLE [--model M]`: replay or run one node."""
+    args = _node_parser().parse_args(_split(line))
+    flow = _user_flow(shell, args.name)
+    wf = flow.workflow
+    node = wf.node(args.node)
+    if node.status == "pruned":
+        raise NodeError(f"node {args.node!r} is pruned; delete its cell or restore it in the plan")
+    _check_after(flow, args.node, args.after)
+    requirement = (cell or "").strip()
+    if not requirement:
+        raise NodeError(f"the cell of {args.node!r} is empty; its body is the node's requirement")
+    rec = _state(flow).record.get("nodes", {}).get(args.node)
+    waiting = [p for p in wf.parents(args.node) if wf.nodes[p].status != "done"]
+    if waiting:
+        if rec is not None and rec.get("status") == "pending":
+            _show(flow, args.node, node_bundle(flow, args.node))
+            return   # it never ran when exported, and cannot run now: same output as then
+        raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
+    changed = _edit(flow, args.node, requirement, args.agent or node.agent, args.model)
+    replayed, stale = _replay_or_run(flow, args.node, rec, changed)
+    _show(flow, args.node, node_bundle(flow, args.node, replayed=replayed))
+    if stale:
+        print(f"{args.node} ran again; stale now: {', '.join(stale)} (re-run their cells to update)")
+
+
+def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool) -> tuple[bool, list[str]]:
+    """(replayed, descendants now stale): the replay rule of the module docstring."""
+    state = _state(flow)
+    node = flow.workflow.nodes[node_id]
+    fp = fingerprint(flow, node_id)
+    stale: list[str] = []
+    if node.status in ("done", "failed") and not changed and state.seen.get(node_id) == fp:
+        replayed = node_id in state.replayed   # shown before in this session, unchanged
+        node.stale = False                      # its inputs are what they were then
+    elif rec is not None and rec.get("fingerprint") == fp and rec.get("status") in ("done", "failed"):
+        apply_record(flow, node_id, rec)
+        state.replayed.add(node_id)
+        replayed = True
+        settle(flow)
+        flow._emit("replayed", node_id, {"source_run": state.record.get("run")})
+    else:
+        if node.status in ("done", "failed"):
+            flow.edit(node_id, node.requirement)   # an input changed: run it again
+        _run_one(flow, node_id)
+        state.replayed.discard(node_id)
+        state.executed.add(node_id)
+        replayed = False
+        stale = _mark_stale(flow, node_id)
+    state.seen[node_id] = fp
+    return replayed, stale
+
+
+def show_result(flow) -> None:
+    """The result (replayed when every node was, else written again) and the cost table."""
+    state = _state(flow)
+    wf = flow.workflow
+    active = wf.order()
+    fresh = not any(wf.nodes[i].stale for i in active)
+    if flow.result is None and fresh and all(wf.nodes[i].status == "done" for i in active):
+        recorded = state.record.get("result")
+        if recorded is not None and not state.executed and state.replayed >= set(active):
+            flow.result = recorded
+        elif flow.settings.get("consolidate"):
+            _block(flow, flow.arun)   # nothing left to run: only the final write-up
+    _show(flow, "result", result_bundle(flow))

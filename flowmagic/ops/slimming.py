@@ -1,0 +1,402 @@
+"""Slimming: which nodes matter, and a cheaper workflow that scores within tau of the baseline.
+
+Importance of every active node fuses four ranks by weighted reciprocal rank fusion,
+RRF(v) = sum_m w_m / (kappa + rank_m(v)) with kappa = max(10, |V|):
+degree and betweenness centrality (networkx, on the active graph); leave-one-out, the
+score drop on the probe set when the node alone is pruned (or downgraded, in the
+downgrade stage); and cost, the saving that step brings. Rank 1 is the most important:
+high centrality, a large score drop, a small saving. Ties share the best rank, and a node
+that cannot be pruned (a sink: it produces the final result) or downgraded (no cheaper
+model) counts as most important on the measured metrics.
+
+`aslim` is greedy, like AgentSlimming, but without its failures: stage 1 tries the
+`top_k` least important nodes in order and keeps the first prune whose score stays at
+or above tau times the baseline (and is not dearer), then ranks again, until no prune is
+kept; stage 2 does the same with model downgrades (a kept downgrade must be strictly
+cheaper). Every configuration is evaluated once (memoised) on the whole probe set, its
+inputs concurrently. A baseline score of 0 is an error, never a silent "accept all".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import networkx as nx
+
+from .batch import Evaluation, Probe, gather_all, evaluate, fresh_copy, probe_set, sinks
+from ..llm.endpoints import resolve
+from ..errors import ConfigError, FlowError, NodeError
+from ..model.graph import Workflow
+from ..view.pareto import pareto_front, pareto_svg
+
+if TYPE_CHECKING:
+    from ..flow import Flow
+
+__all__ = ["WEIGHTS", "METRICS", "Importance", "SlimReport", "rank", "fuse", "kappa_for",
+           "without", "with_model", "cheaper_for", "aimportance", "aslim", "resolve_probe",
+           "pareto_front", "pareto_svg"]   # the last two live in flowmagic.view.pareto
+
+WEIGHTS = {"degree": 1.0, "betweenness": 1.0, "loo": 2.0, "cost": 1.0}
+METRICS = tuple(WEIGHTS)
+STAGES = ("prune", "downgrade")
+
+
+# -- ranks and fusion (pure) -----------------------------------------------------------------
+def rank(values: dict[str, float | None]) -> dict[str, int]:
+    """1 + how many nodes have a strictly larger value (None counts as the largest)."""
+    key = {v: math.inf if x is None else round(float(x), 12) for v, x in values.items()}
+    return {v: 1 + sum(1 for u in key if key[u] > key[v]) for v in key}
+
+
+def kappa_for(n_nodes: int) -> int:
+    return max(10, int(n_nodes))
+
+
+def _weights(weights: dict | None) -> dict[str, float]:
+    unknown = sorted(set(weights or {}) - set(METRICS))
+    if unknown:
+        raise ConfigError(f"unknown importance weight(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+    merged = {**WEIGHTS, **{k: float(v) for k, v in (weights or {}).items()}}
+    if any(w < 0 or math.isnan(w) for w in merged.values()) or not any(merged.values()):
+        raise ConfigError("importance weights must be >= 0 and not all 0")
+    return merged
+
+
+def fuse(ranks: dict[str, dict[str, int]], weights: dict | None = None,
+         n_nodes: int | None = None) -> dict[str, float]:
+    """Weighted reciprocal rank fusion of per-metric ranks; larger means more important."""
+    weights = _weights(weights)
+    nodes = sorted({v for r in ranks.values() for v in r})
+    kappa = kappa_for(n_nodes if n_nodes is not None else len(nodes))
+    return {v: sum(w / (kappa + ranks[m][v]) for m, w in weights.items() if w and m in ranks)
+            for v in nodes}
+
+
+# -- configurations ------------------------------------------------------------------------------
+def without(workflow: Workflow, node_id: str) -> Workflow:
+    """A copy with `node_id` pruned by the same surgery as Flow.prune (predecessors -> successors)."""
+    workflow.node(node_id)
+    if node_id in sinks(workflow):
+        raise NodeError(f"node {node_id!r} produces the final result; it is never pruned")
+    out = workflow.copy()
+    out.prune(node_id)
+    return out
+
+
+def with_model(workflow: Workflow, node_id: str, model: str, default: str | None = None) -> Workflow:
+    """A copy whose node `node_id` runs on `model`; it remembers the model it had."""
+    out = workflow.copy()
+    node = out.node(node_id)
+    node.downgraded_from = node.downgraded_from or node.model or default or "default"
+    node.model = model
+    return out
+
+
+def cheaper_for(model: str | None, cheaper: dict[str, str]) -> str | None:
+    """The cheaper model for `model` in the map (by id as written, model name or endpoint)."""
+    if not cheaper:
+        return None
+    if model in cheaper:
+        return cheaper[model]
+    endpoint, name = resolve(model)
+    for key in (name, f"{endpoint.name}:{name}", endpoint.name):
+        if key and key in cheaper and resolve(cheaper[key]) != (endpoint, name):
+            return cheaper[key]
+    return None
+
+
+def _check_cheaper(cheaper: dict | None) -> dict[str, str]:
+    cheaper = dict(cheaper or {})
+    for src, dst in cheaper.items():
+        if not isinstance(src, str) or not isinstance(dst, str) or not dst:
+            raise ConfigError("cheaper maps model ids to model ids, e.g. {'big': 'small'}")
+        resolve(dst)   # a malformed endpoint is a ConfigError now, not mid-run
+    return cheaper
+
+
+def _key(wf: Workflow) -> tuple:
+    return (tuple((i, n.status == "pruned", n.model or "") for i, n in wf.nodes.items()),
+            tuple(sorted(wf.graph.edges)))
+
+
+def _describe(original: Workflow, wf: Workflow) -> dict:
+    pruned = [i for i, n in wf.nodes.items()
+              if n.status == "pruned" and original.nodes[i].status != "pruned"]
+    models = {i: n.model for i, n in wf.nodes.items()
+              if n.status != "pruned" and n.model != original.nodes[i].model}
+    parts = [f"-{i}" for i in pruned] + [f"{i}→{m}" for i, m in models.items()]
+    return {"label": " ".join(parts) or "baseline", "pruned": pruned, "models": models}
+
+
+class _Session:
+    """Memoised evaluations of configurations of one flow on one probe set."""
+
+    def __init__(self, flow: "Flow", probe: Probe, concurrency: int | None,
+                 progress: Callable[[dict], None] | None):
+        self.flow, self.probe, self.progress = flow, probe, progress
+        self.original = fresh_copy(flow.workflow)
+        self.limit = asyncio.Semaphore(int(concurrency) if concurrency else 1_000_000)
+        self.points: list[dict] = []
+        self._memo: dict[tuple, asyncio.Task] = {}
+
+    def tell(self, event: dict) -> None:
+        if self.progress is not None:
+            self.progress(event)
+
+    async def evaluate(self, wf: Workflow) -> Evaluation:
+        key = _key(wf)
+        if key not in self._memo:
+            self._memo[key] = asyncio.ensure_future(self._run(wf))
+        return await self._memo[key]
+
+    async def _run(self, wf: Workflow) -> Evaluation:
+        ev = await evaluate(self.flow, wf, self.probe, limit=self.limit)
+        point = {**_describe(self.original, wf), "score": ev.score, "cost_usd": ev.cost_usd,
+                 "failures": ev.failures}
+        self.points.append(point)
+        self.tell({"phase": "evaluated", **point})
+        return ev
+
+
+# -- importance -----------------------------------------------------------------------------------
+@dataclass
+class Importance:
+    """One row per active node, most important first; `least_important()` gives the try order."""
+    stage: str
+    rows: list[dict]
+    baseline: Evaluation
+    weights: dict[str, float]
+    kappa: int
+
+    def least_important(self) -> list[str]:
+        cands = [r for r in self.rows if r["candidate"]]
+        return [r["node"] for r in sorted(cands, key=lambda r: (r["rrf"], r["position"]))]
+
+    def to_rows(self) -> list[dict]:
+        return [dict(r) for r in self.rows]
+
+    def text(self) -> str:
+        head = f"{'node':<16}{'deg':>6}{'betw':>6}{'loo':>8}{'saved $':>11}{'rrf':>8}  note"
+        lines = [f"importance ({self.stage}; baseline S={self.baseline.score:.3f}, "
+                 f"C=${self.baseline.cost_usd:.6f}/example, kappa={self.kappa})", head]
+        for r in self.rows:
+            loo = "-" if r["loo"] is None else f"{r['loo']:.3f}"
+            saved = "-" if r["saved_usd"] is None else f"{r['saved_usd']:.6f}"
+            lines.append(f"{r['node']:<16}{r['degree']:>6.2f}{r['betweenness']:>6.2f}{loo:>8}"
+                         f"{saved:>11}{r['rrf']:>8.4f}  {r['protected'] or ''}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def _trial(wf: Workflow, stage: str, node_id: str, cheaper: dict, default: str | None):
+    """(configuration, new model) for one step on `node_id`, or None when it cannot be taken."""
+    if stage == "prune":
+        return None if node_id in sinks(wf) else (without(wf, node_id), None)
+    node = wf.nodes[node_id]
+    target = cheaper_for(node.model or default, cheaper)
+    return None if target is None else (with_model(wf, node_id, target, default), target)
+
+
+async def _importance(session: _Session, wf: Workflow, stage: str, cheaper: dict,
+                      weights: dict) -> Importance:
+    base = await session.evaluate(wf)
+    g = wf.active()
+    nodes = list(g.nodes)
+    degree = nx.degree_centrality(g) if len(nodes) > 1 else {v: 0.0 for v in nodes}
+    between = nx.betweenness_centrality(g)
+    default = session.flow.settings["model"]
+    trials = {v: t for v in nodes if (t := _trial(wf, stage, v, cheaper, default)) is not None}
+    evs = await gather_all([session.evaluate(t[0]) for t in trials.values()])
+    loo: dict[str, float | None] = dict.fromkeys(nodes)
+    saved: dict[str, float | None] = dict.fromkeys(nodes)
+    for v, ev in zip(trials, evs):
+        loo[v], saved[v] = base.score - ev.score, base.cost_usd - ev.cost_usd
+    ranks = {"degree": rank(degree), "betweenness": rank(between), "loo": rank(loo),
+             "cost": rank({v: None if s is None else -s for v, s in saved.items()})}
+    rrf = fuse(ranks, weights, len(nodes))
+    why = "produces the final result" if stage == "prune" else "no cheaper model"
+    rows = [{"node": v, "position": i, "agent": wf.nodes[v].agent, "model": wf.nodes[v].model,
+             "to_model": trials[v][1] if v in trials else None, "degree": degree[v],
+             "betweenness": between[v], "loo": loo[v], "saved_usd": saved[v],
+             "cost_usd": base.node_cost.get(v, 0.0), "rrf": rrf[v],
+             **{f"rank_{m}": ranks[m][v] for m in METRICS},
+             "candidate": v in trials, "protected": None if v in trials else why}
+            for i, v in enumerate(nodes)]
+    rows.sort(key=lambda r: (-r["rrf"], r["position"]))
+    return Importance(stage, rows, base, weights, kappa_for(len(nodes)))
+
+
+def resolve_probe(flow: "Flow", probe: Any = None, scorer: Any = None) -> Probe:
+    """The probe set to use: given, built from examples and a scorer, or the attached one."""
+    attached = getattr(flow, "probe", None)
+    if isinstance(probe, Probe):
+        return probe if scorer is None else Probe(probe.examples, scorer, probe.seed, probe.indices)
+    if probe is None:
+        if attached is None:
+            raise ConfigError("no probe set: pass examples and a scorer, or call "
+                              "flow.attach_probe(examples, scorer) first")
+        return attached if scorer is None else Probe(attached.examples, scorer, attached.seed,
+                                                     attached.indices)
+    scorer = scorer if scorer is not None else getattr(attached, "scorer", None)
+    if scorer is None:
+        raise ConfigError("a probe set needs a scorer: 'exact', 'contains', 'judge' or a "
+                          "function (result, example) -> float")
+    return probe_set(probe, scorer)
+
+
+async def aimportance(flow: "Flow", probe: Probe, *, stage: str = "prune",
+                      cheaper: dict | None = None, weights: dict | None = None,
+                      concurrency: int | None = 4,
+                      progress: Callable[[dict], None] | None = None) -> Importance:
+    """The importance table of the flow's workflow on `probe` (see the module docstring)."""
+    if stage not in STAGES:
+        raise ConfigError(f"stage {stage!r} must be 'prune' or 'downgrade'")
+    cheaper = _check_cheaper(cheaper)
+    if stage == "downgrade" and not cheaper:
+        raise ConfigError("the downgrade stage needs cheaper={'big-model': 'small-model', ...}")
+    session = _Session(flow, probe, concurrency, progress)
+    return await _importance(session, session.original, stage, cheaper, _weights(weights))
+
+
+# -- slimming ------------------------------------------------------------------------------------------
+@dataclass
+class SlimReport:
+    """Every step tried (kept or rolled back) with S and C before and after, and every point."""
+    baseline: dict
+    final: dict
+    steps: list[dict] = field(default_factory=list)
+    points: list[dict] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def pareto(self) -> list[dict]:
+        return [self.points[i] for i in pareto_front(self.points)]
+
+    def svg(self) -> str:
+        return pareto_svg(self.points, final=self.final.get("label"))
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline, "final": self.final, "steps": self.steps,
+                "points": self.points, "pareto": self.pareto(), "settings": self.settings,
+                "notes": self.notes}
+
+    def text(self) -> str:
+        b, f = self.baseline, self.final
+        lines = [f"baseline S={b['score']:.3f} C=${b['cost_usd']:.6f} -> final [{f['label']}] "
+                 f"S={f['score']:.3f} C=${f['cost_usd']:.6f} "
+                 f"({len(self.steps)} steps tried, {len(self.points)} configurations)"]
+        for s in self.steps:
+            what = s["node"] if s["action"] == "prune" else f"{s['node']} {s['from_model']}→{s['to_model']}"
+            lines.append(f"  {s['action']:<9} {what:<28} S {s['score_before']:.3f}→{s['score_after']:.3f}"
+                         f"  C ${s['cost_before']:.6f}→${s['cost_after']:.6f}  "
+                         f"{'kept' if s['accepted'] else 'rolled back'}: {s['reason']}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        body = f"<pre>{html.escape(self.text())}</pre>{self.svg()}"
+        return {"text/plain": self.text(), "text/html": body}
+
+
+def _check_slim(tau_prune: float, tau_downgrade: float, top_k: int) -> None:
+    for name, tau in (("tau_prune", tau_prune), ("tau_downgrade", tau_downgrade)):
+        if not 0 < float(tau) <= 1:
+            raise ConfigError(f"{name} must be in (0, 1], e.g. 0.95")
+    if int(top_k) < 1:
+        raise ConfigError("top_k must be at least 1")
+
+
+def _step(stage: str, round_no: int, row: dict, before: Evaluation, after: Evaluation,
+          threshold: float, baseline: float) -> dict:
+    # A downgrade that saves nothing is no step at all; a prune may tie on cost ($0 models).
+    dearer = (after.cost_usd >= before.cost_usd if stage == "downgrade"
+              else after.cost_usd > before.cost_usd + 1e-15)
+    if after.score < threshold - 1e-12:
+        accepted, reason = False, f"score {after.score:.3f} < tau x baseline = {threshold:.3f}"
+    elif dearer:
+        accepted, reason = False, f"not cheaper (${after.cost_usd:.6f} vs ${before.cost_usd:.6f})"
+    else:
+        accepted, reason = True, f"score {after.score:.3f} >= tau x baseline = {threshold:.3f}"
+    return {"stage": stage, "round": round_no, "action": stage, "node": row["node"],
+            "from_model": row["model"], "to_model": row["to_model"], "rrf": row["rrf"],
+            "score_before": before.score, "cost_before": before.cost_usd,
+            "score_after": after.score, "cost_after": after.cost_usd, "threshold": threshold,
+            "baseline": baseline, "accepted": accepted, "reason": reason}
+
+
+async def _stage(session: _Session, report: SlimReport, wf: Workflow, current: Evaluation,
+                 stage: str, tau: float, baseline: float, top_k: int, cheaper: dict,
+                 weights: dict) -> tuple[Workflow, Evaluation]:
+    default = session.flow.settings["model"]
+    round_no = 0
+    # Ends: a kept prune removes a node, a kept downgrade strictly lowers the cost.
+    while True:
+        round_no += 1
+        table = await _importance(session, wf, stage, cheaper, weights)
+        rows = {r["node"]: r for r in table.rows}
+        tried = table.least_important()[:top_k]
+        if not tried:
+            report.notes.append(f"{stage}: no node left to try")
+            return wf, current
+        for node_id in tried:
+            trial, _ = _trial(wf, stage, node_id, cheaper, default)
+            after = await session.evaluate(trial)   # memoised: ranked above already
+            step = _step(stage, round_no, rows[node_id], current, after, tau * baseline, baseline)
+            report.steps.append(step)
+            session.tell({"phase": "step", **step})
+            if step["accepted"]:
+                wf, current = trial, after
+                break
+        else:
+            return wf, current
+
+
+async def aslim(flow: "Flow", probe: Probe, *, cheaper: dict | None = None,
+                tau_prune: float = 0.95, tau_downgrade: float = 0.95, top_k: int = 3,
+                weights: dict | None = None, concurrency: int | None = 4,
+                progress: Callable[[dict], None] | None = None) -> tuple["Flow", SlimReport]:
+    """A slimmed copy of `flow` (the original is untouched) and the report of how it was found."""
+    from ..flow import Flow
+
+    _check_slim(tau_prune, tau_downgrade, top_k)
+    cheaper, weights = _check_cheaper(cheaper), _weights(weights)
+    session = _Session(flow, probe, concurrency, progress)
+    wf = session.original
+    base = await session.evaluate(wf)
+    if base.score <= 0:
+        raise FlowError(f"the baseline scores {base.score:g} on the {len(probe)} probe examples "
+                        f"({base.failures} runs failed), so no step can be judged; check the scorer "
+                        "and the expected answers, or the endpoint")
+    report = SlimReport(baseline={"label": "baseline", **base.summary()}, final={},
+                        settings={"tau_prune": tau_prune, "tau_downgrade": tau_downgrade,
+                                  "top_k": top_k, "weights": weights, "cheaper": cheaper,
+                                  "probe_size": len(probe), "probe_seed": probe.seed})
+    current = base
+    for stage, tau in (("prune", tau_prune), ("downgrade", tau_downgrade)):
+        if stage == "downgrade" and not cheaper:
+            report.notes.append("no cheaper={...} map given: the downgrade stage was skipped")
+            continue
+        wf, current = await _stage(session, report, wf, current, stage, float(tau), base.score,
+                                   int(top_k), cheaper, weights)
+    unpriced = sorted({m for p in session._memo.values() if p.done() and not p.exception()
+                       for m in p.result().unpriced})
+    if unpriced:
+        report.notes.append(f"no price for {', '.join(unpriced)}: counted as $0; "
+                            "add prices with flowmagic.configure(prices={...})")
+    report.final = {**_describe(session.original, wf), **current.summary()}
+    report.points = list(session.points)
+    slim = Flow(fresh_copy(wf), name=f"{flow.name}-slim", llm=flow.llm, store=flow.store,
+                **flow.settings)
+    slim.probe = probe
+    slim._tools = getattr(flow, "_tools", None)
+    session.tell({"phase": "done", "final": report.final})
+    return slim, report

@@ -1,0 +1,462 @@
+"""Orchestrator mode: one orchestrator agent solves a task by messages to worker agents.
+
+A star topology, as in CORAL: the orchestrator sends `send_message(agent, content)` and
+ends with `submit_answer(answer)`; workers (a role prompt each, optionally with tools)
+see only what the orchestrator sends them and answer only it. It may ask a planner for a
+decomposition, refine an instruction, or hand a task to another agent. Unlike the
+reference code, messages sent in one turn run concurrently, nothing polls, and the
+endpoint is whatever flowmagic is configured with. Endpoints with function calling get
+the two actions as tools; the others a JSON action protocol
+(`{"action": "send", "messages": [...]}` or `{"action": "submit", "answer": ...}`).
+
+Budgets: `max_turns` orchestrator turns and `budget_s` seconds (a share is kept for the
+end). When either runs out, one last call asks for the best answer; if that fails too,
+the last worker reply is submitted with a note. A submission is always made.
+
+Every message is stored (the `orchestrator` table) and announced to subscribers as it
+happens (`subscribe`, for the panel's live chat view). Prompts never mention the clock,
+so a run replays from the response cache: `replay=orchestration.script()` repeats the
+same turns, cut where the original was cut (`Orchestration.to_notebook` writes that cell).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+from ..errors import ConfigError, FlowError
+from ..llm.client import LLM, ToolsUnsupportedError, get_llm
+from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, as_agents,
+                       load_orchestration)
+from .protocol import (_action_schema, _new_run_id, _read_action, _read_native, _system,
+                       _tool_specs)
+
+__all__ = ["Orchestrator", "orchestrate", "aorchestrate", "start", "Agent", "Message",
+           "Orchestration", "as_agents", "load_orchestration", "ROLES", "DEFAULT_AGENTS"]
+
+_WORKER_RULES = ("You work for an orchestrator who sends you messages; you answer only the "
+                 "orchestrator. Do what its message asks and reply with the result itself, "
+                 "complete and concrete.")
+_MEMORY = 4          # earlier exchanges a worker remembers
+_RESERVE = 0.2       # share of budget_s kept for the final answer (at most _RESERVE_MAX s)
+_RESERVE_MAX = 30.0
+
+
+def _where(endpoint) -> str:
+    """The endpoint without user:password@ or a query string (either can carry a key)."""
+    from urllib.parse import urlsplit, urlunsplit
+    if endpoint.local:
+        return "embedded"
+    parts = urlsplit(endpoint.base_url)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class Orchestrator:
+    """One orchestrator run: `await orch.run()`, or `start()` on the kernel's loop.
+
+    Events for the live chat view, `callback(event)` with "kind": "turn" (turn), "working"
+    (agent, turn: a call started), "message" (message: a Message dict, as it is stored),
+    "tool" (agent, call), "submitted" (answer, status, ended_by).
+    """
+
+    def __init__(self, task: str, agents: Any = None, *, model: str | None = None,
+                 budget_s: float | None = 300.0, max_turns: int | None = 8, tools: Any = None,
+                 llm: LLM | None = None, store=None, run_id: str | None = None,
+                 name: str = "orchestration", seed: int = 0, temperature: float | None = None,
+                 max_tokens: int | None = 512, reply_chars: int = 3000, protocol: str = "auto",
+                 tool_rounds: int = 3, tool_timeout_s: float = 30.0, tools_top_n: int = 3,
+                 replay: dict | None = None, on_event: Callable[[dict], None] | None = None):
+        if not isinstance(task, str) or not task.strip():
+            raise ConfigError("the task is empty; write what the agents should do")
+        if protocol not in ("auto", "native", "action"):
+            raise ConfigError(f"protocol {protocol!r} is not auto, native or action")
+        said = (max_turns, budget_s)   # the limits the prompts state (a replay states the original's)
+        if replay is not None:   # repeat a recorded run: its turns, no clock
+            if not isinstance(replay, dict) or not isinstance(replay.get("turns"), list):
+                raise ConfigError("replay= takes Orchestration.script() (a dict with 'turns')")
+            said = tuple(replay.get("limits") or (len(replay["turns"]), None))
+            budget_s, max_turns = None, len(replay["turns"])
+        if max_turns is not None and int(max_turns) < 1:
+            raise ConfigError("max_turns must be at least 1")
+        if budget_s is not None and float(budget_s) <= 0:
+            raise ConfigError("budget_s must be positive (or None for no time limit)")
+        from ..llm.endpoints import resolve
+        endpoint, _ = resolve(model)   # a bad model id is a ConfigError now, not mid-run
+        self.llm = llm or get_llm()
+        self.store = store or self.llm.store
+        self.agents = as_agents(agents, tools)
+        self.by_name = {a.name: a for a in self.agents}
+        self.task, self.model, self.replay = task.strip(), model, replay
+        self.budget_s = None if budget_s is None else float(budget_s)
+        self._said_turns, self._said_budget = said
+        self.max_turns = None if max_turns is None else int(max_turns)
+        self.protocol = protocol if protocol != "auto" else self.llm.tool_mode(model)
+        self.opts = dict(seed=seed, temperature=temperature, max_tokens=max_tokens)
+        self.reply_chars = reply_chars
+        self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n)
+        settings = {"mode": "orchestrate", "model": model, "endpoint": _where(endpoint),
+                    "budget_s": self._said_budget, "max_turns": self._said_turns,
+                    "replayed": replay is not None, "protocol": protocol,
+                    "reply_chars": reply_chars, **self.opts}
+        self.result = Orchestration(run_id or _new_run_id(), self.task, self.agents, settings,
+                                    name=name)
+        self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
+        self._memory: dict[str, list[tuple[str, str]]] = {a.name: [] for a in self.agents}
+        self._exchanges: list[tuple[str, str, str]] = []   # (agent, message, reply) in send order
+        self._stopped: asyncio.Event | None = None
+        self._stop_asked = False
+        self._deadline = self._hard_deadline = None
+        self._task: asyncio.Task | None = None
+
+    # -- events, store, usage ----------------------------------------------------------------
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        event = {"kind": kind, "run": self.result.run_id, "time": time.time(), **data}
+        for callback in list(self._subscribers):
+            callback(event)
+
+    def _add(self, turn: int, sender: str, recipient: str, kind: str, content: str,
+             reply=None) -> Message:
+        o = self.result
+        m = Message(len(o.transcript), turn, sender, recipient, kind, content or "", time.time())
+        if reply is not None:
+            m.tokens_in, m.tokens_out, m.cost_usd = reply.input_tokens, reply.output_tokens, reply.cost_usd
+            m.cached, m.call_id = reply.cached, reply.call_id
+        o.transcript.append(m)
+        self.store.add_message(o.run_id, m.to_dict())
+        self._emit("message", message=m.to_dict())
+        return m
+
+    def _count(self, reply) -> None:
+        o = self.result
+        o.calls += 1
+        o.cached_calls += int(bool(reply.cached))
+        o.tokens_in += reply.input_tokens
+        o.tokens_out += reply.output_tokens
+        o.cost_usd += reply.cost_usd
+
+    def _save(self) -> None:
+        o = self.result
+        o.settings["protocol"] = self.protocol   # the one used, so a replay asks the same way
+        outcome = {k: getattr(o, k) for k in ("status", "ended_by", "note", "turns", "final",
+                                              "elapsed_s", "calls", "cached_calls", "tokens_in",
+                                              "tokens_out", "cost_usd")}
+        self.store.save_run(o.run_id, task=o.task, name=o.name, status=o.status,
+                            workflow={"task": o.task, "nodes": [], "edges": []}, result=o.answer,
+                            settings={**o.settings, "agents": [a.to_dict() for a in o.agents],
+                                      "outcome": outcome})
+
+    # -- time ----------------------------------------------------------------------------------
+    def _left(self, hard: bool = False) -> float | None:
+        deadline = self._hard_deadline if hard else self._deadline
+        return None if deadline is None else deadline - time.monotonic()
+
+    async def _bounded(self, tasks: list[asyncio.Task], hard: bool = False) -> bool:
+        """Wait for the tasks within the budget (or a stop); cancel the rest. True if all finished."""
+        pending = set(tasks)
+        stop = asyncio.ensure_future(self._stopped.wait())
+        try:
+            while pending and not stop.done():
+                left = self._left(hard)
+                if left is not None and left <= 0:
+                    break
+                done, _ = await asyncio.wait(pending | {stop}, timeout=left,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+        finally:
+            stop.cancel()
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return not pending
+
+    def stop(self) -> None:
+        """End now: running calls are cancelled and the best answer so far is submitted."""
+        self._stop_asked = True
+        if self._stopped is not None:
+            self._stopped.set()
+
+    # -- the run ---------------------------------------------------------------------------------
+    async def run(self) -> Orchestration:
+        o = self.result
+        self._stopped = asyncio.Event()
+        if self._stop_asked:
+            self._stopped.set()
+        started = time.monotonic()
+        if self.budget_s is not None:
+            self._hard_deadline = started + self.budget_s
+            self._deadline = self._hard_deadline - min(_RESERVE_MAX, _RESERVE * self.budget_s)
+        self._save()
+        self._add(0, "user", "orchestrator", "task", self.task)
+        conv = [{"role": "system", "content": _system(self.agents, self._said_turns, self._said_budget,
+                                                      self.protocol)},
+                {"role": "user", "content": f"The task:\n{self.task}"}]
+        o.ended_by = "turns"
+        turn = 0
+        while self.max_turns is None or turn < self.max_turns:
+            turn += 1
+            if self._stopped.is_set() or (self._left() is not None and self._left() <= 0):
+                o.ended_by = "stopped" if self._stopped.is_set() else "time"
+                break
+            self._emit("turn", turn=turn)
+            step = await self._turn(conv, turn)
+            if step != "continue":
+                o.ended_by = step
+                break
+        if self.replay is not None and o.ended_by == "turns":
+            o.ended_by = self.replay.get("ended_by") or "turns"   # cut between turns, as recorded
+        if o.ended_by != "submit":
+            await self._force(o.ended_by)
+        o.elapsed_s = time.monotonic() - started
+        self._save()
+        self._emit("submitted", answer=o.answer, status=o.status, ended_by=o.ended_by, note=o.note)
+        return o
+
+    def _scripted(self, turn: int) -> dict | None:
+        turns = (self.replay or {}).get("turns") or []
+        return turns[turn - 1] if self.replay is not None and turn <= len(turns) else None
+
+    async def _ask(self, conv: list[dict], turn: int):
+        """The orchestrator's call for this turn; None when the budget or a failure cut it."""
+        kwargs = dict(model=self.model, run_id=self.result.run_id, node_id="orchestrator",
+                      purpose="orchestrator", **self.opts)
+        self._emit("working", agent="orchestrator", turn=turn)
+        names = [a.name for a in self.agents]
+        if self.protocol == "native":
+            call = self.llm.complete(conv, tools=_tool_specs(names), **kwargs)
+        else:
+            call = self.llm.complete(conv, schema=_action_schema(names), **kwargs)
+        task = asyncio.ensure_future(call)
+        if not await self._bounded([task]):
+            return None, "stopped" if self._stopped.is_set() else "time"
+        try:
+            return task.result(), None
+        except ToolsUnsupportedError as exc:
+            if len(conv) == 2:   # nothing was said yet: start over in the JSON protocol
+                self.protocol = "action"
+                conv[0]["content"] = _system(self.agents, self._said_turns, self._said_budget, "action")
+                return await self._ask(conv, turn)
+            self._add(turn, "flowmagic", "user", "error", f"the orchestrator's call failed: {exc}")
+            return None, "error"
+        except FlowError as exc:
+            self._add(turn, "flowmagic", "user", "error", f"the orchestrator's call failed: {exc}")
+            return None, "error"
+
+    async def _turn(self, conv: list[dict], turn: int) -> str:
+        o, script = self.result, self._scripted(turn)
+        record = {"turn": turn}
+        o.turns.append(record)
+        if script is not None and script.get("action") in ("time", "stopped", "error"):
+            record["action"] = script["action"]   # the recorded run was cut here
+            return script["action"]
+        reply, cut = await self._ask(conv, turn)
+        if reply is None:
+            record["action"] = cut
+            return cut
+        self._count(reply)
+        names = set(self.by_name)
+        actions = (_read_native(reply, names) if self.protocol == "native"
+                   else _read_action(reply.data, names))
+        if self.protocol == "native" and not actions and reply.text.strip():
+            actions = [("invalid", "you answered in text; call send_message or submit_answer",
+                        None, None)]
+        submit = next((a for a in actions if a[0] == "submit"), None)
+        if submit is not None:
+            record["action"] = "submit"
+            o.answer, o.status = submit[1], "submitted"
+            self._add(turn, "orchestrator", "user", "submit", submit[1], reply)
+            return "submit"
+        sends = [a for a in actions if a[0] == "send"]
+        record["action"] = "send" if sends else "invalid"
+        for i, (_, agent, content, _) in enumerate(sends):
+            self._add(turn, "orchestrator", agent, "send", content, reply if i == 0 else None)
+        answers = await self._dispatch(sends, turn, script)
+        record["answered"] = [a is not None for a in answers]
+        self._feed(conv, reply, actions, sends, answers, turn)
+        return "continue" if all(a is not None for a in answers) else (
+            "stopped" if self._stopped.is_set() else "time")
+
+    async def _dispatch(self, sends: list[tuple], turn: int, script: dict | None) -> list:
+        """Every send at once; the replies (None where the budget cut one) in send order."""
+        allowed = list((script or {}).get("answered") or []) + [True] * len(sends)
+        tasks = [asyncio.ensure_future(self._work(agent, content, turn)) if ok else None
+                 for (_, agent, content, _), ok in zip(sends, allowed)]
+        await self._bounded([t for t in tasks if t is not None])
+        answers = [t.result() if t is not None and t.done() and not t.cancelled() else None
+                   for t in tasks]
+        for (_, agent, content, _), answer in zip(sends, answers):
+            if answer is None:
+                self._add(turn, "flowmagic", "orchestrator", "note",
+                          f"no reply from {agent} within the budget")
+            else:
+                self._exchanges.append((agent, content, answer))
+                memory = self._memory[agent]
+                memory.append((content, answer))
+                del memory[:-_MEMORY]
+        return answers
+
+    async def _work(self, name: str, content: str, turn: int) -> str:
+        """One worker's reply to one message (a failure becomes the reply, never a crash)."""
+        agent = self.by_name[name]
+        messages = [{"role": "system", "content": f"{agent.role}\n\n{_WORKER_RULES}"}]
+        for asked, answered in self._memory[name]:
+            messages += [{"role": "user", "content": asked},
+                         {"role": "assistant", "content": answered[: self.reply_chars]}]
+        messages.append({"role": "user", "content": content})
+        kwargs = dict(model=agent.model or self.model, run_id=self.result.run_id, node_id=name,
+                      purpose="worker", **self.opts)
+        self._emit("working", agent=name, turn=turn)
+        try:
+            if agent.tools:
+                reply = await self._with_tools(agent, content, messages, kwargs)
+            else:
+                reply = await self.llm.complete(messages, **kwargs)
+        except FlowError as exc:
+            text = f"(the {name} agent failed: {exc})"
+            self._add(turn, name, "orchestrator", "error", text)
+            return text
+        self._count(reply)
+        self._add(turn, name, "orchestrator", "reply", reply.text, reply)
+        return reply.text
+
+    async def _with_tools(self, agent: Agent, content: str, messages: list[dict], kwargs: dict):
+        from ..engine.toolloop import run_with_tools
+        from ..engine.tools import select_tools
+
+        def called(call) -> None:
+            self.store.add_tool_call(self.result.run_id, agent.name, tool=call.tool,
+                                     arguments=call.arguments, result=call.summary(),
+                                     duration_s=call.duration_s, error=call.error,
+                                     round=call.round, protocol=call.protocol)
+            self._emit("tool", agent=agent.name, call=call.to_dict())
+
+        offered = select_tools(content, agent.tools, top_n=self.tool_opts["top_n"])
+        result = await run_with_tools(self.llm, messages, offered, on_call=called,
+                                      max_rounds=self.tool_opts["max_rounds"],
+                                      timeout_s=self.tool_opts["timeout_s"], **kwargs)
+        return result.reply
+
+    def _feed(self, conv: list[dict], reply, actions, sends, answers, turn: int) -> None:
+        """Give the replies back to the orchestrator, in send order (so the cache replays)."""
+        cut = lambda text: text if len(text) <= self.reply_chars else text[: self.reply_chars] + " [cut]"  # noqa: E731
+        left = f"Turn {turn} of {self._said_turns} used." if self._said_turns else f"Turn {turn} used."
+        if self.protocol == "native":
+            said = {"role": "assistant", "content": reply.text or ""}
+            conv.append({**said, "tool_calls": reply.tool_calls} if reply.tool_calls else said)
+            replies = iter(answers)
+            for kind, what, _, cid in actions:
+                text = (cut(next(replies) or "(no reply within the budget)") if kind == "send"
+                        else f"Error: {what}")
+                conv.append({"role": "tool", "tool_call_id": cid, "content": text})
+            if not actions:
+                conv.append({"role": "user", "content": "Call send_message or submit_answer."})
+            conv.append({"role": "user", "content": f"{left} Send more messages, or submit."})
+            return
+        parts = [f"[{agent}]: {cut(answer or '(no reply within the budget)')}"
+                 for (_, agent, _, _), answer in zip(sends, answers)]
+        parts += [f"(not sent: {what})" for kind, what, _, _ in actions if kind == "invalid"]
+        conv += [{"role": "assistant", "content": reply.text},
+                 {"role": "user", "content": "Replies:\n\n" + "\n\n".join(parts)
+                  + f"\n\n{left} Send more messages, or submit your answer."}]
+
+    async def _force(self, reason: str) -> None:
+        """The budget is used up: one last call for the best answer, else the last reply."""
+        o = self.result
+        why = {"turns": "turn", "time": "time", "stopped": "user's stop",
+               "error": "error"}.get(reason, reason)
+        self._add(len(o.turns), "flowmagic", "orchestrator", "note",
+                  f"The {why} budget is used up: submit the best answer now.")
+        self._stopped.clear()   # a stop() from now on cancels this last call too
+        if (self.replay or {}).get("final") != "failed" and (
+                self._left(hard=True) is None or self._left(hard=True) > 0):
+            log = "\n\n".join(f"[orchestrator -> {agent}] {asked[: self.reply_chars]}\n"
+                              f"[{agent} -> orchestrator] {answer[: self.reply_chars]}"
+                              for agent, asked, answer in self._exchanges)
+            messages = [{"role": "system", "content": "You are the orchestrator of a team of agents. "
+                         "Write only the final answer to the task, nothing else."},
+                        {"role": "user", "content": f"The task:\n{self.task}\n\nThe messages so far:\n"
+                         f"{log or '(none)'}\n\nWrite the best final answer to the task now."}]
+            task = asyncio.ensure_future(self.llm.complete(
+                messages, model=self.model, run_id=o.run_id, node_id="orchestrator",
+                purpose="orchestrator-final", **self.opts))
+            if await self._bounded([task], hard=True) and not task.exception() and task.result().text.strip():
+                reply = task.result()
+                self._count(reply)
+                o.answer, o.status, o.final = reply.text.strip(), "forced", "answered"
+                self._add(len(o.turns), "orchestrator", "user", "submit", o.answer, reply)
+                return
+        o.final = "failed"
+        last = next((m for m in reversed(o.transcript) if m.kind == "reply"), None)
+        o.answer, o.status = (last.content if last else ""), "fallback"
+        o.note = (f"the orchestrator gave no answer within the budget; this is the last reply, "
+                  f"from {last.sender}" if last else "no agent answered within the budget")
+        self._add(len(o.turns), "flowmagic", "user", "submit", o.answer)
+
+    # -- in a notebook ---------------------------------------------------------------------------
+    def start(self) -> "Orchestrator":
+        """Run as a task on the running loop (a notebook) and return at once; see wait()."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise ConfigError("start() needs a running event loop (a notebook); in a script "
+                              "use flowmagic.orchestrate(...)") from None
+        self._task = loop.create_task(self.run())
+        return self
+
+    async def wait(self) -> Orchestration:
+        if self._task is None:
+            return await self.run()
+        return await asyncio.shield(self._task)
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    @property
+    def busy(self) -> bool:
+        """Started in a notebook and not finished (stop() ends it)."""
+        return self._task is not None and not self._task.done()
+
+
+async def aorchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
+                       max_turns: int | None = 8, model: str | None = None,
+                       **options: Any) -> Orchestration:
+    """Solve `task` by messages between an orchestrator and `agents` (see Orchestrator)."""
+    return await Orchestrator(task, agents, budget_s=budget_s, max_turns=max_turns, model=model,
+                              **options).run()
+
+
+def orchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
+                max_turns: int | None = 8, model: str | None = None, **options: Any) -> Orchestration:
+    """`aorchestrate` for scripts; in a notebook, `await flowmagic.aorchestrate(...)` or `start(...)`."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise ConfigError("orchestrate() blocks; inside a running event loop use "
+                          "`await flowmagic.aorchestrate(...)` or flowmagic.orchestrator.start(...)")
+    orch = Orchestrator(task, agents, budget_s=budget_s, max_turns=max_turns, model=model, **options)
+
+    async def main() -> Orchestration:
+        try:
+            return await orch.run()
+        finally:
+            await orch.llm.aclose()
+
+    return asyncio.run(main())
+
+
+def start(task: str, agents: Any = None, **options: Any) -> Orchestrator:
+    """Start an orchestration on the running loop (a notebook cell returns at once).
+
+    `options` are Orchestrator's (budget_s, max_turns, model, tools, on_event, ...);
+    `orch.subscribe(view.update)` feeds a live chat view, `await orch.wait()` the outcome.
+    """
+    return Orchestrator(task, agents, **options).start()

@@ -1,0 +1,499 @@
+"""A loopback OpenAI-compatible HTTP server for tests and benchmarks.
+
+The replies themselves (default responder, schema examples, embeddings, usage, stream
+chunks) are built in `loopback_replies`, and the handle on a child-process server is in
+`loopback_spawn`; this module serves the replies with latency and faults.
+
+In-process::
+
+    with LoopbackServer(latency=(0.1, 0.3), faults={"429": 0.1}) as srv:
+        client = OpenAI(base_url=srv.base_url, api_key="sk-test")
+
+In its own process, so it does not share the GIL with the code being measured::
+
+    handle = LoopbackServer.spawn(latency=(0.1, 0.8), seed=1)   # or
+    python -m flowmagic.testing.loopback --latency 0.1:0.8 --seed 1 --port 0   # prints the base URL
+
+Endpoints: POST /v1/chat/completions (JSON, or SSE with ``stream: true``), GET /v1/models,
+POST /v1/embeddings, GET /_stats, POST /_reset.
+
+Everything is a pure function of the request body, so runs are reproducible whatever the
+arrival order: the latency is a hash of (seed, body); the fault is a hash of (seed, body,
+attempt), where attempt counts earlier requests with the same body, so a retry can succeed.
+
+Faults (chat completions only): "429" (with Retry-After), "500", "hang" (no answer for
+``hang_s`` or until stop(), then the connection closes), "truncated" (Content-Length larger
+than the bytes sent, then close; a stream stops without its terminator), "garbage" (HTTP 200
+whose body is not JSON), "length" (a valid completion with finish_reason "length" and half
+the text), "401" (the key was refused). ``fail_first=N`` gives the first N attempts of each body
+the fault ``fail_kind`` (default "500"). Authorization headers are recorded as "REDACTED", never as the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import hashlib
+import json
+import math
+import socket
+import socketserver
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from .loopback_replies import (_embeddings_reply, _normalise, _stream_chunks, _usage, default_responder,
+                               embed_text, schema_example)
+from .loopback_spawn import SpawnedLoopback
+
+__all__ = [
+    "FAULT_KINDS",
+    "LoopbackServer",
+    "SpawnedLoopback",
+    "default_responder",
+    "embed_text",
+    "main",
+    "schema_example",
+]
+
+FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401")
+_SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
+# Options that survive a trip through the command line (callables cannot).
+_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
+              "retry_after": "--retry-after", "hang_s": "--hang-s", "dims": "--dims", "model": "--model",
+              "port": "--port"}
+
+
+def _unit(*parts: Any) -> float:
+    """A stable number in [0, 1) from the parts (unlike hash(), independent of PYTHONHASHSEED)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _canon(body: Any) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _parse_latency(latency: Any) -> tuple[float, float] | Callable[[dict], float]:
+    if callable(latency):
+        return latency
+    try:
+        if isinstance(latency, str):
+            parts = [float(x) for x in latency.split(":")]
+            latency = parts[0] if len(parts) == 1 else parts
+        lo, hi = (latency, latency) if isinstance(latency, (int, float)) else latency
+        lo, hi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise ConfigError(f"latency {latency!r} is not a number, a (lo, hi) pair or a callable") from None
+    if not 0 <= lo <= hi:
+        raise ConfigError(f"latency range ({lo}, {hi}) must satisfy 0 <= lo <= hi")
+    return lo, hi
+
+
+def _parse_faults(faults: Any) -> dict[str, float]:
+    if isinstance(faults, str):  # from the command line: JSON or "429=0.1,500=0.05"
+        faults = json.loads(faults) if faults.lstrip().startswith("{") else dict(
+            item.split("=", 1) for item in faults.split(",") if item.strip())
+    rates = {str(k).strip(): float(v) for k, v in (faults or {}).items()}
+    unknown = sorted(set(rates) - set(FAULT_KINDS))
+    if unknown:
+        raise ConfigError(f"unknown fault kinds {unknown}; use some of {list(FAULT_KINDS)}")
+    if any(not 0 <= r <= 1 for r in rates.values()) or sum(rates.values()) > 1 + 1e-9:
+        raise ConfigError(f"fault rates {rates} must each be in [0, 1] and sum to at most 1")
+    return rates
+
+
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so httpx reuses connections
+    disable_nagle_algorithm = True  # headers and body are separate writes
+    timeout = 60  # an idle keep-alive connection closes on its own
+    server_version = "flowmagic-loopback"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        self.server.owner._dispatch(self, "GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.server.owner._dispatch(self, "POST")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a burst of connections must not overflow the listen backlog
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup; loopback needs none.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Tracked (unlike ThreadingMixIn's daemon threads) so stop() can unblock and join them.
+        t = threading.Thread(target=self._serve_one, args=(request, client_address),
+                             name="loopback-conn", daemon=True)
+        with self.owner._lock:
+            self.owner._conns[t] = request
+        t.start()
+
+    def _serve_one(self, request: Any, client_address: Any) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            with self.owner._lock:
+                self.owner._conns.pop(threading.current_thread(), None)
+
+
+class LoopbackServer:
+    """An OpenAI-compatible server on 127.0.0.1 with deterministic latency, faults and replies."""
+
+    def __init__(self, *, responder: Callable[[dict], str | dict] | None = None,
+                 latency: Any = 0.0, seed: int = 0, faults: dict | None = None, fail_first: int = 0,
+                 fail_kind: str = "500", reject_json_schema: bool = False, retry_after: float = 0.05,
+                 hang_s: float = 30.0,
+                 dims: int = 64, model: str = "loopback", port: int = 0) -> None:
+        self.responder = responder or default_responder
+        self.latency = _parse_latency(latency)
+        self.faults = _parse_faults(faults)
+        self.fail_kind = str(fail_kind)
+        if self.fail_kind not in FAULT_KINDS:
+            raise ConfigError(f"fail_kind {fail_kind!r} is not one of {list(FAULT_KINDS)}")
+        self.seed, self.fail_first, self.reject_json_schema = seed, int(fail_first), reject_json_schema
+        self.retry_after, self.hang_s, self.dims = retry_after, hang_s, dims
+        self.model, self.port = model, port
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._conns: dict[threading.Thread, Any] = {}
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.in_flight = 0
+        self.reset()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> LoopbackServer:
+        if self._httpd is None:
+            self._stopping.clear()
+            self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
+            self._httpd.owner = self
+            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                            name="loopback-server", daemon=True)
+            self._thread.start()
+            atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake hanging handlers, close every connection and join every thread."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        with self._lock:
+            conns = list(self._conns.items())
+        for _thread, sock in conns:
+            try:  # unblocks a handler waiting for the next request on a keep-alive connection
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread, _sock in conns:
+            thread.join(timeout=5)
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> LoopbackServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the loopback server is not running; call start() or use it in a with block")
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    # -- recording -------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget recorded requests, counts and attempt numbers (requests in flight still count)."""
+        with self._lock:
+            self.requests: list[dict] = []
+            self.calls = 0
+            self.max_in_flight = self.in_flight
+            self.fault_counts = {kind: 0 for kind in FAULT_KINDS}
+            self._attempts: dict[str, int] = {}
+
+    def stats(self, bodies: bool = False) -> dict:
+        """Counters plus one summary per request (with body and headers when bodies=True)."""
+        hidden = () if bodies else ("body", "headers")
+        with self._lock:
+            return {"calls": self.calls, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
+                    "faults": dict(self.fault_counts),
+                    "requests": [{k: v for k, v in r.items() if k not in hidden} for r in self.requests]}
+
+    def _record(self, h: _Handler, path: str, body: Any, arrived: float) -> dict:
+        headers = {k.lower(): "REDACTED" if k.lower() in _SECRET_HEADERS else v for k, v in h.headers.items()}
+        rec = {"method": h.command, "path": path, "body": body, "headers": headers,
+               "had_auth": any(k.lower() in _SECRET_HEADERS and v.strip() for k, v in h.headers.items()),
+               "arrived": arrived, "finished": None, "status": None, "attempt": None, "fault": None,
+               "latency_s": None}
+        with self._lock:
+            self.requests.append(rec)
+        return rec
+
+    # -- HTTP --------------------------------------------------------------------------------
+    def _dispatch(self, h: _Handler, method: str) -> None:
+        arrived, h.loopback_rec = time.time(), None
+        full = h.path.split("?", 1)[0].rstrip("/")
+        path = full[3:] if full.startswith("/v1/") else full  # the route; the record keeps `full`
+        raw = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
+        if path in ("/_stats", "/_reset"):
+            if path == "/_reset" and method == "POST":
+                self.reset()
+            self._send_json(h, 200, self.stats(bodies="bodies=1" in h.path))
+            return
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = None
+        rec = self._record(h, full, raw.decode("utf-8", "replace") if body is None else body, arrived)
+        route = {("POST", "/chat/completions"): self._chat, ("GET", "/models"): self._models,
+                 ("POST", "/embeddings"): self._embeddings}.get((method, path))
+        h.loopback_rec, h.loopback_chat, status = rec, False, 0
+        try:
+            if route is None:
+                status = self._send_error(h, 404, f"no route for {method} {h.path}", "not_found")
+            elif not isinstance(body, dict):
+                status = self._send_error(h, 400, "the request body is not a JSON object", "invalid_request")
+            else:
+                status = route(h, body, rec)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
+            h.close_connection = True
+        finally:
+            self._settle(h, status)
+
+    def _settle(self, h: _Handler, status: int, answered: bool = False) -> None:
+        """Close the request's record once, before its last bytes leave: a client that has its
+        reply must already see it counted in `calls`, `in_flight` and `requests`."""
+        rec, h.loopback_rec = getattr(h, "loopback_rec", None), None
+        if rec is None:
+            return
+        with self._lock:
+            rec["status"], rec["finished"] = status, time.time()
+            if h.loopback_chat:
+                self.in_flight -= 1
+                self.calls += answered
+
+    def _send_bytes(self, h: _Handler, status: int, payload: bytes, ctype: str = "application/json",
+                    headers: dict | None = None, truncated: bool = False, answered: bool = False) -> int:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        # "truncated" promises more bytes than it sends, then closes: the client sees a short read.
+        h.send_header("Content-Length", str(len(payload) + (64 if truncated else 0)))
+        for key, value in (headers or {}).items():
+            h.send_header(key, value)
+        h.end_headers()
+        self._settle(h, status, answered)
+        h.wfile.write(payload)
+        if truncated:
+            h.close_connection = True
+        return status
+
+    def _send_json(self, h: _Handler, status: int, obj: Any, **kw: Any) -> int:
+        return self._send_bytes(h, status, json.dumps(obj).encode(), **kw)
+
+    def _send_error(self, h: _Handler, status: int, message: str, code: str,
+                    headers: dict | None = None) -> int:
+        err = {"error": {"message": message, "type": code, "code": code, "param": None}}
+        return self._send_json(h, status, err, headers=headers)
+
+    def _send_stream(self, h: _Handler, chunks: list[dict], truncated: bool) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        if truncated:  # half the events, no terminating chunk, then close
+            events, h.close_connection = events[: max(1, len(events) // 2)], True
+        for i, data in enumerate(events):
+            if i == len(events) - 1:
+                self._settle(h, 200, answered=not truncated)
+            h.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+        if not truncated:
+            h.wfile.write(b"0\r\n\r\n")
+
+    # -- endpoints ---------------------------------------------------------------------------
+    def _delay(self, body: dict, rec: dict) -> bool:
+        """Wait the request's latency; False when stop() interrupted it."""
+        if callable(self.latency):
+            delay = max(0.0, float(self.latency(body)))
+        else:
+            lo, hi = self.latency
+            delay = lo + (hi - lo) * _unit(self.seed, "latency", _canon(body))
+        rec["latency_s"] = delay
+        return not self._stopping.wait(delay) if delay > 0 else not self._stopping.is_set()
+
+    def _pick_fault(self, key: str, attempt: int) -> str | None:
+        if attempt < self.fail_first:
+            return self.fail_kind
+        u, total = _unit(self.seed, "fault", key, attempt), 0.0
+        for kind in FAULT_KINDS:
+            total += self.faults.get(kind, 0.0)
+            if u < total:
+                return kind
+        return None
+
+    def _chat(self, h: _Handler, body: dict, rec: dict) -> int:
+        key = _canon(body)
+        with self._lock:
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            h.loopback_chat = True  # _settle() takes it out of flight
+        fault = self._pick_fault(key, attempt)
+        rec["attempt"], rec["fault"] = attempt, fault
+        if fault:
+            with self._lock:
+                self.fault_counts[fault] += 1
+        if not self._delay(body, rec):
+            h.close_connection = True
+            return 0
+        return self._answer_chat(h, body, fault)
+
+    def _answer_chat(self, h: _Handler, body: dict, fault: str | None) -> int:
+        if fault == "429":
+            return self._send_error(h, 429, "rate limited (loopback fault injection); retry later",
+                                    "rate_limit_exceeded", headers={"Retry-After": f"{self.retry_after:g}"})
+        if fault == "500":
+            return self._send_error(h, 500, "internal error (loopback fault injection)", "server_error")
+        if fault == "401":
+            return self._send_error(h, 401, "incorrect API key (loopback fault injection)", "invalid_api_key")
+        if fault == "hang":
+            self._stopping.wait(self.hang_s)
+            h.close_connection = True
+            return 0
+        fmt = body.get("response_format")
+        if self.reject_json_schema and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            return self._send_error(h, 500, "response_format type 'json_schema' is not supported by this "
+                                    "server (like llama-cpp-python); use 'json_object' with a 'schema'",
+                                    "internal_server_error")
+        try:
+            msg, finish, usage = _normalise(self.responder(body), body)
+        except Exception as exc:  # a broken test responder should fail loudly, not hang the client
+            return self._send_error(h, 500, f"responder raised {exc!r}", "responder_error")
+        if fault == "length":
+            msg["content"] = (msg.get("content") or "")[: len(msg.get("content") or "") // 2]
+            finish, usage = "length", _usage(body, msg, {})
+        return self._reply_chat(h, body, msg, finish, usage, fault)
+
+    def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict,
+                    fault: str | None) -> int:
+        stream = bool(body.get("stream"))
+        if fault == "garbage":
+            payload = b"data: {not json\n\n" if stream else b"<html>upstream said: not json {</html>"
+            return self._send_bytes(h, 200, payload, "text/event-stream" if stream else "application/json")
+        base = {"id": "chatcmpl-" + hashlib.sha256(_canon(body).encode()).hexdigest()[:24],
+                "created": int(time.time()), "model": body.get("model") or self.model,
+                "system_fingerprint": "loopback"}
+        if stream:
+            with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._send_stream(h, _stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated")
+        else:
+            reply = {**base, "object": "chat.completion", "usage": usage,
+                     "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}]}
+            self._send_json(h, 200, reply, truncated=fault == "truncated", answered=fault != "truncated")
+        return 200
+
+    def _models(self, h: _Handler, body: dict, rec: dict) -> int:
+        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "flowmagic-loopback"}
+        return self._send_json(h, 200, {"object": "list", "data": [model]})
+
+    def _embeddings(self, h: _Handler, body: dict, rec: dict) -> int:
+        if not self._delay(body, rec):
+            h.close_connection = True
+            return 0
+        return self._send_json(h, 200, _embeddings_reply(body, self.dims, self.model))
+
+    # -- another process ---------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, *, startup_timeout: float = 20.0, **options: Any) -> SpawnedLoopback:
+        """Run a server in a child process (same options, minus callables); returns its handle."""
+        argv = [sys.executable, "-m", "flowmagic.testing.loopback", *_cli_args(options), "--exit-on-stdin-eof"]
+        return SpawnedLoopback(argv, startup_timeout)
+
+
+def _cli_args(options: dict) -> list[str]:
+    options = dict(options)
+    if callable(options.get("latency")) or options.pop("responder", None) is not None:
+        raise ConfigError("spawn() cannot send a callable latency or responder to another process; "
+                          "use an in-process LoopbackServer for those")
+    lo, hi = _parse_latency(options.pop("latency", 0.0))
+    args = ["--latency", f"{lo!r}:{hi!r}", "--faults", json.dumps(_parse_faults(options.pop("faults", None)))]
+    if options.pop("reject_json_schema", False):
+        args.append("--reject-json-schema")
+    unknown = sorted(set(options) - set(_CLI_FLAGS))
+    if unknown:
+        raise ConfigError(f"unknown loopback options {unknown}; known: {sorted(_CLI_FLAGS)}")
+    for name, value in options.items():
+        args += [_CLI_FLAGS[name], str(value)]
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flowmagic.testing.loopback",
+                                description="Serve a loopback OpenAI-compatible API on 127.0.0.1; "
+                                            "prints the base URL as one line.")
+    p.add_argument("--latency", default="0", help="seconds: a number or lo:hi (default 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults", default="",
+                   help="JSON or 429=0.1,500=0.05 (kinds: " + ", ".join(FAULT_KINDS) + ")")
+    p.add_argument("--fail-first", type=int, default=0, help="the first N attempts of each body get HTTP 500")
+    p.add_argument("--fail-kind", default="500", choices=FAULT_KINDS, help="the fault fail-first gives")
+    p.add_argument("--reject-json-schema", action="store_true",
+                   help="HTTP 500 on json_schema, like llama-cpp-python")
+    p.add_argument("--retry-after", type=float, default=0.05)
+    p.add_argument("--hang-s", type=float, default=30.0)
+    p.add_argument("--dims", type=int, default=64)
+    p.add_argument("--model", default="loopback")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--lifetime", type=float, default=0,
+                   help="exit after this many seconds (0: until signalled)")
+    p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (used by spawn)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    args = _parser().parse_args(argv)
+    server = LoopbackServer(latency=args.latency, seed=args.seed, faults=args.faults or None,
+                            fail_first=args.fail_first, fail_kind=args.fail_kind,
+                            reject_json_schema=args.reject_json_schema,
+                            retry_after=args.retry_after, hang_s=args.hang_s, dims=args.dims,
+                            model=args.model, port=args.port).start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    if args.exit_on_stdin_eof:  # the parent died or called stop(): do not outlive it
+        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    print(server.base_url, flush=True)
+    deadline = time.monotonic() + args.lifetime if args.lifetime > 0 else math.inf
+    try:
+        while not done.wait(0.2) and time.monotonic() < deadline:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

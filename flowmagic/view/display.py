@@ -1,0 +1,214 @@
+"""What the magics and the panel show: tables and reports as text, Markdown, HTML and SVG.
+
+Pure formatting over the Flow API's return values (no IPython, no ipywidgets), so a
+terminal, a notebook and a test read the same cells. `Report` is the display object of
+the `%flow` subcommands: text in a terminal, Markdown or SVG in a notebook, and the run
+it came from in the output metadata.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+__all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report", "cost_report",
+           "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
+           "importance_cells", "importance_report", "importance_html", "slim_report",
+           "slim_html", "slim_line"]
+
+IMPORTANCE_HEADER = ["node", "model", "degree", "betweenness", "loo", "saved_usd", "rrf",
+                     "ranks", "protected"]
+
+
+class Report:
+    """A display object: a text table in a terminal, Markdown, SVG or HTML in a notebook."""
+
+    def __init__(self, text: str, markdown: str | None = None, *, svg: str | None = None,
+                 run: str | None = None, html: str | None = None):
+        self.text, self.markdown, self.svg, self.run = text, markdown, svg, run
+        self.html = html
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"text/plain": self.text}
+        if self.markdown:
+            data["text/markdown"] = self.markdown
+        if self.svg:
+            data["image/svg+xml"] = self.svg
+        if self.html:   # front ends prefer Markdown to SVG; HTML shows text and plot together
+            data["text/html"] = self.html
+        return data, {"flowmagic": {"run": self.run}}
+
+
+# Dollar amounts between two `$` would be typeset as maths by JupyterLab (Markdown goes through
+# MathJax across whole rows); tables are HTML, inside a block MathJax is told to skip.
+_NO_MATH = "flowmagic-table tex2jax_ignore mathjax_ignore"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
+    """(aligned text, HTML) of the same table; the HTML survives MathJax (see _NO_MATH)."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    return text, no_math(html_table(header, rows))
+
+
+def no_math(*parts: str) -> str:
+    """HTML parts in one block that MathJax leaves alone."""
+    return f'<div class="{_NO_MATH}">{"".join(parts)}</div>'
+
+
+def html_table(header: list[str], rows: list[list[Any]], css_class: str = "") -> str:
+    """The same cells as an HTML table (every cell escaped)."""
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    cls = f' class="{css_class}"' if css_class else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# -- a flow and the notebook's flows ---------------------------------------------------------------
+def describe(flow) -> str:
+    """A few lines for a terminal: the summary, each node, the estimate, the warnings."""
+    from .render import summary
+
+    wf = flow.workflow
+    lines = [summary(flow)]
+    for node_id in wf.nodes:
+        node = wf.nodes[node_id]
+        after = ", ".join(wf.parents(node_id)) if node.status != "pruned" else ""
+        lines.append(f"  {node_id} [{node.agent}, {node.status}]"
+                     f"{' after ' + after if after else ''}: {node.requirement}")
+    est = flow.estimate()
+    lines.append(f"estimate of a run: {est['calls']} calls, ~{est['input_tokens']:,} tokens in, "
+                 f"~{est['output_tokens']:,} out, ~${est['cost_usd']:.4f}")
+    lines += [f"warning: {w}" for w in wf.warnings]
+    return "\n".join(lines)
+
+
+def list_report(flows: dict, runs: list[dict]) -> Report:
+    rows = [[name, f.run_id, f.status, f"{f.counts().get('done', 0)}/{f.total()}",
+             f"${f.spent_usd:.4f}", f.task.splitlines()[0][:50] if f.task else ""]
+            for name, f in flows.items()]
+    text, flows_html = table(["flow", "run", "status", "done", "cost", "task"], rows)
+    stored = [[r["id"], r["name"] or "", r["status"],
+               time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"])),
+               (r["task"] or "").splitlines()[0][:50] if r["task"] else ""] for r in runs]
+    s_text, s_html = table(["run", "name", "status", "updated", "task"], stored)
+    none = "no flows in this notebook yet (make one with a %%flow NAME cell)"
+    text = (text if rows else none) + "\n\nrecent runs (flowmagic.load(RUN)):\n" + s_text
+    page = ((flows_html if rows else f"<p>{html.escape(none)}</p>")
+            + "<p><b>recent runs</b> (<code>flowmagic.load(RUN)</code>)</p>" + s_html)
+    return Report(text, html=page)
+
+
+def cost_report(flow) -> Report:
+    cost = flow.cost()
+    rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
+             r["input_tokens"] or 0, r["output_tokens"] or 0, f"${r['cost_usd'] or 0:.6f}"]
+            for r in cost["rows"]]
+    t = cost["total"]
+    rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
+                 t["output_tokens"], f"${t['cost_usd']:.6f}"])
+    text, page = table(["purpose", "node", "model", "calls", "cached", "tokens in",
+                        "tokens out", "USD"], rows)
+    return Report(text, html=page, run=flow.run_id)
+
+
+def timeline_report(flow) -> Report:
+    from .render import timeline_svg
+
+    rows = flow.timeline()
+    if not rows:
+        return Report(f"flow {flow.name!r}: nothing has run yet", run=flow.run_id)
+    t0 = rows[0]["start"]
+    cells = [[r["node"], r["clone"] or r["agent"], r["status"], f"{r['start'] - t0:.2f}",
+              f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "",
+              r["tokens_out"], f"${r['cost_usd']:.6f}"] for r in rows]
+    text, _ = table(["node", "agent", "status", "start s", "took s", "tokens out", "USD"], cells)
+    return Report(text, svg=timeline_svg(flow), run=flow.run_id)
+
+
+def models_report(key_vars: tuple[str, ...]) -> Report:
+    import os
+
+    from ..llm.endpoints import PRICES, endpoints
+
+    rows = []
+    for ep in endpoints():
+        d = ep.describe()
+        key = "not needed" if ep.local else d["key"]
+        tick = "✓" if d["key_set"] else "✗"
+        rows.append([tick, d["name"], d["base_url"], d["model"] or "(first listed)", key])
+    text, page = table(["key", "endpoint", "base URL", "model", "key from"], rows)
+    env = [[("✓" if os.environ.get(v) else "✗"), v] for v in key_vars]
+    e_text, e_html = table(["set", "environment variable"], env)
+    prices = [[name, f"{p[0]:g}", f"{p[1]:g}"] for name, p in
+              sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0]))]
+    p_text, p_html = table(["model", "USD/1M in", "USD/1M out"], prices)
+    return Report(f"{text}\n\n{e_text}\n\n{p_text}", html=page + e_html + p_html)
+
+
+def log_report(calls: list[dict]) -> Report:
+    rows = [[c["id"], time.strftime("%H:%M:%S", time.localtime(c["ts"])), c["model"],
+             c["purpose"] or "", c["node_id"] or "", c["input_tokens"] or 0,
+             c["output_tokens"] or 0, f"{c['latency_s'] or 0:.2f}",
+             f"${c['cost_usd'] or 0:.6f}", "yes" if c["cached"] else "",
+             (c["error"] or "")[:60]] for c in calls]
+    text, page = table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
+                        "cached", "error"], rows)
+    return Report(text if rows else "no model calls yet", html=page if rows else None)
+
+
+# -- slimming ------------------------------------------------------------------------------------
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def importance_cells(rows: list[dict]) -> list[list[str]]:
+    """Importance.to_rows() as cells under IMPORTANCE_HEADER, most important first."""
+    return [[r["node"], r["model"] or "(flow's)", _num(r["degree"], 2), _num(r["betweenness"], 2),
+             _num(r["loo"], 3), _num(r["saved_usd"], 6), _num(r["rrf"], 4),
+             f"deg {r['rank_degree']} · bet {r['rank_betweenness']} · loo {r['rank_loo']} · "
+             f"cost {r['rank_cost']}", r["protected"] or ""] for r in rows]
+
+
+def _importance_head(imp) -> str:
+    b = imp.baseline
+    return (f"importance ({imp.stage}; baseline S={b.score:.3f}, C=${b.cost_usd:.6f}/example, "
+            f"kappa={imp.kappa}); the least important come last")
+
+
+def importance_report(imp, run: str | None = None) -> Report:
+    text, _ = table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()))
+    return Report(f"{_importance_head(imp)}\n{text}", html=importance_html(imp), run=run)
+
+
+def importance_html(imp) -> str:
+    return no_math(f"<div><b>{html.escape(_importance_head(imp))}</b></div>",
+                   html_table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()),
+                              "flowmagic-importance"))
+
+
+def slim_line(report, name: str) -> str:
+    """One line: what slimming kept, and how to get the slimmed flow."""
+    b, f = report.baseline, report.final
+    return (f"slimmed {name!r} to [{f['label']}]: S {b['score']:.3f}→{f['score']:.3f}, "
+            f"C ${b['cost_usd']:.6f}→${f['cost_usd']:.6f} per example")
+
+
+def slim_report(report, name: str, bound: str | None = None, run: str | None = None) -> Report:
+    line = slim_line(report, name)
+    line += (f"; the slimmed flow is {bound} (%flow show {bound})" if bound else
+             f"; get it with flow2, report = {name}.last_slim")
+    return Report(f"{line}\n{report.text()}", svg=report.svg(), run=run,
+                  html=no_math(f"<div><b>{html.escape(line)}</b></div>", slim_html(report)))
+
+
+def slim_html(report) -> str:
+    """The report's text and its cost-versus-score plot (SVG needs no escaping: pareto.py
+    escapes every label it writes)."""
+    return no_math(f"<pre>{html.escape(report.text())}</pre>", report.svg())

@@ -1,0 +1,346 @@
+"""Drawings of a workflow: the graph (graphviz), a Gantt timeline (plain SVG), a live view.
+
+`draw()` builds a `graphviz.Digraph` in plan order, so the same workflow always gives the
+same DOT text. Nodes are filled by status; the critical path (by duration, see
+`metrics.critical_path`) is drawn bold; pruned nodes keep their place in history inside a
+dashed "pruned" cluster, with no edges (the workflow already linked their parents to their
+children); a downgraded node shows "↓ model" and a double border; a stale node shows
+"⚠ stale" and an orange border. Each node's SVG group has `id="node-<id>"` and the classes
+`<status> [critical] [downgraded] [stale]`, so tests and the browser can find it.
+
+Rendering needs graphviz's `dot` program. Without it `svg()` returns the DOT text after a
+DOT comment line saying how to install graphviz (the text is still valid DOT), and
+`png()` raises a `ConfigError` with that line: bytes that are not a PNG would be worse.
+graphviz and IPython are imported on first use only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any, Callable, Iterable
+from xml.sax.saxutils import escape as _xml, quoteattr as _attr
+
+from ..errors import ConfigError
+from ..model.graph import Workflow
+from ..model.metrics import critical_path
+
+__all__ = ["STATUS_COLORS", "DOT_HINT", "draw", "svg", "png", "have_dot", "summary",
+           "mimebundle", "timeline_svg", "LiveDrawing"]
+
+STATUS_COLORS = {
+    "pending": "#e0e0e0", "ready": "#cfe8ff", "running": "#fff3a8",
+    "done": "#c8eec8", "failed": "#f6c0c0", "pruned": "#f5f5f5",
+}
+DOT_HINT = ("graphviz's `dot` program was not found; install it to see the drawing: "
+            "apt-get install graphviz, brew install graphviz or conda install graphviz")
+_BORDER, _CRITICAL, _FAINT = "#607d8b", "#000000", "#9e9e9e"
+_DOWNGRADED, _STALE = "#7b1fa2", "#e65100"
+_TOOLTIP_CHARS = 300
+_log = logging.getLogger(__name__)
+
+
+def _workflow(obj: Any) -> Workflow:
+    wf = getattr(obj, "workflow", obj)
+    if not isinstance(wf, Workflow):
+        raise TypeError(f"draw takes a Flow or a Workflow, not {type(obj).__name__}")  # a bug
+    return wf
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _lines(*parts: str) -> str:
+    """A DOT label or tooltip of literal lines: backslashes and <...> lose their meaning."""
+    import graphviz
+
+    return graphviz.nohtml("\\n".join(graphviz.escape(p) for p in parts if p))
+
+
+def _node_attrs(node, critical: bool) -> dict[str, str]:
+    lines = [node.id, _cut(node.clone or node.agent, 30)]
+    classes = [node.status]
+    attrs = {"id": f"node-{node.id}", "fillcolor": STATUS_COLORS.get(node.status, "#ffffff")}
+    if node.downgraded_from:
+        lines.append(f"↓ {_cut(node.model or '?', 30)}")
+        classes.append("downgraded")
+        attrs.update(peripheries="2", color=_DOWNGRADED)
+    elif node.model:
+        lines.append(_cut(node.model, 30))
+    if node.stale:
+        lines.append("⚠ stale")
+        classes.append("stale")
+        attrs.setdefault("color", _STALE)
+    if node.status == "pruned":
+        attrs.update(style="rounded,filled,dashed", color=_FAINT, fontcolor=_FAINT)
+    if critical:
+        classes.append("critical")
+        attrs.update(penwidth="3")
+        attrs.setdefault("color", _CRITICAL)
+    tip = [_cut(node.requirement, _TOOLTIP_CHARS), f"status: {node.status}"]
+    if node.duration is not None:
+        tip.append(f"took {node.duration:.2f} s")
+    if node.downgraded_from:
+        tip.append(f"model: {node.downgraded_from} → {node.model}")
+    if node.error:
+        tip.append(f"error: {_cut(node.error, 200)}")
+    attrs.update({"label": _lines(*lines), "tooltip": _lines(*tip), "class": " ".join(classes)})
+    return attrs
+
+
+def draw(workflow_or_flow: Any, *, highlight_critical: bool = True, rankdir: str = "LR"):
+    """A `graphviz.Digraph` of the workflow (see the module docstring for the styles)."""
+    import graphviz
+
+    wf = _workflow(workflow_or_flow)
+    path = critical_path(wf, "duration")[0] if highlight_critical else []
+    on_path = set(path)
+    g = graphviz.Digraph("flowmagic")
+    g.attr(rankdir=rankdir, nodesep="0.25", ranksep="0.45", bgcolor="white")
+    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10",
+           color=_BORDER, penwidth="1")
+    g.attr("edge", color=_BORDER, arrowsize="0.7")
+    pruned = []
+    for node_id, node in wf.nodes.items():
+        if node.status == "pruned":
+            pruned.append(node)
+        else:
+            g.node(node_id, **_node_attrs(node, node_id in on_path))
+    critical_edges = set(zip(path, path[1:]))
+    for a, b in wf.edges():
+        extra = {"penwidth": "3", "color": _CRITICAL, "class": "critical"} \
+            if (a, b) in critical_edges else {}
+        g.edge(a, b, id=f"edge-{a}-{b}", **extra)
+    if pruned:
+        # A cluster keeps the removed nodes visible without pretending they still connect.
+        with g.subgraph(name="cluster_pruned") as c:
+            c.attr(label="pruned", style="dashed", color=_FAINT, fontcolor=_FAINT,
+                   fontname="Helvetica", fontsize="10")
+            for node in pruned:
+                c.node(node.id, **_node_attrs(node, False))
+    return g
+
+
+def _pipe(graph, fmt: str) -> bytes | None:
+    """The rendered bytes, or None when graphviz's `dot` program is not installed."""
+    import graphviz
+
+    try:
+        return graph.pipe(format=fmt, quiet=True)
+    except graphviz.ExecutableNotFound:
+        return None
+
+
+def have_dot() -> bool:
+    """True when graphviz's `dot` program can be run (looked up on PATH at each call)."""
+    import graphviz
+
+    return _pipe(graphviz.Digraph(), "svg") is not None
+
+
+def svg(workflow_or_flow: Any, **options: Any) -> str:
+    """The drawing as SVG text; without `dot`, the DOT text after a comment with DOT_HINT."""
+    graph = draw(workflow_or_flow, **options)
+    data = _pipe(graph, "svg")
+    if data is None:
+        return f"// {DOT_HINT}\n{graph.source}"
+    return data.decode("utf-8")
+
+
+def png(workflow_or_flow: Any, **options: Any) -> bytes:
+    """The drawing as PNG bytes; ConfigError (with DOT_HINT) when `dot` is missing."""
+    data = _pipe(draw(workflow_or_flow, **options), "png")
+    if data is None:
+        raise ConfigError(DOT_HINT)
+    return data
+
+
+def summary(flow: Any) -> str:
+    """One line: name, status, done/total (and failed), cost."""
+    counts = flow.counts()
+    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    return (f"flow {flow.name!r} ({flow.status}): {counts.get('done', 0)}/{flow.total()} done"
+            f"{failed}, ${flow.spent_usd:.4f}")
+
+
+def mimebundle(flow: Any, include=None, exclude=None) -> tuple[dict, dict]:
+    """Flow._repr_mimebundle_: text/plain always, image/svg+xml when `dot` is installed."""
+    text = summary(flow)
+    data: dict[str, Any] = {}
+    wanted = (lambda m: (include is None or m in include) and not (exclude and m in exclude))
+    if wanted("image/svg+xml"):
+        drawing = _pipe(draw(flow), "svg")
+        if drawing is None:
+            text = f"{text}\n{DOT_HINT}"
+        else:
+            data["image/svg+xml"] = drawing.decode("utf-8")
+    if wanted("text/plain"):
+        data["text/plain"] = text
+    return data, {"flowmagic": {"run": getattr(flow, "run_id", None)}}
+
+
+# ---------------------------------------------------------------------------------- timeline
+_LABEL_W, _CHART_W, _ROW_H, _BAR_H, _TOP, _AXIS_H = 170, 600, 22, 14, 10, 30
+
+
+def _tick_step(span: float) -> float:
+    raw = span / 6
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def _axis(span: float, y: float, scale: float) -> list[str]:
+    step = _tick_step(span)
+    out = [f'<line class="axis" x1="{_LABEL_W}" y1="{y}" x2="{_LABEL_W + _CHART_W}" y2="{y}" '
+           'stroke="#555" stroke-width="1"/>']
+    for i in range(int(span / step + 1e-9) + 1):
+        t = round(i * step, 9)
+        x = _LABEL_W + t * scale
+        out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#555"/>'
+                   f'<text x="{x:.1f}" y="{y + 16}" text-anchor="middle">{t:g} s</text>')
+    return out
+
+
+def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
+                 now: float | None = None) -> str:
+    """A Gantt chart (SVG text) with one bar per row of `flow.timeline()`.
+
+    Bars are coloured by status; nodes on the critical path (given, or by duration from
+    the Flow's workflow) are outlined. A running row ends at `now` (default: the clock).
+    """
+    if hasattr(flow_or_rows, "timeline"):
+        rows = flow_or_rows.timeline()
+        if critical is None:
+            critical = critical_path(flow_or_rows.workflow, "duration")[0]
+    else:
+        rows = list(flow_or_rows)
+    rows = [r for r in rows if r.get("start") is not None]
+    marked = set(critical or ())
+    now = time.time() if now is None else now
+    height = _TOP + len(rows) * _ROW_H + _AXIS_H if rows else _TOP + 24
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
+            f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">')
+    if not rows:
+        return f'{head}<text x="10" y="{_TOP + 14}">nothing has run yet</text></svg>'
+    t0 = min(r["start"] for r in rows)
+    ends = [(r["end"] if r.get("end") is not None else max(now, r["start"])) for r in rows]
+    span = max(max(ends) - t0, 1e-3)
+    scale = _CHART_W / span
+    body = []
+    for i, (row, end) in enumerate(zip(rows, ends)):
+        y = _TOP + i * _ROW_H
+        node, status = str(row.get("node")), str(row.get("status", "pending"))
+        who = row.get("clone") or row.get("agent") or ""
+        label = _cut(f"{node} · {who}" if who else node, 28)
+        on_path = node in marked
+        stroke = (f'stroke="{_CRITICAL}" stroke-width="2"' if on_path
+                  else 'stroke="#888" stroke-width="0.5"')
+        classes = " ".join(["bar", status] + ["critical"] * on_path)
+        x, w = _LABEL_W + (row["start"] - t0) * scale, max((end - row["start"]) * scale, 1.0)
+        tip = f"{node} ({who}): {status}, {end - row['start']:.2f} s"
+        body.append(
+            f'<text x="{_LABEL_W - 6}" y="{y + _BAR_H - 2}" text-anchor="end">{_xml(label)}</text>'
+            f'<rect id={_attr("bar-" + node)} class={_attr(classes)} x="{x:.1f}" y="{y}" '
+            f'width="{w:.1f}" height="{_BAR_H}" rx="2" fill="{STATUS_COLORS.get(status, "#fff")}" '
+            f'{stroke}><title>{_xml(tip)}</title></rect>')
+    return "\n".join([head, *body, *_axis(span, _TOP + len(rows) * _ROW_H + 4, scale), "</svg>"])
+
+
+# ---------------------------------------------------------------------------------- live view
+class LiveDrawing:
+    """A drawing of a Flow that redraws in place as its events arrive, at most ~4 times a second.
+
+    Events inside the interval are coalesced: a trailing redraw (the running asyncio loop's
+    `call_later`) makes sure the last state is always drawn, and the end of a run (the "run"
+    event) or `close()` redraws at once. Streamed "text" events never redraw. A slow render
+    widens the interval to twice the render time, so a big graph cannot hog the kernel.
+
+    `update(content)` receives the SVG text (or, without `dot`, the summary and DOT_HINT);
+    by default it updates an IPython display made with `display(..., display_id=True)`.
+    """
+
+    def __init__(self, flow: Any, *, interval: float = 0.25,
+                 update: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.flow = flow
+        self.interval = interval
+        self.draws = 0
+        self._clock = clock
+        self._gap = interval
+        self._last = -math.inf
+        self._dirty = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._update = update or self._show
+        self._handle = None
+        self._unsubscribe: Callable[[], Any] = lambda: None
+        self._redraw()
+        self._unsubscribe = flow.subscribe(self._on_event)
+
+    def _content(self) -> str:
+        data = _pipe(draw(self.flow), "svg")
+        return data.decode("utf-8") if data is not None else f"{summary(self.flow)}\n{DOT_HINT}"
+
+    def _show(self, content: str) -> None:
+        from IPython import get_ipython
+        from IPython.display import SVG, Pretty, display
+
+        shown = SVG(data=content) if content.lstrip().startswith("<") else Pretty(content)
+        if self._handle is None:
+            if get_ipython() is None:
+                raise ConfigError("LiveDrawing updates a notebook output; outside IPython pass "
+                                  "update=<a function taking the SVG text>")
+            self._handle = display(shown, display_id=True)
+        else:
+            self._handle.update(shown)
+
+    def _redraw(self) -> None:
+        self._cancel()
+        began = self._clock()
+        content = self._content()
+        self._update(content)
+        self.draws += 1
+        self._dirty = False
+        self._last = self._clock()
+        self._gap = max(self.interval, 2 * (self._last - began))
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_event(self, event: dict) -> None:
+        if event.get("kind") == "text":
+            return
+        self._dirty = True
+        wait = self._last + self._gap - self._clock()
+        if event.get("kind") == "run" or wait <= 0:
+            self._safely(self._redraw)
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop to wake us: the next event, the "run" event or close() draws
+            self._timer = loop.call_later(wait, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._safely(self._redraw)
+
+    def _safely(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            # A broken drawing must not break the run that feeds it: log the bug and stop.
+            _log.exception("flowmagic: the live drawing failed and stopped updating")
+            self.close(redraw=False)
+
+    def close(self, *, redraw: bool = True) -> None:
+        """Stop following the flow; draw the last state if it changed since the last draw."""
+        self._unsubscribe()
+        self._cancel()
+        if redraw and self._dirty:
+            self._redraw()
