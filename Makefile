@@ -32,10 +32,13 @@ browser-deps:
 	  else echo "chromium is missing at /usr/bin/chromium: install it to run the browser test"; fi; \
 	fi
 
+# lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]) first.
 test: setup browser-deps
+	$(VENV)/bin/lint-imports --no-logo
 	$(PY) -m pytest
 
 test-fast: setup
+	$(VENV)/bin/lint-imports --no-logo
 	$(PY) -m pytest -m "not embedded and not browser"
 
 demo: setup

@@ -1,0 +1,67 @@
+"""The import-linter contracts in pyproject.toml are active: they pass on the tree and fail on
+an upward import or a cycle inside a folder, added to a temporary copy of the package."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+LINT = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+
+
+def lint(cwd):
+    env = {**os.environ, "PYTHONPATH": str(cwd)}   # the copy, not the installed package
+    return subprocess.run([LINT, "--no-logo", "--no-cache"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def copy(tmp_path):
+    shutil.copytree(ROOT / "flowmagic", tmp_path / "flowmagic",
+                    ignore=shutil.ignore_patterns("__pycache__", "templates"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def add_import(root, module, statement):
+    path = root / "flowmagic" / module
+    path.write_text(path.read_text() + f"\n{statement}  # added by test_layers\n")
+
+
+def test_the_contracts_hold_on_the_tree():
+    run = lint(ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "0 broken" in run.stdout
+
+
+def test_the_contracts_hold_on_an_unchanged_copy(copy):
+    run = lint(copy)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("edits, reported", [
+    ([("model/graph.py", "import flowmagic.flow")], "flowmagic.model.graph -> flowmagic.flow"),
+    ([("view/render.py", "from flowmagic.flow import Flow")],
+     "flowmagic.view.render -> flowmagic.flow"),
+    ([("llm/client.py", "from flowmagic.engine import planner")],
+     "flowmagic.llm.client -> flowmagic.engine.planner"),
+    # siblings of one layer stay independent
+    ([("ops/batch.py", "from flowmagic.evaluate import scoring")],
+     "flowmagic.ops.batch -> flowmagic.evaluate.scoring"),
+    # a cycle between two modules of one folder
+    ([("model/metrics.py", "from flowmagic.model import merge"),
+      ("model/merge.py", "from flowmagic.model import metrics")],
+     "No cycles are allowed in flowmagic.model."),
+], ids=["model-imports-flow", "view-imports-flow", "llm-imports-engine", "ops-imports-evaluate",
+        "cycle-in-model"])
+def test_an_upward_import_or_a_cycle_breaks_the_build(copy, edits, reported):
+    for module, statement in edits:
+        add_import(copy, module, statement)
+    run = lint(copy)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "BROKEN" in run.stdout
+    assert reported in run.stdout, run.stdout[-3000:]
