@@ -222,7 +222,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "candidates": [c.to_dict() for c in flow.candidates],
                           "workflow": flow.workflow.to_dict()}, indent=2, ensure_ascii=False))
         return 0
-    from .planner import RULE, candidate_line
+    from .engine.planner import RULE, candidate_line
 
     print(f"selection rule: {RULE}")
     for c in flow.candidates:

@@ -521,7 +521,7 @@ def test_chat_view_stop_button_stops_the_orchestration():
 
 
 def test_candidate_plans_and_why_the_chosen_one_won_are_shown(server):
-    from flowmagic.planner import Candidate, score, select
+    from flowmagic.engine.planner import Candidate, score, select
 
     flow = make_flow()
     flat = Flow.from_dict({"subtasks": [{"id": n, "requirement": n} for n in "abc"]}).workflow

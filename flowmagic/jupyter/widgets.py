@@ -313,7 +313,7 @@ class Panel:
         return "<br>".join(bits)
 
     def _candidate_lines(self) -> list[str]:
-        from .planner import candidate_line
+        from ..engine.planner import candidate_line
 
         return [candidate_line(c, self.flow.chosen) for c in self.flow.candidates
                 if hasattr(c, "ok")]
