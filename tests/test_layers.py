@@ -1,6 +1,9 @@
 """The import-linter contracts in pyproject.toml are active: they pass on the tree and fail on
 an upward import or a cycle inside a folder, added to a temporary copy of the package."""
 
+import ast
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -30,6 +33,35 @@ def copy(tmp_path):
 def add_import(root, module, statement):
     path = root / "flowmagic" / module
     path.write_text(path.read_text() + f"\n{statement}  # added by test_layers\n")
+
+
+def imported_names(path, package):
+    """(line, module, names) of every `from ... import ...` in a file, lazy ones included."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                if node.level else node.module
+            if base and base.split(".")[0] == "flowmagic":
+                yield node.lineno, base, [a.name for a in node.names]
+
+
+def test_every_import_of_a_flowmagic_module_names_one_that_exists():
+    """Imports inside functions run late; one left on a pre-move path fails here at once."""
+    missing = []
+    files = [(p, ".".join(p.relative_to(ROOT).with_suffix("").parts[:-1]))
+             for p in (ROOT / "flowmagic").rglob("*.py")]
+    files += [(p, "") for p in [*(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]]
+    for path, package in files:
+        if path.name == "__init__.py":
+            package = ".".join(path.relative_to(ROOT).parts[:-1])
+        for line, module, names in imported_names(path, package):
+            found = importlib.import_module(module) if importlib.util.find_spec(module) else None
+            for name in names:
+                if found is None or not (hasattr(found, name) or name == "*"
+                                         or importlib.util.find_spec(f"{module}.{name}")):
+                    missing.append(f"{path.relative_to(ROOT)}:{line}: {module} {name}")
+    assert not missing, "imports of names that do not exist (see README, Development):\n" + \
+        "\n".join(missing)
 
 
 def test_the_contracts_hold_on_the_tree():
