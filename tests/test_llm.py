@@ -254,7 +254,7 @@ def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
     # A killed kernel must not leave a server holding a port and a core. Its notice is
     # information, said once per process (a kernel) even if the server starts again, and
     # never on stderr, which a notebook paints red.
-    script = ("import os; from flowmagic import local; local.ensure_server(); "
+    script = ("import os; from flowmagic.llm import local; local.ensure_server(); "
               "local.stop_server(); local.ensure_server(); "
               "print('pid', local._proc.pid, flush=True); os._exit(0)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
