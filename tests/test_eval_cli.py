@@ -10,6 +10,7 @@ from fractions import Fraction as F
 from pathlib import Path
 
 import pytest
+from IPython.core.error import UsageError
 
 import flowmagic
 from flowmagic import cli
@@ -290,8 +291,9 @@ def test_flow_eval_magic_scores_a_notebook_flow(tmp_path, monkeypatch, capsys):
             report = ip.run_line_magic("flow", "eval saffron gold.json")
             # a JSONL file is searched for the record with the flow's task
             from_jsonl = ip.run_line_magic("flow", f"eval saffron {GOLD}")
-            ip.run_line_magic("flow", "eval nosuch gold.json")
-            _, err = capsys.readouterr()
+            # a user error is IPython's UsageError (one line; the cell fails)
+            with pytest.raises(UsageError) as missing:
+                ip.run_line_magic("flow", "eval nosuch gold.json")
             ip.run_line_magic("unload_ext", "flowmagic")
         finally:
             InteractiveShell.clear_instance()
@@ -301,7 +303,7 @@ def test_flow_eval_magic_scores_a_notebook_flow(tmp_path, monkeypatch, capsys):
     assert "measure ~ gold 1 (1.00)" in text and "crush ~ gold 2 (1.00)" in text
     assert "similarity: embeddings from" in text
     assert from_jsonl.text.splitlines()[1:3] == text.splitlines()[1:3]
-    assert err.strip().startswith("flowmagic: no flow named 'nosuch'") and "Traceback" not in err
+    assert str(missing.value).startswith("flowmagic: no flow named 'nosuch'")
 
 
 def test_load_one_gold_needs_one_graph_or_the_task(tmp_path):
