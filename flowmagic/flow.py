@@ -78,13 +78,14 @@ class Flow:
     def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
                  chosen: int = 0, run_id: str | None = None, llm: LLM | None = None,
                  store: Store | None = None, save: bool = True, tools: Any = None,
-                 **settings: Any):
+                 origin: str | None = None, **settings: Any):
         self.workflow = workflow
         self.name = name
         self.candidates = list(candidates or [])
         self.chosen = chosen
         self.settings = _check_settings(settings)
         self.run_id = run_id or _new_run_id()
+        self.origin = origin   # "replay": made by an exported notebook's cells (see load())
         self.llm = llm or get_llm()
         self.store = store or self.llm.store
         self.update_log: list[dict] = []
@@ -96,6 +97,7 @@ class Flow:
         self._executor: Executor | None = None
         self._task: asyncio.Task | None = None
         self._streaming = False
+        self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
         self._pending: list[tuple] = []   # events not yet written (see _emit)
         self._flush_soon = False
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
@@ -128,7 +130,8 @@ class Flow:
             self.run_id, task=self.task, name=self.name, status=self.status,
             workflow=self.workflow.to_dict(), result=self.result,
             candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
-            settings={**self.settings, "chosen": self.chosen})
+            settings={**self.settings, "chosen": self.chosen,
+                      **({"origin": self.origin} if self.origin else {})})
 
     def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
         """Call `callback(event)` after every state change; returns the unsubscribe function."""
@@ -163,14 +166,23 @@ class Flow:
             # A shallow view: it is serialised right away, so no deep copy is needed.
             self.run_id, [vars(nodes[n]) for n in changed],
             [(kind, n, data) for kind, n, data, _ in pending if kind != "text"])
-        for *_, event in pending:
+        for kind, node_id, data, event in pending:
+            if kind == "text":   # what partial_output() says is what subscribers were told
+                self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
             for callback in list(self._subscribers):
                 callback(event)
 
     def _text_sink(self, node_id: str):
+        self._partial[node_id] = ""
         if not self._streaming:
             return None
         return lambda piece: self._emit("text", node_id, {"text": piece})
+
+    def partial_output(self, node_id: str) -> str:
+        """The text a running node has streamed so far ("" when none has arrived or
+        `streaming` was off when it started)."""
+        self.workflow.node(node_id)
+        return self._partial.get(node_id, "")
 
     def _spend(self, usd: float) -> None:
         self.spent_usd += usd or 0.0
@@ -204,6 +216,8 @@ class Flow:
                 state = await self._executor.run(step=step, only=only)
                 if state == "budget":
                     self.message = self._executor.stop_reason
+                elif (self.message or "").startswith("pausing"):
+                    self.message = None
                 if state == "done" and self.settings["consolidate"] and self.result is None:
                     try:
                         await self._consolidate()
@@ -276,9 +290,13 @@ class Flow:
         return self.status
 
     def pause(self) -> None:
-        """Nothing new starts; running nodes finish."""
+        """Nothing new starts; running nodes finish (`message` says how many it waits for)."""
         if self._executor is not None:
             self._executor.pause()
+            running = sum(n.status == "running" for n in self.workflow.nodes.values())
+            self.message = (f"pausing: waiting for {running} running node"
+                            f"{'s' if running != 1 else ''} to finish" if running else "pausing")
+            self._emit("pausing", None, {"running": running, "message": self.message})
 
     def resume(self) -> "Flow":
         return self.run()
@@ -414,6 +432,12 @@ class Flow:
         self._not_running(node_id)
         self.workflow.prune(node_id)
         self._changed("pruned", node_id)
+
+    def unprune(self, node_id: str) -> None:
+        """Undo prune(): the node and its edges come back, the bypass edges go."""
+        self.workflow.unprune(node_id)
+        self.result = None
+        self._changed("unpruned", node_id)
 
     def downgrade(self, node_id: str, model: str) -> None:
         """Run this node on another (cheaper) model from now on."""
@@ -614,21 +638,23 @@ def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balan
 
 
 def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flow:
-    """A Flow from the store (by run id or name); nodes that were running become pending."""
+    """A Flow from the store (by run id, or the latest real run of a name: not one an
+    exported notebook's replay made); nodes that were running become pending."""
     store = store or (llm.store if llm else get_store())
-    data = store.load_run(run)
+    data = store.load_run(run, skip_origin="replay")
     workflow = Workflow.from_dict(data["workflow"], task=data["task"])
     for node in workflow.nodes.values():
         if node.status in ("running", "ready"):
             node.status, node.start, node.end, node.clone = "pending", None, None, None
     settings = dict(data.get("settings") or {})
     chosen = settings.pop("chosen", 0)
+    origin = settings.pop("origin", None)
     candidates = []
     if data.get("candidates"):
         from .engine.planner import Candidate
         candidates = [Candidate.from_dict(c) for c in data["candidates"]]
     flow = Flow(workflow, name=data.get("name") or "flow", candidates=candidates, chosen=chosen,
-                run_id=data["id"], llm=llm, store=store, save=False,
+                run_id=data["id"], llm=llm, store=store, save=False, origin=origin,
                 **{k: v for k, v in settings.items() if k in DEFAULTS})
     flow.update_log = data.get("updates") or []
     flow.result = data.get("result")

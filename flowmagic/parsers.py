@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "step": (("NAME",), "run the nodes that are ready now"),
     "stop": (("NAME",), "cancel running nodes; they go back to pending"),
     "prune": (("NAME", "NODE"), "remove a node; its parents are linked to its children"),
+    "unprune": (("NAME", "NODE"), "bring a pruned node back with its edges"),
     "downgrade": (("NAME", "NODE", "MODEL"), "run a node on another model from now on"),
     "rerun": (("NAME", "NODE"), "run a node again; its descendants become pending"),
     "edit": (("NAME", "NODE", "REQUIREMENT"), "give a node a new requirement"),

@@ -571,9 +571,14 @@ class Store:
             row["time"] = row.pop("ts")
         return rows
 
-    def load_run(self, run_id: str) -> dict:
-        rows = self._query("SELECT * FROM runs WHERE id = ? OR name = ? ORDER BY updated DESC",
-                           (run_id, run_id))
+    def load_run(self, run_id: str, *, skip_origin: str | None = None) -> dict:
+        """A run by id, else the latest run of that name whose settings' origin is not
+        `skip_origin` (e.g. "replay": the runs an exported notebook's cells made)."""
+        rows = self._query(
+            "SELECT * FROM runs WHERE id = ? OR (name = ? AND coalesce(CASE WHEN"
+            " json_valid(settings) THEN json_extract(settings, '$.origin') END, '')"
+            " != coalesce(?, '-')) ORDER BY id = ? DESC, updated DESC",
+            (run_id, run_id, skip_origin, run_id))
         if not rows:
             known = ", ".join(r["id"] for r in self.list_runs(5)) or "none yet"
             raise StoreError(f"no run {run_id!r} in {self.path}; recent runs: {known}")

@@ -353,3 +353,134 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
         page.locator(".flowmagic-panel .jp-RenderedMarkdown strong",
                      has_text="bold").wait_for(timeout=30_000)
     print(f"browser test (buttons): {time.monotonic() - started:.1f} s")
+
+
+def run_cell(page, index: int) -> None:
+    """Run one cell of the notebook as a user would (select it, Shift+Enter)."""
+    page.evaluate("""async i => {
+      const nb = window.jupyterapp.shell.currentWidget;
+      nb.content.activeCellIndex = i;
+      await window.jupyterapp.commands.execute('notebook:run-cell');
+    }""", index)
+
+
+def cell_output(page, index: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea")
+
+
+def wait_kernel(page, expression: str, expected, timeout: float = 30.0) -> None:
+    """Wait until `expression`, evaluated in the kernel, equals `expected` (JSON)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = json.loads(kernel_eval(page, f"import json; print(json.dumps({expression}))"))
+        if got == expected:
+            return
+        assert time.monotonic() < deadline, f"{expression} is {got!r}, not {expected!r}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def plan_server():
+    """Plans for planning requests, text for the rest (dollars in it), each after 1.5 s."""
+    def responder(body):
+        if body.get("response_format"):
+            return json.dumps(PLAN)
+        return "The tea costs $3 and the cup $5; **steep** it."
+
+    with LoopbackServer(responder=responder, latency=1.5) as server:
+        yield server
+
+
+@pytest.mark.timeout(600)
+def test_the_notebook_experience_in_jupyterlab(lab, plan_server):
+    """One JupyterLab session for the panel's parts a data scientist trips over: the
+    legend, no slim row without a probe set, every candidate and a click to use one,
+    unprune, a re-run cell that stops the old run, "pausing" at once, the result at the
+    end, tables with dollars that MathJax leaves alone, and after a kernel restart and a
+    reload, the static drawing in place of the dead widget and load(NAME) on the real run."""
+    started = time.monotonic()
+    server = lab(["%load_ext flowmagic", "%%flow demo --k 2\nMake tea", "%flow cost demo"],
+                 FLOWMAGIC_BASE_URL=plan_server.base_url, FLOWMAGIC_MODEL="m")
+    with notebook_page(server, ARTIFACTS / "browser-experience.png") as page:
+        panel = page.locator(".flowmagic-panel")
+        # 15: a legend; the Importance/Slim row only once a probe set is attached.
+        assert "critical path" in panel.locator(".flowmagic-legend").inner_text()
+        assert page.locator(".flowmagic-slim").is_hidden()
+        # 2: the static copy is in the output, hidden while the live panel is there.
+        static = page.locator(".flowmagic-static")
+        assert static.count() == 1 and static.is_hidden()
+        # 6: every candidate, and a click to use another.
+        selects = panel.locator("select")
+        plans = selects.nth(2).evaluate("sel => [...sel.options].map(o => o.textContent)")
+        assert len(plans) == 2 and all("candidate" in p for p in plans), plans
+        other = 1 - json.loads(kernel_eval(page, "print(demo.chosen)"))
+        selects.nth(2).select_option(index=other)
+        button(page, "Use plan").click()
+        wait_kernel(page, "demo.chosen", other)
+
+        # 15: prune, then unprune, from the panel.
+        selects.nth(0).select_option(label="photo")
+        button(page, "Prune").click()
+        wait_node(page, "photo", "pruned")
+        assert page.locator(".flowmagic-drawing #edge-photo-post").count() == 0
+        button(page, "Unprune").click()
+        wait_node(page, "photo", "pending")
+        page.locator(".flowmagic-drawing #edge-photo-post").wait_for(timeout=10_000)
+
+        # 3: re-running the cell while its flow runs stops the old run, and says so.
+        button(page, "Run").click()
+        wait_node(page, "facts", "running")
+        kernel_eval(page, "_old = demo")
+        run_cell(page, 1)
+        cell_output(page, 1).get_by_text("stopped the earlier run of 'demo'").wait_for(
+            timeout=30_000)
+        wait_kernel(page, "_old.status", "stopped")
+        assert json.loads(kernel_eval(page, "print(json.dumps(_old.busy or demo is _old))")) \
+            is False
+        page.locator(".flowmagic-drawing svg").first.wait_for(timeout=60_000)
+
+        # 7: Pause says at once what it waits for (the nodes take 1.5 s).
+        button(page, "Run").click()
+        wait_node(page, "facts", "running")
+        button(page, "Pause").click()
+        page.wait_for_function("() => document.querySelector('.flowmagic-panel').innerText"
+                               ".includes('pausing: waiting for 2 running nodes to finish')",
+                               timeout=1_000)
+        wait_node(page, "facts", "done")
+        wait_kernel(page, "demo.status", "paused")
+        button(page, "Resume").click()
+        # 4: the result, rendered, when the run ends.
+        result = panel.locator(".flowmagic-result .jp-RenderedMarkdown")
+        result.locator("strong", has_text="Result of demo").wait_for(timeout=60_000)
+        assert "The tea costs $3 and the cup $5; steep it." in result.inner_text()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "browser-experience-result.png"), full_page=True)
+
+        # 1: a table with dollar amounts keeps every row (MathJax leaves it alone).
+        run_cell(page, 2)
+        table = cell_output(page, 2).locator("table")
+        table.wait_for(timeout=30_000)
+        expected = json.loads(kernel_eval(page, "print(len(demo.cost()['rows']) + 1)"))
+        page.wait_for_timeout(1_000)   # MathJax, if it were to typeset, has done so
+        assert table.locator("tbody tr").count() == expected
+        assert cell_output(page, 2).locator("mjx-container, .MathJax").count() == 0
+        assert "$" in table.inner_text()
+        done_run = json.loads(kernel_eval(page, "print(json.dumps(demo.run_id))"))
+
+        # 2: save, restart the kernel, reopen: the static drawing shows where the widget was.
+        page.wait_for_timeout(500)   # the static copy's last update
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(1_000)
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+                      ".kernel.restart()")
+        page.reload()
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        static = page.locator(".flowmagic-static")
+        static.locator("svg g.node").first.wait_for(state="visible", timeout=30_000)
+        assert "flow 'demo' (done): 3/3 done" in static.inner_text()
+        assert static.locator("svg g.node.done").count() == 3
+        page.screenshot(path=str(ARTIFACTS / "browser-experience-reopened.png"), full_page=True)
+        loaded = kernel_eval(page, "import flowmagic, json; f = flowmagic.load('demo'); "
+                                   "print(json.dumps([f.run_id, f.status, f.result is not None]))")
+        assert json.loads(loaded) == [done_run, "done", True]
+    print(f"browser test (notebook experience): {time.monotonic() - started:.1f} s")

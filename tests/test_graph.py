@@ -154,6 +154,30 @@ def test_prune_links_every_predecessor_to_every_successor_once():
     assert sorted(wf.edges()) == [("a", "d"), ("a", "e"), ("b", "d"), ("b", "e")]
 
 
+@pytest.mark.parametrize("edges, node, after", [
+    # a reaches d through b already: the bypass a -> d would be redundant
+    ("a>b b>d a>c c>d", "c", [("a", "b"), ("b", "d")]),
+    # preds a, b with a -> b: only b -> c is needed
+    ("a>b a>x b>x x>c", "x", [("a", "b"), ("b", "c")]),
+    ("a>x x>b", "x", [("a", "b")]),
+])
+def test_prune_adds_only_the_edges_reachability_needs_and_unprune_undoes_it(edges, node, after):
+    wf = make(edges)
+    before = sorted(wf.edges())
+    wf.nodes[node].status = "done"
+    wf.prune(node)
+    assert sorted(wf.edges()) == after
+    wf.unprune(node)
+    assert sorted(wf.edges()) == before and wf.nodes[node].status == "done"
+    with pytest.raises(NodeError, match="not pruned; nothing to undo"):
+        wf.unprune(node)
+    # the record survives a JSON round trip (the store), so a reloaded flow can unprune
+    wf.prune(node)
+    again = Workflow.from_dict(json.loads(json.dumps(wf.to_dict())))
+    again.unprune(node)
+    assert sorted(again.edges()) == before
+
+
 def test_prune_keeps_history():
     wf = make("a>b")
     wf.nodes["a"].output = "old"

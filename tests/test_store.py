@@ -200,3 +200,22 @@ def test_read_only_store_can_be_read_and_refuses_writes_in_one_line(tmp_path):
     assert plan.returncode == 1 and "Traceback" not in plan.stderr
     line = [x for x in plan.stderr.splitlines() if x.startswith("flowmagic:")]
     assert len(line) == 1 and "read-only" in line[0] and "FLOWMAGIC_HOME" in line[0], plan.stderr
+
+
+def test_load_by_name_brings_back_the_real_run_not_a_replay(tmp_path):
+    """An exported notebook's replay makes a run of the same name; load(NAME) must not
+    return it in place of the run that did the work."""
+    import flowmagic
+    from flowmagic.flow import Flow
+    from flowmagic.ops.replay import flow_from_plan
+
+    store = Store(tmp_path / "s.db")
+    plan = {"task": "t", "nodes": [{"id": "a", "requirement": "do a"}], "edges": []}
+    real = Flow.from_dict(plan, name="tea", store=store)
+    real.workflow.nodes["a"].status, real.status = "done", "done"
+    real._save_run()
+    replay = flow_from_plan(plan, "tea", store=store)
+    assert replay.run_id != real.run_id
+    loaded = flowmagic.load("tea", store=store)
+    assert loaded.run_id == real.run_id and loaded.origin is None
+    assert flowmagic.load(replay.run_id, store=store).origin == "replay"   # by id: that run

@@ -65,6 +65,8 @@ def test_buttons_match_methods(server, tmp_path):
         (lambda: panel.step_button.click(), lambda: by_code.step()),
         (lambda: (pick(panel, "plot"), panel.prune_button.click()),
          lambda: by_code.prune("plot")),
+        (lambda: panel.unprune_button.click(), lambda: by_code.unprune("plot")),
+        (lambda: panel.prune_button.click(), lambda: by_code.prune("plot")),
         (lambda: (pick(panel, "report", "gpt-4o-mini"), panel.downgrade_button.click()),
          lambda: by_code.downgrade("report", "gpt-4o-mini")),
         (lambda: panel.run_button.click(), lambda: by_code.run()),
@@ -77,7 +79,9 @@ def test_buttons_match_methods(server, tmp_path):
         assert state(by_panel) == state(by_code)
     assert panel.message.value == ""
     wf = by_panel.workflow
-    assert wf.nodes["plot"].status == "pruned" and ("load", "report") in wf.graph.edges
+    # load still reaches report through stats: pruning plot adds no redundant load -> report.
+    assert wf.nodes["plot"].status == "pruned"
+    assert sorted(wf.graph.edges) == [("load", "stats"), ("stats", "report")]
     assert wf.nodes["report"].model == "gpt-4o-mini"
     assert wf.nodes["report"].downgraded_from == "default"
     assert len(wf.nodes["stats"].attempts) == 2 and wf.nodes["report"].status == "done"
@@ -93,6 +97,7 @@ def test_enabled_buttons_follow_the_state(server):
     assert disabled() == {"run": False, "step": False, "pause": True, "stop": True,
                           "prune": False, "downgrade": False, "rerun": True, "output": True}
     assert panel.progress.description == "0/4 done" and panel.progress.value == 0
+    assert "· model m (default)" in panel.node_info.value   # the name, not just "default"
     panel.step_button.click()
     assert not disabled()["rerun"] and not disabled()["output"]   # load is done now
     assert panel.progress.value == 1 and panel.progress.description == "1/4 done"
@@ -131,7 +136,7 @@ def test_show_output_renders_markdown(server):
     pick(panel, "load")
     panel.output_button.click()
     (shown,) = panel.output.outputs
-    assert shown["data"]["text/markdown"].endswith(flow.workflow.nodes["load"].output)
+    assert flow.workflow.nodes["load"].output + "\n\n</div>" in shown["data"]["text/markdown"]
     assert "**load** (coder, done)" in shown["data"]["text/markdown"]
     assert flow.streaming
     panel.close()
@@ -324,8 +329,10 @@ def test_importance_and_slim_wait_for_a_probe_set(slim_server):
     panel = Panel(flow)
     assert panel.importance_button.disabled and panel.slim_button.disabled
     assert "cities.attach_probe(examples, scorer)" in panel.slim.status.value
+    assert panel.slim.widget.layout.display == "none"   # no probe set: the row is not shown
     flow.attach_probe(EXAMPLES, fact_found)   # from code: the "probe" event enables them
     assert not panel.importance_button.disabled and not panel.slim_button.disabled
+    assert panel.slim.widget.layout.display == ""
     assert panel.slim.status.value == ""
     # The cheaper map: typed, else every node's model to the model picked above.
     assert panel.model_picker.value == "m"   # the default endpoint's model comes first
@@ -537,4 +544,86 @@ def test_candidate_plans_and_why_the_chosen_one_won_are_shown(server):
     assert "chosen: P_avg 0.33, C_dependency" in shown
     assert "lost to candidate 1: connected, one final subtask; candidate 0: no dependencies" in shown
     assert "candidate 2 (seed 2): failed: ModelOutputError: no JSON" in shown
+    # Every usable candidate can be picked and used with a click: flow.use_candidate(i).
+    assert [i for _, i in panel.candidate_picker.options] == [0, 1]
+    assert panel.candidate_picker.value == 1 and panel.use_button.disabled
+    panel.candidate_picker.value = 0
+    assert not panel.use_button.disabled
+    panel.use_button.click()
+    assert flow.chosen == 0 and list(flow.workflow.nodes) == ["a", "b", "c"]
+    assert list(panel.node_picker.options) == ["a", "b", "c"] and panel.message.value == ""
+    panel.step_button.click()   # once a node has run, the plan can no longer change
+    panel.candidate_picker.value = 1
+    assert panel.use_button.disabled
+    panel.close()
+
+
+def test_pause_says_at_once_what_it_waits_for_and_output_streams_from_where_it_is(slow_server):
+    async def scenario():
+        flow = make_flow()
+        panel = Panel(flow)
+        try:
+            panel.run_button.click()
+            await asyncio.sleep(0.15)   # load is running, and streaming before anyone looked
+            assert flow.workflow.nodes["load"].status == "running"
+            panel.pause_button.click()
+            assert panel.message.value == "pausing: waiting for 1 running node to finish"
+            assert flow.message == panel.message.value
+            panel.show_output("load")   # clicked after load started: its text so far shows
+            while flow.workflow.nodes["load"].status == "running":
+                await asyncio.sleep(0.01)
+            await flow.wait()
+            assert flow.status == "paused" and panel.message.value == ""
+            shown = panel.output.outputs[0]["data"]["text/plain"]
+            assert shown == flow.workflow.nodes["load"].output
+        finally:
+            flow.stop()
+            await flow.wait()
+            panel.close()
+            await flow.llm.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_running_node_shows_its_text_so_far(server):
+    flow = make_flow()
+    panel = Panel(flow)   # the panel turns streaming on, so every node streams
+    seen = []
+    flow.subscribe(lambda e: e["kind"] == "text" and not seen and seen.append(
+        (panel.show_output("load"), panel.output.outputs[0]["data"]["text/plain"])))
+    flow.step()
+    assert seen and seen[0][1] and "has no output yet" not in seen[0][1]
+    panel.close()
+
+
+def test_the_result_shows_when_the_run_ends_with_model_html_as_text():
+    with LoopbackServer(responder=lambda body: "<img src=x onerror=alert(1)> **done**, $3") as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        flow = make_flow(consolidate=True)
+        panel = Panel(flow)
+        assert panel.result.outputs == ()
+        flow.run()
+        shown = panel.result.outputs[0]["data"]["text/markdown"]
+        assert flow.result == "<img src=x onerror=alert(1)> **done**, $3"
+        assert shown == ('<div class="tex2jax_ignore mathjax_ignore">\n\n**Result of flow**\n\n'
+                         '&lt;img src=x onerror=alert(1)&gt; **done**, <span>\\$</span>3\n\n</div>')
+        panel.close()
+
+
+def test_the_static_copy_has_the_drawing_and_the_status(server):
+    from flowmagic.view.display import StaticView
+
+    flow = make_flow()
+    flow.run()
+    view = StaticView(flow, "flowmagic-static-x")
+    view.update(png=True)
+    data, meta = view._repr_mimebundle_()
+    assert data["image/svg+xml"].startswith("<svg") and data["image/png"]
+    assert data["text/plain"].startswith("flow 'flow' (done): 4/4 done")
+    assert "  report: done" in data["text/plain"]
+    assert data["text/html"].startswith('<div class="flowmagic-static flowmagic-static-x"><svg')
+    assert meta["flowmagic"]["run"] == flow.run_id
+    panel = Panel(flow)   # the live panel hides that copy while it is on the page
+    assert "<style>.flowmagic-static-" in panel.legend.value
+    assert panel.static.css_class in panel.legend.value
     panel.close()

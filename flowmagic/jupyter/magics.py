@@ -248,7 +248,7 @@ class FlowMagics(Magics):
         if self._in_kernel():
             from .widgets import Panel
             panel = Panel(flow)
-            display(panel)
+            panel.show()
             return panel
         from ..view.display import describe
         print(describe(flow))
@@ -309,6 +309,12 @@ class FlowMagics(Magics):
         flow = self._flow(name)
         flow.prune(node)
         print(f"flow {name!r}: pruned {node!r}; {flow.total()} nodes left")
+
+    def handle_unprune(self, name: str, node: str) -> None:
+        flow = self._flow(name)
+        flow.unprune(node)
+        print(f"flow {name!r}: {node!r} is back ({flow.workflow.nodes[node].status}); "
+              f"{flow.total()} nodes")
 
     def handle_downgrade(self, name: str, node: str, model: str) -> None:
         flow = self._flow(name)

@@ -1,8 +1,8 @@
 """The panel's slimming controls: Importance -> `flow.aimportance()`, Slim -> `flow.aslim()`.
 
 Both need a probe set (`flow.attach_probe(examples, scorer)`); until one is attached the
-buttons are disabled and say so, and an attach made later from code enables them (the
-flow's "probe" event). In a notebook the work is a task on the kernel's loop, so the panel
+row is hidden (most flows never have one), and an attach made later from code shows it
+(the flow's "probe" event). In a notebook the work is a task on the kernel's loop, so the panel
 stays live while it runs; "slim" events (every configuration evaluated, every step tried)
 are the progress line. A slimmed flow is kept on the flow (`flow.last_slim`), on the
 controls (`slimmed`, `report`) and, in IPython, bound to NAME_slim unless that name holds
@@ -159,7 +159,7 @@ class SlimControls:
             self.sync()
 
     def show(self, what: str, result: Any) -> None:
-        from ..view.display import importance_html, slim_html, slim_line
+        from ..view.display import importance_html, no_math, slim_html, slim_line
 
         self.status.value = ""
         if what == "importance":
@@ -171,9 +171,10 @@ class SlimControls:
         name = self.flow.name
         where = (f"bound to <code>{html.escape(self.bound)}</code> (<code>%flow show "
                  f"{html.escape(self.bound)}</code>); also " if self.bound else "get it with ")
-        self.view.value = (f"<div><b>{html.escape(slim_line(self.report, name))}</b>; {where}"
-                           f"<code>flow2, report = {html.escape(name)}.last_slim</code></div>"
-                           + slim_html(self.report))
+        self.view.value = no_math(
+            f"<div><b>{html.escape(slim_line(self.report, name))}</b>; {where}"
+            f"<code>flow2, report = {html.escape(name)}.last_slim</code></div>",
+            slim_html(self.report))
 
     def _error(self, exc: Any) -> None:
         self.status.value = (f'<span style="color:{_RED}">flowmagic: '
@@ -202,8 +203,9 @@ class SlimControls:
                                         f"evaluated{steps}; {last}")
 
     def sync(self) -> None:
-        """Enabled only with a probe set, while nothing else runs."""
+        """Shown only once a probe set is attached; enabled while nothing else runs."""
         no_probe = getattr(self.flow, "probe", None) is None
+        self.widget.layout.display = "none" if no_probe else ""
         busy = self._running is not None or self.flow.busy
         for button in (self.importance_button, self.slim_button):
             button.disabled = no_probe or busy

@@ -1,19 +1,25 @@
 """The control panel of a Flow (ipywidgets): every button is one public `Flow` method.
 
 Run -> `flow.run()`, Step -> `flow.step()`, Pause/Resume -> `flow.pause()` / `flow.resume()`,
-Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Downgrade -> `flow.downgrade(node, model)`,
-Rerun -> `flow.rerun(node)`; Show output reads `node.output` (and, with `flow.streaming`
-on, the text as it arrives); with a probe set attached, Importance -> `flow.aimportance()`
-and Slim -> `flow.aslim(cheaper=...)` (flowmagic.jupyter.slimpanel). The panel follows the Flow
-through `flow.subscribe`, so a change made from code, a magic or another panel shows here
-too. In a notebook the run is a task on the kernel's loop, so these buttons stay live while
-nodes run. `ChatView` (flowmagic.jupyter.chatview) is the live view of an orchestration.
+Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Unprune -> `flow.unprune(node)`,
+Downgrade -> `flow.downgrade(node, model)`, Rerun -> `flow.rerun(node)`, Use plan ->
+`flow.use_candidate(i)`; Show output reads `node.output` (while a node runs, the text it
+streamed so far, `flow.partial_output(node)`: the panel turns `flow.streaming` on); with a
+probe set attached, Importance -> `flow.aimportance()` and Slim -> `flow.aslim(cheaper=...)`
+(flowmagic.jupyter.slimpanel). When the run ends the result and the deliverable files show.
+`show()` also displays a static copy (the drawing as SVG and PNG, the status as text) that
+the live panel hides while it is there: a reopened or shared notebook still shows the flow.
+The panel follows the Flow through `flow.subscribe`, so a change made from code, a magic
+or another panel shows here too. In a notebook the run is a task on the kernel's loop, so
+these buttons stay live while nodes run. `ChatView` (flowmagic.jupyter.chatview) is the live
+view of an orchestration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+import secrets
 import time
 from typing import Any, Callable
 
@@ -77,13 +83,23 @@ class Panel:
     def __init__(self, flow: Any, *, models: list[tuple[str, str]] | None = None):
         import ipywidgets as w
 
+        from ..view.display import StaticView
+        from ..view.render import legend_html
+
         self.flow = flow
-        self._texts: dict[str, str] = {}    # node id -> text streamed so far
+        flow.streaming = True               # so Show output can follow a node already running
         self._watching: str | None = None   # the node whose output is shown
         self._following = False             # a task awaits the current run (see follow())
+        self._shown_result: str | None = None
+        marker = f"flowmagic-static-{secrets.token_hex(4)}"
+        self.static = StaticView(flow, marker)
+        self._static_handle = None
         self.title = w.HTML()
         self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
         self.drawing.add_class("flowmagic-drawing")
+        # While this widget is on the page its style hides the static copy; when the
+        # widget is gone (a restarted kernel, a shared file) the copy shows.
+        self.legend = w.HTML(f"<style>.{marker}{{display:none}}</style>{legend_html()}")
         self.run_button = self._button("Run", "play", "run every node that can run")
         self.step_button = self._button("Step", "step-forward", "run the nodes that are ready now")
         self.pause_button = self._button("Pause", "pause", "nothing new starts; running nodes finish")
@@ -93,9 +109,14 @@ class Panel:
         self.model_picker = w.Dropdown(description="model", options=models or model_choices(),
                                        layout=w.Layout(width="340px"))
         self.prune_button = self._button("Prune", "cut", "remove the node; its parents feed its children")
+        self.unprune_button = self._button("Unprune", "undo",
+                                           "bring the pruned node back with its edges")
         self.downgrade_button = self._button("Downgrade", "arrow-down", "run the node on the chosen model")
         self.rerun_button = self._button("Rerun", "redo", "run the node again; descendants become pending")
         self.output_button = self._button("Show output", "file-text", "the node's output as Markdown")
+        self.candidate_picker = w.Dropdown(description="plan", layout=w.Layout(width="420px"))
+        self.use_button = self._button("Use plan", "random", "switch to this candidate plan "
+                                       "(before anything has run)")
         self.slim = SlimControls(flow, self.model_picker)
         self.importance_button = self.slim.importance_button
         self.slim_button = self.slim.slim_button
@@ -105,16 +126,20 @@ class Panel:
         self.meter = w.HTML()
         self.message = w.HTML()
         self.output = w.Output(layout=w.Layout(max_height="320px", overflow="auto"))
+        self.result = w.Output(layout=w.Layout(max_height="480px", overflow="auto"))
+        self.result.add_class("flowmagic-result")
         self.log = w.HTML()
         self.warnings = w.HTML()
         self.candidates = w.HTML()
         self.widget = w.VBox([
-            self.title, self.drawing,
+            self.title, self.drawing, self.legend,
             w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
-            w.HBox([self.node_picker, self.prune_button, self.rerun_button, self.output_button]),
+            w.HBox([self.node_picker, self.prune_button, self.unprune_button, self.rerun_button,
+                    self.output_button]),
             w.HBox([self.model_picker, self.downgrade_button]), self.slim.widget,
             self.node_info, w.HBox([self.progress, self.meter]), self.message,
-            self.output, self.warnings, self.candidates, self.log])
+            self.output, self.result, self.warnings,
+            w.HBox([self.candidate_picker, self.use_button]), self.candidates, self.log])
         self.widget.add_class("flowmagic-panel")
         self._wire()
         from ..view.render import LiveDrawing
@@ -135,6 +160,8 @@ class Panel:
             self.pause_button: self._pause_or_resume,
             self.stop_button: self.flow.stop,
             self.prune_button: lambda: self.flow.prune(self.node_picker.value),
+            self.unprune_button: lambda: self.flow.unprune(self.node_picker.value),
+            self.use_button: lambda: self.flow.use_candidate(self.candidate_picker.value),
             self.downgrade_button: lambda: self.flow.downgrade(self.node_picker.value,
                                                                self.model_picker.value),
             self.rerun_button: lambda: self.flow.rerun(self.node_picker.value),
@@ -144,6 +171,7 @@ class Panel:
             button.on_click(lambda _b, action=action: self._act(action))
         self.node_picker.observe(lambda _c: self.refresh(), names="value")
         self.model_picker.observe(lambda _c: self._sync_buttons(), names="value")
+        self.candidate_picker.observe(lambda _c: self._sync_buttons(), names="value")
 
     # -- actions ---------------------------------------------------------------------
     def _act(self, action: Callable[[], Any]) -> None:
@@ -187,7 +215,6 @@ class Panel:
         """Show a node's output as Markdown; while it runs, its text as it streams in."""
         self.flow.workflow.node(node_id)  # NodeError for an unknown id
         self._watching = node_id
-        self.flow.streaming = True
         self._render_output()
 
     def _render_output(self) -> None:
@@ -195,16 +222,43 @@ class Panel:
         if node is None:
             self.output.outputs = ()
             return
-        text = node.output if node.status != "running" else self._texts.get(node.id, "")
-        if text is None:
-            text = self._texts.get(node.id) or f"*{node.id} has no output yet ({node.status})*"
+        from ..view.display import model_markdown, no_math_markdown
+
+        text = node.output if node.status != "running" else self.flow.partial_output(node.id)
+        shown = model_markdown(text) if text else f"*{node.id} has no output yet ({node.status})*"
         head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
         self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": {"text/markdown": head + text, "text/plain": text}},)
+                                "data": {"text/markdown": no_math_markdown(head + shown),
+                                         "text/plain": text or ""}},)
+
+    def _render_result(self) -> None:
+        """The result and the files, once the run is over and has them."""
+        from ..view.display import result_markdown
+
+        shown = None if self.flow.busy else result_markdown(self.flow)
+        if shown == self._shown_result:
+            return
+        self._shown_result = shown
+        self.result.outputs = () if shown is None else (
+            {"output_type": "display_data", "metadata": {"flowmagic": {"run": self.flow.run_id}},
+             "data": {"text/markdown": shown, "text/plain": shown}},)
 
     # -- following the flow -------------------------------------------------------------
     def _set_drawing(self, content: str) -> None:
         self.drawing.value = _svg_only(content)
+        if self._static_handle is not None:
+            # The PNG (a second render) only when nothing runs: at the end, after a click.
+            self.static.update(content if content.lstrip().startswith("<") else None,
+                               png=not self.flow.busy)
+            self._static_handle.update(self.static)
+
+    def show(self) -> None:
+        """Display the panel and, beside it, the static copy that outlives the widget."""
+        from IPython.display import display
+
+        display(self)
+        self.static.update(png=True)
+        self._static_handle = display(self.static, display_id=True)
 
     def _on_event(self, event: dict) -> None:
         kind, node_id = event.get("kind"), event.get("node")
@@ -215,14 +269,13 @@ class Panel:
             self.slim.sync()
             return
         if kind == "text":
-            self._texts[node_id] = self._texts.get(node_id, "") + event.get("text", "")
             if node_id == self._watching:
                 self._render_output()
             return
-        if kind == "started" and node_id is not None:
-            self._texts.pop(node_id, None)
-        if kind == "run" and event.get("message"):
+        if kind == "pausing" or kind == "run" and event.get("message"):
             self.message.value = html.escape(str(event["message"]))
+        elif kind == "run" and self.message.value.startswith("pausing"):
+            self.message.value = ""
         if not _loop_running():
             # LiveDrawing coalesces with a timer on the running loop; a change made outside
             # any loop (a script's prune()) would wait for the next event, so draw it now.
@@ -250,6 +303,8 @@ class Panel:
         self.warnings.value = self._list("warnings", wf.warnings)
         self.log.value = self._list("updates", [self._update_line(e) for e in flow.update_log])
         self.candidates.value = self._list("candidate plans", self._candidate_lines())
+        self._sync_candidates()
+        self._render_result()
         self._sync_buttons()
 
     def _sync_nodes(self, ids: list[str]) -> None:
@@ -258,6 +313,18 @@ class Panel:
             self.node_picker.options = ids
             if keep in ids:
                 self.node_picker.value = keep
+
+    def _sync_candidates(self) -> None:
+        from ..engine.planner import candidate_line
+
+        options = [(candidate_line(c, self.flow.chosen).strip()[:110], c.index)
+                   for c in self.flow.candidates if getattr(c, "workflow", None) is not None]
+        if list(self.candidate_picker.options) != options:
+            self.candidate_picker.options = options
+            if any(i == self.flow.chosen for _, i in options):
+                self.candidate_picker.value = self.flow.chosen
+        self.candidate_picker.layout.display = self.use_button.layout.display = (
+            "" if len(options) > 1 else "none")
 
     def _sync_buttons(self) -> None:
         flow = self.flow
@@ -271,6 +338,10 @@ class Panel:
         node = flow.workflow.nodes.get(self.node_picker.value or "")
         fixed = node is None or node.status in ("running", "pruned")
         self.prune_button.disabled = fixed
+        self.unprune_button.disabled = node is None or node.status != "pruned"
+        ran = any(n.status in ("done", "running", "failed") for n in flow.workflow.nodes.values())
+        self.use_button.disabled = (busy or ran or self.candidate_picker.value is None
+                                    or self.candidate_picker.value == flow.chosen)
         self.downgrade_button.disabled = (fixed or not self.model_picker.value
                                           or self.model_picker.value == node.model)
         # While a run finishes (consolidating, no node running) a rerun would not be picked
@@ -278,7 +349,7 @@ class Panel:
         finishing = busy and not any(n.status == "running" for n in flow.workflow.nodes.values())
         self.rerun_button.disabled = fixed or finishing or node.status not in ("done", "failed")
         self.output_button.disabled = node is None or not (
-            node.output is not None or node.status == "running" or node.id in self._texts)
+            node.output is not None or node.status == "running")
         self.slim.sync()
 
     def _meter(self) -> str:
@@ -303,6 +374,14 @@ class Panel:
         if node is None:
             return ""
         model = node.model or self.flow.settings.get("model") or "default"
+        if model == "default":   # say which model that is
+            try:
+                from ..llm.endpoints import resolve
+                endpoint, name = resolve(None)
+                where = "embedded" if endpoint.local else "default"
+                model = f"{name or 'the endpoint’s first model'} ({where})"
+            except FlowError:
+                pass
         if node.downgraded_from:
             model = f"{node.downgraded_from} → {node.model}"
         bits = [f"<b>{html.escape(node.id)}</b> ({html.escape(node.agent)}, {node.status}"

@@ -59,6 +59,8 @@ class Node:
     estimate_s: float | None = None
     downgraded_from: str | None = None
     stale: bool = False
+    # what prune() changed, so unprune() can undo it: {"status", "parents", "children", "added"}
+    pruned_from: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,7 +95,7 @@ _FIELD_TYPES: dict[str, tuple] = {
     "attempts": (list,), "tokens_in": (int,), "tokens_out": (int,), "cost_usd": _NUM,
     "start": _NUM + (_NONE,), "end": _NUM + (_NONE,), "error": (str, _NONE),
     "clone": (str, _NONE), "estimate_s": _NUM + (_NONE,), "downgraded_from": (str, _NONE),
-    "stale": (bool,),
+    "stale": (bool,), "pruned_from": (dict, _NONE),
 }
 
 
@@ -188,9 +190,42 @@ class Workflow:
             return
         preds, succs = self.parents(node_id), self.children(node_id)
         self.graph.remove_edges_from([(p, node_id) for p in preds] + [(node_id, s) for s in succs])
-        # A bypass edge cannot close a cycle: p -> node -> s already existed.
-        self.graph.add_edges_from((p, s) for p in preds for s in succs if p != s)
+        # A bypass edge cannot close a cycle: p -> node -> s already existed. Only the edges
+        # reachability needs are added (none that another path already implies).
+        added = [(p, s) for p in preds for s in succs
+                 if p != s and not self.graph.has_edge(p, s)]
+        self.graph.add_edges_from(added)
+        for p, s in list(added):
+            self.graph.remove_edge(p, s)
+            if nx.has_path(self.graph, p, s):
+                added.remove((p, s))
+            else:
+                self.graph.add_edge(p, s)
+        node.pruned_from = {"status": node.status, "parents": preds, "children": succs,
+                            "added": [list(e) for e in added]}
         node.status = "pruned"
+
+    def unprune(self, node_id: str) -> None:
+        """Undo prune(): the node's edges come back, the bypass edges go; a node pruned before
+        this version (no record) comes back pending with no edges to guess."""
+        node = self.node(node_id)
+        if node.status != "pruned":
+            raise NodeError(f"node {node_id!r} is {node.status}, not pruned; nothing to undo")
+        record = node.pruned_from or {}
+        live = lambda i: i in self.nodes and self.nodes[i].status != "pruned"  # noqa: E731
+        before = list(self.graph.edges)
+        self.graph.remove_edges_from(tuple(e) for e in record.get("added", ())
+                                     if self.graph.has_edge(*e))
+        self.graph.add_edges_from([(p, node_id) for p in record.get("parents", ()) if live(p)]
+                                  + [(node_id, c) for c in record.get("children", ()) if live(c)])
+        if not nx.is_directed_acyclic_graph(self.graph):   # the plan changed since the prune
+            self.graph.remove_edges_from(list(self.graph.edges))
+            self.graph.add_edges_from(before)
+            raise NodeError(f"node {node_id!r} cannot come back: the plan changed since it was "
+                            "pruned and its edges would now make a cycle")
+        status = record.get("status", "pending")
+        node.status = status if status in ("done", "failed", "pending") else "pending"
+        node.pruned_from = None
 
     # -- queries
     def node(self, node_id: str) -> Node:

@@ -264,6 +264,7 @@ def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwarg
             found = (namespace or {}).get(value.split(":", 1)[1])
             if callable(found):
                 settings[key] = found
+    kwargs.setdefault("origin", "replay")
     return Flow(workflow, name=name, **kwargs, **settings)
 
 

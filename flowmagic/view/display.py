@@ -9,13 +9,17 @@ it came from in the output metadata.
 from __future__ import annotations
 
 import html
+import re
 import time
 from typing import Any
+
+from ..errors import FlowError
 
 __all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report", "cost_report",
            "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
            "importance_cells", "importance_report", "importance_html", "slim_report",
-           "slim_html", "slim_line"]
+           "slim_html", "slim_line", "deliverables", "model_markdown", "no_math_markdown",
+           "result_markdown", "status_text", "StaticView"]
 
 IMPORTANCE_HEADER = ["node", "model", "degree", "betweenness", "loo", "saved_usd", "rrf",
                      "ranks", "protected"]
@@ -46,6 +50,7 @@ class Report:
 # Dollar amounts between two `$` would be typeset as maths by JupyterLab (Markdown goes through
 # MathJax across whole rows); tables are HTML, inside a block MathJax is told to skip.
 _NO_MATH = "flowmagic-table tex2jax_ignore mathjax_ignore"
+_IGNORE = "tex2jax_ignore mathjax_ignore"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
@@ -212,3 +217,93 @@ def slim_html(report) -> str:
     """The report's text and its cost-versus-score plot (SVG needs no escaping: pareto.py
     escapes every label it writes)."""
     return no_math(f"<pre>{html.escape(report.text())}</pre>", report.svg())
+
+
+# -- the end of a run, and what a viewer without the live panel sees -------------------------------
+def deliverables(flow) -> list[str]:
+    """The files the flow exposes (`flow.files()` or a `files` list), [] when it has none."""
+    files = getattr(flow, "files", None)
+    try:
+        files = files() if callable(files) else files
+    except FlowError:   # a workspace that cannot be read is not a reason to hide the result
+        return []
+    return [str(f) for f in files or []]
+
+
+def model_markdown(text: str) -> str:
+    """Model text to show as Markdown: HTML in it is shown as text, never run as markup, and
+    a `$` stays a dollar (JupyterLab would typeset the text between two as maths)."""
+    return html.escape(text, quote=False).replace("$", "<span>\\$</span>")
+
+
+def no_math_markdown(markdown: str) -> str:
+    """Markdown inside a block MathJax is told to skip (the `$` of model_markdown are each
+    in their own element too, so no two can pair up even where the class is ignored)."""
+    return f'<div class="{_IGNORE}">\n\n{markdown}\n\n</div>'
+
+
+
+def result_markdown(flow) -> str | None:
+    """The final result (as Markdown) and the deliverable files, once the run produced them."""
+    files = deliverables(flow)
+    if flow.result is None and not files:
+        return None
+    parts = []
+    if flow.result is not None:
+        parts.append(f"**Result of {model_markdown(flow.name)}**\n\n{model_markdown(flow.result)}")
+    if files:
+        parts.append("**Files**\n\n" + "\n".join(f"- `{f}`" for f in files))
+    return no_math_markdown("\n\n".join(parts))
+
+
+def status_text(flow) -> str:
+    """The status as a few lines of text: the summary, the flow's message, each node."""
+    from .render import summary
+
+    lines = [summary(flow) + f" · run {flow.run_id}"]
+    if flow.message:
+        lines.append(flow.message)
+    lines += [f"  {i}: {n.status}" for i, n in flow.workflow.nodes.items()]
+    if flow.result is not None:
+        lines.append("result: " + " ".join(flow.result.split())[:300])
+    files = deliverables(flow)
+    if files:
+        lines.append("files: " + ", ".join(files))
+    return "\n".join(lines)
+
+
+class StaticView:
+    """The drawing (SVG and PNG) and the status as text, shown beside the live panel: what a
+    reopened or shared notebook still shows when the widget is gone. `css_class` marks its
+    HTML so the live panel can hide it while the panel itself is there."""
+
+    def __init__(self, flow, css_class: str):
+        self.flow, self.css_class = flow, css_class
+        self.svg: str | None = None
+        self.png: bytes | None = None
+
+    def update(self, svg: str | None = None, *, png: bool = False) -> None:
+        """Take the drawing's SVG text (None: draw it now), and render the PNG if asked."""
+        from . import render
+
+        self.svg = svg if svg is not None else render.svg(self.flow)
+        if png and render.have_dot():
+            self.png = render.png(self.flow)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        import base64
+
+        if self.svg is None:
+            self.update()
+        text = status_text(self.flow)
+        drawing = self.svg[self.svg.find("<svg"):] if "<svg" in self.svg else ""
+        # The live drawing owns the element ids (node-<id>, edge-<a>-<b>): none twice on a page.
+        drawing = re.sub(r'(<[^>]*\s)id="', r'\1id="static-', drawing)
+        data = {"text/plain": text,
+                "text/html": (f'<div class="flowmagic-static {self.css_class}">{drawing}'
+                              f"<pre>{html.escape(text)}</pre></div>")}
+        if drawing:
+            data["image/svg+xml"] = drawing
+        if self.png is not None:
+            data["image/png"] = base64.b64encode(self.png).decode("ascii")
+        return data, {"flowmagic": {"run": self.flow.run_id, "static": True}}

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..model.graph import Workflow
 from ..model.metrics import critical_path
 
-__all__ = ["STATUS_COLORS", "DOT_HINT", "draw", "svg", "png", "have_dot", "summary",
+__all__ = ["STATUS_COLORS", "DOT_HINT", "draw", "svg", "png", "have_dot", "legend_html", "summary",
            "mimebundle", "timeline_svg", "LiveDrawing"]
 
 STATUS_COLORS = {
@@ -157,6 +157,22 @@ def png(workflow_or_flow: Any, **options: Any) -> bytes:
     if data is None:
         raise ConfigError(DOT_HINT)
     return data
+
+
+def legend_html() -> str:
+    """What the fills and borders of the drawing mean, as one line of HTML."""
+    def chip(label: str, style: str) -> str:
+        return (f'<span style="display:inline-block;padding:0 6px;margin:1px 4px 1px 0;'
+                f'border-radius:4px;{style}">{label}</span>')
+
+    fills = [chip(status, f"background:{color};border:1px solid {_BORDER}")
+             for status, color in STATUS_COLORS.items() if status != "pruned"]
+    borders = [chip("critical path", f"border:3px solid {_CRITICAL}"),
+               chip("↓ downgraded", f"border:3px double {_DOWNGRADED}"),
+               chip("⚠ stale", f"border:1px solid {_STALE}"),
+               chip("pruned", f"border:1px dashed {_FAINT};color:{_FAINT}")]
+    return ('<div class="flowmagic-legend" style="font-size:11px">'
+            + "".join(fills + borders) + "</div>")
 
 
 def summary(flow: Any) -> str:
