@@ -601,8 +601,9 @@ class Flow:
 
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
-                **settings: Any) -> Flow:
-    """Plan `task` as K candidate graphs and keep the most parallel, least tangled one."""
+                progress: Callable[[dict], Any] | None = None, **settings: Any) -> Flow:
+    """Plan `task` as K candidate graphs and keep the most parallel, least tangled one;
+    `progress(event)` hears each step (see planner.plan_candidates)."""
     from .engine import planner
 
     if not isinstance(task, str) or not task.strip():
@@ -612,7 +613,8 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     run_id = _new_run_id()
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings["seed"],
-        max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id)
+        max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id,
+        progress=progress)
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
                 llm=llm, tools=tools, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})

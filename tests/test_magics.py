@@ -502,3 +502,26 @@ def test_tables_with_dollars_are_html_that_mathjax_skips(shell, server, capsys):
     cost = run(shell, capsys, "%flow cost report")[2].result
     rows = cost._repr_mimebundle_()[0]["text/html"].split("<tbody>")[1].count("<tr>")
     assert rows == len(cost.text.splitlines()) - 1 and "$" in cost.text
+
+
+def test_planning_says_what_it_is_doing(shell, server, capsys):
+    out, err, result = run(shell, capsys, "%%flow report --k 2\nMake tea")
+    assert result.success, err
+    lines = [line for line in out.splitlines() if "plan" in line]
+    assert lines[:2] == ["planning 'report': asking for 2 candidate plans",
+                         "planned 'report': 2 of 2 candidate plans usable; candidate 0 chosen "
+                         "(the panel lists them all)"]
+
+
+def test_the_planning_line_in_a_notebook_counts_replies_and_the_embedded_wait():
+    from flowmagic.view.display import PlanningLine
+
+    line = PlanningLine("tea", 3, embedded=True)
+    assert line.text == ("planning 'tea': asking for 3 candidate plans; the embedded model "
+                         "answers one plan at a time, ~2-6 s each (~6-18 s)")
+    assert line.event({"phase": "received", "done": 2, "k": 3, "ok": 1}) == (
+        "planning 'tea': 2/3 candidate plans received (1 unusable); the embedded model "
+        "answers one plan at a time, ~2-6 s each (~6-18 s)")
+    assert line.event({"phase": "received", "done": 3, "k": 3, "ok": 2}).endswith(
+        "3/3 candidate plans received (1 unusable); scoring them")
+    assert line._repr_mimebundle_()[0] == {"text/plain": line.text}

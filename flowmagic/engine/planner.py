@@ -23,7 +23,7 @@ import difflib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..model import metrics
 from ..errors import ConfigError, EndpointError, ModelOutputError, PlanError
@@ -264,10 +264,13 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                           max_agents: int | None = None, llm=None, seed: int = 0,
                           run_id: str | None = None, context: Any = None,
                           temperature: float = 0.7, max_tokens: int | None = None,
-                          cache: bool = True) -> list[Candidate]:
+                          cache: bool = True,
+                          progress: Callable[[dict], Any] | None = None) -> list[Candidate]:
     """K candidate plans requested concurrently (seeds seed..seed+k-1), in index order.
 
     Unusable replies become candidates with `error` set; configuration errors raise.
+    `progress(event)` hears {"phase": "asked", "k"} and, as each reply is read,
+    {"phase": "received", "done", "k", "ok"}.
     """
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; describe what the workflow should achieve")
@@ -287,6 +290,17 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     jobs = [asyncio.ensure_future(_candidate(llm, i, seed + i, task.strip(), messages, schema,
                                              opts, (max_subtasks, max_agents)))
             for i in range(k)]
+    if progress is not None:
+        progress({"phase": "asked", "k": k})
+        received = []
+
+        def heard(job: asyncio.Future) -> None:
+            if not job.cancelled() and job.exception() is None:
+                received.append(job.result().ok)
+                progress({"phase": "received", "done": len(received), "k": k,
+                          "ok": sum(received)})
+        for job in jobs:
+            job.add_done_callback(heard)
     try:
         return list(await asyncio.gather(*jobs))
     except BaseException:
@@ -407,6 +421,11 @@ def _set_note(c, text: str) -> None:
 
 
 async def plan(task: str, **options: Any) -> tuple[list[Candidate], int]:
-    """`plan_candidates(task, **options)` and the index `select` chose."""
+    """`plan_candidates(task, **options)` and the index `select` chose (told to
+    `options["progress"]` as {"phase": "chosen", "chosen", "usable", "k"})."""
     candidates = await plan_candidates(task, **options)
-    return candidates, select(candidates, task)
+    chosen = select(candidates, task)
+    if options.get("progress") is not None:
+        options["progress"]({"phase": "chosen", "chosen": chosen, "k": len(candidates),
+                             "usable": sum(c.ok for c in candidates)})
+    return candidates, chosen

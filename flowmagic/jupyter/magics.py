@@ -146,7 +146,9 @@ class FlowMagics(Magics):
         from ..flow import aplan
 
         self._stop_previous(args.name)
-        flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, **settings))
+        progress = self._planning_progress(args.name, settings)
+        flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, progress=progress,
+                                           **settings))
         self.shell.user_ns[args.name] = flow
         panel = self._show(flow)
         mode = args.mode or self.default_mode
@@ -181,6 +183,22 @@ class FlowMagics(Magics):
         outcome = _run_blocking(orch.run)
         print(f"{outcome!r}\n{outcome.answer}")
         return None
+
+    def _planning_progress(self, name: str, settings: dict) -> Callable[[dict], None]:
+        """A line that follows planning: updated in place in a notebook; in a terminal,
+        printed when the plans are asked for and when one is chosen."""
+        from ..view.display import PlanningLine
+        from ..llm.endpoints import resolve
+
+        try:
+            embedded = resolve(settings.get("model"))[0].local
+        except FlowError:
+            embedded = False   # planning itself will say what is wrong with the model
+        line = PlanningLine(name, int(settings.get("k") or 1), embedded)
+        if self._in_kernel():
+            handle = display(line, display_id=True)
+            return lambda event: (line.event(event), handle.update(line))
+        return lambda event: event["phase"] != "received" and print(line.event(event))
 
     def _check_free(self, name: str, force: bool) -> None:
         """NAME may hold nothing yet, or an earlier flow or orchestrator; anything else (a

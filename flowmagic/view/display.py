@@ -19,7 +19,7 @@ __all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report"
            "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
            "importance_cells", "importance_report", "importance_html", "slim_report",
            "slim_html", "slim_line", "deliverables", "model_markdown", "no_math_markdown",
-           "result_markdown", "status_text", "StaticView"]
+           "result_markdown", "status_text", "StaticView", "PlanningLine"]
 
 IMPORTANCE_HEADER = ["node", "model", "degree", "betweenness", "loo", "saved_usd", "rrf",
                      "ranks", "protected"]
@@ -307,3 +307,33 @@ class StaticView:
         if self.png is not None:
             data["image/png"] = base64.b64encode(self.png).decode("ascii")
         return data, {"flowmagic": {"run": self.flow.run_id, "static": True}}
+
+
+class PlanningLine:
+    """One line saying how planning goes: candidates asked, received, the one chosen; on the
+    embedded model (one request at a time), roughly how long it takes."""
+
+    def __init__(self, name: str, k: int, embedded: bool):
+        self.name, self.k = name, k
+        self.wait = (f"; the embedded model answers one plan at a time, ~2-6 s each "
+                     f"(~{2 * k}-{6 * k} s)" if embedded else "")
+        self.text = f"planning {name!r}: asking for {k} candidate plan{'s' * (k != 1)}{self.wait}"
+
+    def event(self, event: dict) -> str:
+        phase = event.get("phase")
+        if phase == "received":
+            failed = event["done"] - event["ok"]
+            self.text = (f"planning {self.name!r}: {event['done']}/{event['k']} candidate plans "
+                         f"received{f' ({failed} unusable)' if failed else ''}"
+                         f"{self.wait if event['done'] < event['k'] else '; scoring them'}")
+        elif phase == "chosen":
+            self.text = (f"planned {self.name!r}: {event['usable']} of {event['k']} candidate "
+                         f"plans usable; candidate {event['chosen']} chosen (the panel lists "
+                         "them all)")
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {"text/plain": self.text}, {}
