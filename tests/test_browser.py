@@ -350,7 +350,7 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
         assert {i: n[2] for i, n in state["nodes"].items()} == {"facts": 2, "photo": 1, "post": 2}
 
         button(page, "Show output").click()
-        page.locator(".flowmagic-panel .jp-RenderedMarkdown strong",
+        page.locator(".flowmagic-panel .flowmagic-output .jp-RenderedMarkdown strong",
                      has_text="bold").wait_for(timeout=30_000)
     print(f"browser test (buttons): {time.monotonic() - started:.1f} s")
 

@@ -126,6 +126,7 @@ class Panel:
         self.meter = w.HTML()
         self.message = w.HTML()
         self.output = w.Output(layout=w.Layout(max_height="320px", overflow="auto"))
+        self.output.add_class("flowmagic-output")
         self.result = w.Output(layout=w.Layout(max_height="480px", overflow="auto"))
         self.result.add_class("flowmagic-result")
         self.log = w.HTML()
