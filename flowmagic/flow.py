@@ -18,10 +18,11 @@ from typing import Any, Callable
 from .model import metrics as _metrics
 from .llm.endpoints import resolve
 from .errors import ConfigError, FlowError, NodeError
+from .engine.execution import made_files
 from .engine.executor import Executor
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
-from .engine.runner import NodeRunner, cut
+from .engine.runner import NodeRunner, cut, shares
 from .store import Store, get_store
 
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS"]
@@ -30,7 +31,11 @@ DEFAULTS: dict[str, Any] = {
     "k": 3, "model": None, "strategy": "balanced", "update": "on-failure", "validate": "none",
     "validator_model": None, "concurrency": 8, "context": "parents", "budget_usd": None,
     "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
-    "seed": 0, "temperature": None, "max_tokens": 512, "context_chars": 6000,
+    "seed": 0, "temperature": None, "max_tokens": None, "context_chars": 16000,
+    "continuations": 2,
+    # code (flowmagic.execution): "auto" runs the Python an answer holds in the sandbox, in the
+    # run's workspace (workdir, default <home>/runs/<run>/workspace); "off" keeps text only
+    "execute": "auto", "code_timeout": 60.0, "workdir": None,
     "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
     # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
@@ -38,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
-_NONE_MEANS_SOMETHING = frozenset(("concurrency",))   # concurrency=None: no limit
+# concurrency=None: no limit; max_tokens=None: the model's own limit (the embedded one keeps a cap)
+_NONE_MEANS_SOMETHING = frozenset(("concurrency", "max_tokens"))
 
 
 def _check_settings(settings: dict) -> dict:
@@ -50,8 +56,17 @@ def _check_settings(settings: dict) -> dict:
     if merged["update"] not in UPDATE_STRATEGIES:
         raise ConfigError(f"update strategy {merged['update']!r} is not one of "
                           f"{', '.join(UPDATE_STRATEGIES)}")
+    if merged["execute"] not in ("auto", "off"):
+        raise ConfigError(f"execute {merged['execute']!r} must be 'auto' (run the Python an "
+                          "answer holds, in the sandbox) or 'off' (keep text only)")
+    if not float(merged["code_timeout"]) > 0:
+        raise ConfigError("code_timeout must be a number of seconds above 0")
     if merged["context"] not in ("parents", "ancestors"):
         raise ConfigError(f"context {merged['context']!r} must be 'parents' or 'ancestors'")
+    if merged["max_tokens"] is not None and int(merged["max_tokens"]) < 1:
+        raise ConfigError("max_tokens must be at least 1 (or None for the model's own limit)")
+    if int(merged["continuations"]) < 0:
+        raise ConfigError("continuations must be 0 or more")
     if merged["concurrency"] is not None and int(merged["concurrency"]) < 1:
         raise ConfigError("concurrency must be at least 1 (or None for no limit)")
     for key in ("mask_rate", "fail_rate"):
@@ -78,7 +93,7 @@ class Flow:
     def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
                  chosen: int = 0, run_id: str | None = None, llm: LLM | None = None,
                  store: Store | None = None, save: bool = True, tools: Any = None,
-                 origin: str | None = None, **settings: Any):
+                 origin: str | None = None, inputs: Any = None, **settings: Any):
         self.workflow = workflow
         self.name = name
         self.candidates = list(candidates or [])
@@ -105,6 +120,9 @@ class Flow:
             self.tools = tools
         self.probe = None   # a flowmagic.ops.batch.Probe once attach_probe() was called
         self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
+        self._workspace = None
+        if inputs is not None:
+            self.add_inputs(inputs)
         if save:
             self._save_run()
 
@@ -193,6 +211,27 @@ class Flow:
             return (f"budget of ${float(budget):.4f} reached (spent ${self.spent_usd:.4f}); "
                     "nothing new starts, finished nodes are kept; raise budget_usd and run() again")
         return None
+
+    # -- the workspace (flowmagic.workspace) ------------------------------------------------
+    @property
+    def workspace(self):
+        """The folder of this run's inputs and files (made when first needed)."""
+        if self._workspace is None:
+            from .engine.workspace import Workspace
+            workdir = self.settings["workdir"]
+            self._workspace = (Workspace(workdir) if workdir else
+                               Workspace.for_run(self.store.path.parent, self.run_id))
+        return self._workspace
+
+    def add_inputs(self, inputs: Any) -> list:
+        """Declare inputs: file paths, or {name: DataFrame / value / path}; see Workspace.add."""
+        return self.workspace.add(inputs)
+
+    def files(self) -> list[str]:
+        """The files in the workspace now: inputs, deliverables, what code wrote, figures."""
+        made = (self._workspace is not None or self.settings["workdir"]
+                or (self.store.path.parent / "runs" / self.run_id / "workspace").is_dir())
+        return self.workspace.files() if made else []
 
     # -- running ----------------------------------------------------------------------
     def _make_executor(self) -> Executor:
@@ -397,22 +436,34 @@ class Flow:
         self._emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
 
     async def _consolidate(self) -> None:
+        """The final write-up: a summary of what the nodes did; it never rewrites their work."""
         wf = self.workflow
         active = [n for n in wf.nodes.values() if n.status == "done"]
-        sinks = [n for n in active if not any(wf.nodes[c].status == "done" for c in wf.children(n.id))]
-        share = int(self.settings["context_chars"]) // max(1, len(active))
-        body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(n.output or '', share * (2 if n in sinks else 1))}"
-                           for n in active)
+        texts = [n.output or "" for n in active]
+        allowed = shares([len(t) for t in texts], int(self.settings["context_chars"]))
+        body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(t, k)}"
+                           for n, t, k in zip(active, texts, allowed))
         messages = [
-            {"role": "system", "content": "You write the final deliverable of a team's work."},
+            {"role": "system", "content": "You write the closing summary of a team's work."},
             {"role": "user", "content": f"Task:\n{wf.task}\n\nResults of the subtasks:\n{body}\n\n"
-                                        "Write the final result of the task from these results."}]
-        reply = await self.llm.complete(messages, model=self.settings["model"],
-                                        seed=self.settings["seed"],
-                                        max_tokens=self.settings["max_tokens"],
-                                        run_id=self.run_id, purpose="consolidate")
+                                        "Summarise what was done and what it found, briefly. "
+                                        "Do not rewrite or repeat the results: they are kept "
+                                        "as they are."}]
+        reply = await self.llm.complete_whole(messages, model=self.settings["model"],
+                                              seed=self.settings["seed"],
+                                              continuations=int(self.settings["continuations"]),
+                                              max_tokens=self.settings["max_tokens"],
+                                              run_id=self.run_id, purpose="consolidate")
         self._spend(reply.cost_usd)
         self.result = reply.text
+        made = [f for n in active for f in made_files(n.execution)]
+        if made:   # the deliverables are files: listed as they are, never rewritten
+            self.result += ("\n\nFiles of this run (in flow.workspace, next to an exported "
+                            "notebook): " + ", ".join(made))
+        if reply.cut:   # shown, never passed off as whole
+            self.result += ("\n\n[cut: this summary reached the token limit and is unfinished; "
+                            "the subtasks' results are complete]")
+            self.message = "the final summary was cut at the token limit; raise max_tokens to get all of it"
 
     # -- steering (every button is one of these) ----------------------------------------------
     def _not_running(self, node_id: str):
@@ -450,7 +501,7 @@ class Flow:
     def _reset(self, node_id: str) -> None:
         node = self.workflow.nodes[node_id]
         node.status, node.output, node.error, node.start, node.end = "pending", None, None, None, None
-        node.stale = False
+        node.stale, node.execution = False, None
 
     def rerun(self, node_id: str, *, run: bool = True) -> "Flow":
         """Run a node again; its descendants become pending (their old outputs stay in attempts)."""
@@ -601,9 +652,12 @@ class Flow:
 
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
-                progress: Callable[[dict], Any] | None = None, **settings: Any) -> Flow:
+                progress: Callable[[dict], Any] | None = None, inputs: Any = None,
+                **settings: Any) -> Flow:
     """Plan `task` as K candidate graphs and keep the most parallel, least tangled one;
-    `progress(event)` hears each step (see planner.plan_candidates)."""
+    `progress(event)` hears each step (see planner.plan_candidates). `inputs` (file paths,
+    or {name: DataFrame / value / path}) are saved in the run's workspace; the planner and
+    every agent are told what they hold."""
     from .engine import planner
 
     if not isinstance(task, str) or not task.strip():
@@ -611,10 +665,18 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     llm = llm or get_llm()
     settings = _check_settings({**settings, "k": k, "model": model, "strategy": strategy})
     run_id = _new_run_id()
+    context = None
+    if inputs is not None:
+        from .engine.workspace import Workspace
+        store_home = llm.store.path.parent
+        workspace = (Workspace(settings["workdir"]) if settings["workdir"]
+                     else Workspace.for_run(store_home, run_id))
+        workspace.add(inputs)
+        context = workspace.describe()
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings["seed"],
         max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id,
-        progress=progress)
+        progress=progress, context=context)
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
                 llm=llm, tools=tools, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})

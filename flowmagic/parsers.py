@@ -53,7 +53,8 @@ _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
               "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--force] "
-              "[--debug] [--tools FN1,FN2] [--mode aov|orchestrate [--agents A,B] [--budget-s S] "
+              "[--debug] [--tools FN1,FN2] [--inputs FILE1,FILE2] [--execute auto|off] "
+              "[--mode aov|orchestrate [--agents A,B] [--budget-s S] "
               "[--max-turns N]]")
 
 
@@ -70,6 +71,7 @@ class FlowArgs:
     tools: str | None = None           # --tools fn1,fn2: functions in the notebook
     kind: str = "aov"                  # --mode: "aov" (a planned workflow) | "orchestrate"
     orchestrate: dict[str, Any] = field(default_factory=dict)   # agents, budget_s, max_turns
+    inputs: list[str] = field(default_factory=list)   # --inputs a.csv,b.csv: files for the workspace
 
 
 @dataclass
@@ -116,6 +118,8 @@ def _flow_parser() -> _Parser:
     p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0))
     p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
     p.add_argument("--tools")
+    p.add_argument("--inputs")
+    p.add_argument("--execute", choices=("auto", "off"))
     p.add_argument("--mode", dest="kind", choices=("aov", "orchestrate"), default="aov")
     p.add_argument("--agents")
     p.add_argument("--budget-s", dest="budget_s", type=_positive(float, "--budget-s", 0.001))
@@ -149,7 +153,7 @@ def parse_flow_line(line: str) -> FlowArgs:
     ns = _flow_parser().parse_args(_split(line, "%%flow"))
     settings = {key: getattr(ns, key) for key in
                 ("k", "model", "strategy", "update", "validate", "concurrency", "context",
-                 "budget_usd") if getattr(ns, key) is not None}
+                 "budget_usd", "execute") if getattr(ns, key) is not None}
     orchestrate = {key: getattr(ns, key) for key in ("agents", "budget_s", "max_turns")
                    if getattr(ns, key) is not None}
     if orchestrate and ns.kind != "orchestrate":
@@ -157,8 +161,11 @@ def parse_flow_line(line: str) -> FlowArgs:
                           "with --mode orchestrate")
     if ns.tools is not None and not [t for t in ns.tools.split(",") if t.strip()]:
         raise ConfigError("%%flow: --tools takes function names, e.g. --tools load_csv,plot")
+    inputs = [f.strip() for f in (ns.inputs or "").split(",") if f.strip()]
+    if ns.inputs is not None and not inputs:
+        raise ConfigError("%%flow: --inputs takes file names, e.g. --inputs sales.csv,regions.csv")
     return FlowArgs(name=check_name(ns.name), mode=ns.mode, interpolate=ns.interpolate,
-                    tools=ns.tools, kind=ns.kind, orchestrate=orchestrate,
+                    tools=ns.tools, inputs=inputs, kind=ns.kind, orchestrate=orchestrate,
                     debug=ns.debug, help=ns.help, force=ns.force, settings=settings)
 
 
@@ -273,14 +280,28 @@ def _evaluate(source: str, ns: Mapping[str, Any]) -> Any:
                           f"{exc}") from None
 
 
-def interpolate(text: str, ns: Mapping[str, Any]) -> str:
+_TABLES = ("pandas.DataFrame", "pandas.Series")
+
+
+def interpolate(text: str, ns: Mapping[str, Any], tables: dict[str, Any] | None = None) -> str:
     """Fill `{{name}}`, `{{Out[3]}}`, `{{d['key']}}`, `{{obj.attr}}` from `ns`.
 
     Only names, attributes, indexes and slices are evaluated (jupysql's `{{var}}`
     convention, without running arbitrary code from a task). Single braces stay as they
-    are, because tasks quote code and JSON.
+    are, because tasks quote code and JSON. With `tables` (a dict), a DataFrame or Series
+    is not printed into the task: it goes into `tables` under a name made from the
+    expression (it becomes an input file of the run) and the task names that file.
     """
-    return _TEMPLATE.sub(lambda m: str(_evaluate(m.group(1), ns)), text)
+    def fill(m: re.Match) -> str:
+        value = _evaluate(m.group(1), ns)
+        kind = f"{type(value).__module__.split('.')[0]}.{type(value).__name__}"
+        if tables is not None and kind in _TABLES:
+            name = re.sub(r"\W+", "_", m.group(1).strip()).strip("_") or "table"
+            tables[name] = value
+            return f"the {kind.split('.')[1]} `{name}` (input file {name}.csv)"
+        return str(value)
+
+    return _TEMPLATE.sub(fill, text)
 
 
 def single_brace_names(text: str, ns: Mapping[str, Any], skip: Any = ()) -> list[str]:

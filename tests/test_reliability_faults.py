@@ -125,7 +125,7 @@ def test_a_failing_final_consolidation_loses_nothing_and_can_be_retried():
     down = {"consolidate": True}
 
     def responder(body):
-        if "final deliverable" in body["messages"][0]["content"] and down["consolidate"]:
+        if "closing summary" in body["messages"][0]["content"] and down["consolidate"]:
             raise RuntimeError("the endpoint is down")   # the loopback answers HTTP 500
         return f"result of {node_of(body)}"
 

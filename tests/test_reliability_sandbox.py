@@ -61,7 +61,7 @@ def test_misbehaving_code_fails_its_node_even_when_the_judge_passes_it(outside):
                 "edges": []}
         with LoopbackServer(responder=responder) as server:
             flowmagic.configure(base_url=server.base_url, model="m")
-            flow = Flow.from_dict(plan, task="write four small programs", validate="llm",
+            flow = Flow.from_dict(plan, task="write four small programs", validate="llm", execute="off",
                                   max_attempts=1, update="off", consolidate=False,
                                   llm=LLM(backoff_base=0.01)).run()
         with pytest.raises(socket.timeout):

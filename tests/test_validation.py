@@ -84,10 +84,10 @@ def test_ok_inside_a_fail_verdict_is_still_a_fail(feedback):
     json.dumps({"verdict": True, "feedback": "fine"}),
     json.dumps(["pass"]),
 ])
-def test_unreadable_judge_passes_and_says_so(reply):
+def test_unreadable_judge_is_a_failure_that_says_so(reply):
     verdict, _ = judged("The square of 3 is 9.", reply)
-    assert verdict.passed and verdict.source == "judge-unparsed"
-    assert verdict.feedback.startswith("validator answer unreadable")
+    assert not verdict.passed and verdict.source == "judge-unparsed"
+    assert verdict.feedback.startswith("the reviewer's verdict was unreadable")
 
 
 def test_code_that_raises_fails_even_when_the_judge_says_pass():

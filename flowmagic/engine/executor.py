@@ -33,6 +33,7 @@ class Outcome:
     tokens_out: int = 0
     cost_usd: float = 0.0
     masked: bool = False
+    execution: dict | None = None   # what the node's code did in the sandbox (flowmagic.execution)
 
 
 Work = Callable[[str], Awaitable[Outcome]]
@@ -250,6 +251,7 @@ class Executor:
         node.cost_usd += outcome.cost_usd
         if outcome.ok:
             node.status, node.output, node.error, node.stale = "done", outcome.output, None, False
+            node.execution = outcome.execution
             self._emit("finished", node.id, masked=outcome.masked)
         else:
             node.status, node.error = "failed", outcome.error

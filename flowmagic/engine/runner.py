@@ -13,35 +13,56 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import EndpointError
+from .execution import about_files_or_code, aexecute, instructions, made_files, report
 from .executor import Outcome
 from .validation import retry_prompt
 
 if TYPE_CHECKING:
     from ..flow import Flow
 
-__all__ = ["NodeRunner", "node_messages", "cut"]
+__all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
 
 MASKED = "none"
+CUT_FEEDBACK = ("cut: the answer reached the token limit ({tokens} tokens) and was still "
+                "unfinished after {n} continuation(s); it is not accepted. Write a shorter "
+                "answer that is complete.")
 
 
 def cut(text: str, limit: int) -> str:
-    """At most `limit` characters, saying so when something was cut."""
+    """At most `limit` characters (plus a marker), saying how much was left out."""
     text = text or ""
     if len(text) <= limit:
         return text
-    return text[: max(0, limit - 6)] + " [cut]"
+    return text[: max(0, limit)] + f"\n[cut here: {len(text) - max(0, limit)} more characters not shown]"
 
 
-def node_messages(flow: "Flow", node_id: str, retry_note: str = "") -> list[dict]:
+def shares(lengths: list[int], budget: int) -> list[int]:
+    """Characters each text may use so they fit `budget` together: short texts are kept
+    whole and what they leave is shared by the long ones (water filling)."""
+    out, left, todo = [0] * len(lengths), max(0, budget), sorted(range(len(lengths)),
+                                                                key=lambda i: lengths[i])
+    for rank, i in enumerate(todo):
+        fair = left // max(1, len(todo) - rank)
+        out[i] = min(lengths[i], fair)
+        left -= out[i]
+    return out
+
+
+def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
+                  workspace: bool = True) -> list[dict]:
+    """The node's prompt. `workspace=False` leaves out what the workspace holds (the replay
+    fingerprint must not depend on a folder another machine does not have)."""
     wf = flow.workflow
     node = wf.nodes[node_id]
     budget = int(flow.settings["context_chars"])
     sources = (wf.ancestors(node_id) if flow.settings["context"] == "ancestors"
                else wf.parents(node_id))
     done = [p for p in sources if wf.nodes[p].status == "done"]
-    share = budget // max(1, len(done))
-    inputs = "\n\n".join(
-        f"[{p}] ({wf.nodes[p].agent}): {cut(wf.nodes[p].output or '', share)}" for p in done)
+    texts = [wf.nodes[p].output or "" for p in done]
+    allowed = shares([len(t) for t in texts], budget)
+    inputs = "\n\n".join(f"[{p}] ({wf.nodes[p].agent}): {cut(t, n)}"
+                         for p, t, n in zip(done, texts, allowed))
+    shortened = [p for p, t, n in zip(done, texts, allowed) if len(t) > n]
     later = "\n".join(f"- {wf.nodes[c].requirement}" for c in wf.children(node_id))
     system = (f"You are the {node.agent} in a team of agents working on one task. "
               "Do only your own subtask, using the results you are given. Give the result "
@@ -50,8 +71,16 @@ def node_messages(flow: "Flow", node_id: str, retry_note: str = "") -> list[dict
              f"Your subtask ({node_id}):\n{node.requirement}"]
     if inputs:
         parts.append(f"Results of earlier subtasks:\n{inputs}")
+    if shortened:
+        parts.append(f"Note: the results of {', '.join(shortened)} were too long for your "
+                     "context and were cut where marked [cut here]; do not guess what is missing.")
     if later:
         parts.append(f"Later subtasks will build on your result:\n{later}")
+    if flow.settings["execute"] != "off" and (
+            about_files_or_code(wf.task, node.requirement) or (workspace and flow.workspace.inputs)):
+        made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == "done"
+                for f in made_files(wf.nodes[a].execution)]
+        parts.append(instructions(flow.workspace.describe() if workspace else "", made))
     if retry_note:
         parts.append(retry_note)
     parts.append("Write the result of your subtask now.")
@@ -67,7 +96,7 @@ class NodeRunner:
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
         return random.Random(f"{self.flow.settings['seed']}:{node_id}:{what}:{attempt}").random()
 
-    async def _verdict(self, node, text: str):
+    async def _verdict(self, node, text: str, code_ran: bool = False):
         mode = self.flow.settings["validate"]
         if mode == "none":
             return True, ""
@@ -75,8 +104,17 @@ class NodeRunner:
         verdict = await validate(node, text, task=self.flow.workflow.task, mode=mode,
                                  llm=self.flow.llm, model=self.flow.settings["validator_model"]
                                  or self.flow.settings["model"], run_id=self.flow.run_id,
-                                 max_tokens=self.flow.settings["max_tokens"])
+                                 max_tokens=self.flow.settings["max_tokens"],
+                                 run_output_code=not code_ran)
         return verdict.passed, verdict.feedback
+
+    async def _execute(self, node_id: str, answer: str):
+        """Save the answer's named files and run its Python in the sandbox (None when off)."""
+        settings = self.flow.settings
+        if settings["execute"] == "off":
+            return None
+        return await aexecute(self.flow.workspace, node_id, answer, mode=settings["execute"],
+                              timeout=float(settings["code_timeout"]))
 
     async def _reply(self, node, messages: list[dict], seed: int):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
@@ -87,7 +125,8 @@ class NodeRunner:
                       on_text=flow._text_sink(node.id))
         offered = flow.tools_for(node.id) if flow.tools else []
         if not offered:
-            return await flow.llm.complete(messages, **kwargs), []
+            return await flow.llm.complete_whole(
+                messages, continuations=int(settings["continuations"]), **kwargs), []
         from .toolloop import run_with_tools
 
         def called(call) -> None:
@@ -100,7 +139,9 @@ class NodeRunner:
             flow.llm, messages, offered, max_rounds=int(settings["tool_rounds"]),
             timeout_s=settings["tool_timeout_s"], protocol=settings["tool_protocol"],
             on_call=called, **kwargs)
-        return result.reply, result.calls
+        reply = result.reply
+        reply.cut = reply.finish_reason == "length"   # the tool loop does not continue answers
+        return reply, result.calls
 
     async def run(self, node_id: str) -> Outcome:
         flow = self.flow
@@ -136,24 +177,46 @@ class NodeRunner:
                           cost_usd=reply.cost_usd, seed=settings["seed"] + history + attempt)
             if tool_calls:
                 record["tool_calls"] = [c.to_dict() for c in tool_calls]
+            if reply.continuations:
+                record["continuations"] = reply.continuations
+            if reply.cut or not (reply.text or "").strip():
+                # A cut or empty answer is never a passed node, whatever the validator says.
+                why = (CUT_FEEDBACK.format(tokens=reply.output_tokens, n=reply.continuations)
+                       if reply.cut else "empty answer: the model wrote nothing")
+                record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
+                attempts.append(record)
+                continue
+            ex = await self._execute(node_id, reply.text)
+            output = reply.text
+            if ex is not None:
+                record["execution"] = ex.to_dict()
+                if ex.ran and not ex.ok:   # the traceback goes back to the next attempt
+                    record.update(end=time.time(), passed=False,
+                                  feedback=f"The code failed: {ex.error}\n{ex.stderr[-2500:]}")
+                    attempts.append(record)
+                    continue
+                if report(ex):
+                    output = f"{reply.text.rstrip()}\n\n{report(ex)}"
             try:
-                passed, feedback = await self._verdict(node, reply.text)
+                passed, feedback = await self._verdict(node, output, bool(ex and ex.ran))
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
                 record.update(end=time.time(), passed=True,
                               feedback=f"validator unavailable: {exc}")
                 attempts.append(record)
-                outcome.ok, outcome.output = True, reply.text
+                outcome.ok, outcome.output = True, output
+                outcome.execution = record.get("execution")
                 break
             record.update(end=time.time(), passed=passed, feedback=feedback)
             attempts.append(record)
             if passed:
-                outcome.ok, outcome.output = True, reply.text
+                outcome.ok, outcome.output = True, output
+                outcome.execution = record.get("execution")
                 break
         outcome.attempts = attempts
         if not outcome.ok and outcome.error is None:
             last = attempts[-1] if attempts else {}
             why = " ".join(str(last.get("feedback") or last.get("error") or "no output").split())
-            outcome.error = f"failed {len(attempts)} attempt(s); last: {cut(why, 300)}"  # one line
+            outcome.error = f"failed {len(attempts)} attempt(s); last: {why[:300]}" + ("…" if len(why) > 300 else "")  # one line
         if (outcome.ok and not history and settings["mask_rate"]
                 and self._chance(node_id, "mask") < settings["mask_rate"]):
             attempts[-1]["masked"] = True

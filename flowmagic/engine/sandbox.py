@@ -251,12 +251,15 @@ def _wait(proc: subprocess.Popen, timeout: float) -> bool:
 
 def run_code(code: str, *, timeout: float = 10.0, tests: str | None = None,
              memory_mb: int = 512, site_packages: bool = False, output_limit: int = 20_000,
-             file_limit_mb: int = 16, max_open_files: int = 64) -> SandboxResult:
+             file_limit_mb: int = 16, max_open_files: int = 64,
+             workdir: str | os.PathLike | None = None) -> SandboxResult:
     """Run `code` (then `tests`, in the same namespace) in a fenced child process.
 
     `tests` may be plain statements (asserts) and/or `test*` functions, which are called
     in order after the file runs. `site_packages=True` lets the code import installed
     packages such as numpy. stdout and stderr are each clipped to `output_limit` characters.
+    `workdir` (kept afterwards) is the working directory and the only writable place;
+    without it a fresh folder is made and deleted.
     """
     if not isinstance(code, str):
         raise SandboxError(f"run_code takes the code as a str, not {type(code).__name__}")
@@ -264,8 +267,9 @@ def run_code(code: str, *, timeout: float = 10.0, tests: str | None = None,
     memory_mb = int(_check("memory_mb", memory_mb, 32))
     root = tempfile.mkdtemp(prefix="flowmagic-sandbox-")
     try:
-        work = os.path.join(root, "work")
-        os.mkdir(work)
+        work = os.path.realpath(workdir) if workdir is not None else os.path.join(root, "work")
+        if workdir is None:
+            os.mkdir(work)
         paths = {k: os.path.join(root, k) for k in ("solution.py", "tests.py", "network",
                                                    "stdout", "stderr")}
         for key, text in (("solution.py", code), ("tests.py", tests or "")):

@@ -10,10 +10,9 @@ Three validators:
 
 Empty output, or the literal "none" (what a masked node leaves behind), fails in every mode.
 
-A judge answer that cannot be read is a *pass* with source "judge-unparsed": the node's
-output may be fine, and a broken judge must not burn the node's attempts (and then its
-descendants). The feedback says so, so the UI and the update log show it. Code that
-crashes is still a fail in that case: the sandbox does not need the judge.
+A judge answer that cannot be read is a *fail* with source "judge-unparsed": nobody
+reviewed the output, so it is not passed off as reviewed; the feedback says the verdict
+was unreadable, and the node's bounded attempts decide what happens next.
 """
 
 from __future__ import annotations
@@ -155,7 +154,8 @@ async def _run_output_code(blocks: list[str], tests: str | None, timeout: float)
 
 
 async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str | None,
-                        run_id: str | None, code_timeout: float, max_tokens: int | None) -> Verdict:
+                        run_id: str | None, code_timeout: float, max_tokens: int | None,
+                        run_output_code: bool = True) -> Verdict:
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
@@ -163,9 +163,10 @@ async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str 
     unreadable = isinstance(judged, str)
     verdict, feedback, tests = ("pass", "", None) if unreadable else judged
     if unreadable:
-        feedback = (f"validator answer unreadable ({_clip(judged, 300)}); the output was "
-                    "accepted without a review")
-    blocks = extract_code(output)
+        verdict = "fail"
+        feedback = (f"the reviewer's verdict was unreadable ({_clip(judged, 300)}); "
+                    "the output was not accepted without a review")
+    blocks = extract_code(output) if run_output_code else []
     if blocks:
         failure, result, note = await _run_output_code(blocks, tests, code_timeout)
         if failure is not None:
@@ -180,8 +181,12 @@ async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str 
 
 async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm", llm: Any = None,
                    model: str | None = None, run_id: str | None = None,
-                   code_timeout: float = 10.0, max_tokens: int | None = None) -> Verdict:
+                   code_timeout: float = 10.0, max_tokens: int | None = None,
+                   run_output_code: bool = True) -> Verdict:
     """The verdict on `output` for `node` (see the module docstring for the modes).
+
+    `run_output_code=False` when the output's code already ran in the run's workspace
+    (flowmagic.execution): its report is part of the output the judge reads.
 
     Raises ConfigError for an unknown mode or a broken user validator, and lets
     EndpointError through when the judge's endpoint is down (the caller decides).
@@ -194,7 +199,7 @@ async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm",
         return Verdict(True, "", "none")
     if mode == "llm":
         return await _validate_llm(node, output, task, llm, model, run_id, code_timeout,
-                                   max_tokens)
+                                   max_tokens, run_output_code)
     raise ConfigError(f"validate must be 'llm', 'none' or a function (node, output) -> bool, "
                       f"not {mode!r}")
 

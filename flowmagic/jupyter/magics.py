@@ -95,7 +95,7 @@ class FlowMagics(Magics):
                                help="USD a run may spend (--budget-usd)").tag(config=True)
     default_mode = Enum(("plan-only", "run", "step"), "plan-only",
                         help="what a %%flow cell does after planning").tag(config=True)
-    settings = Dict(help="other Flow settings, e.g. {'max_tokens': 256, 'seed': 1}").tag(config=True)
+    settings = Dict(help="other Flow settings, e.g. {'max_tokens': 2048, 'seed': 1}").tag(config=True)
     debug = Bool(False, help="show tracebacks instead of one-line errors").tag(config=True)
 
     def __init__(self, shell=None, **kwargs: Any):
@@ -133,10 +133,12 @@ class FlowMagics(Magics):
             print(command_usage())
             return None
         self._check_free(args.name, args.force)
-        task = interpolate(cell, self.shell.user_ns) if args.interpolate else cell
+        tables: dict = {}
+        task = interpolate(cell, self.shell.user_ns, tables) if args.interpolate else cell
         if args.interpolate:
             self._warn_single_braces(cell)
         settings = self.flow_settings(args.settings)
+        inputs = [*args.inputs, *([tables] if tables else [])] or None
         tools = None
         if args.tools:
             from ..engine.tools import resolve_tools
@@ -147,7 +149,8 @@ class FlowMagics(Magics):
 
         self._stop_previous(args.name)
         progress = self._planning_progress(args.name, settings)
-        flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, progress=progress,
+        flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, inputs=inputs,
+                                           progress=progress,
                                            **settings))
         self.shell.user_ns[args.name] = flow
         panel = self._show(flow)
@@ -171,7 +174,7 @@ class FlowMagics(Magics):
         orch = Orchestrator(task, opts.get("agents"), tools=tools, model=settings.get("model"),
                             budget_s=opts.get("budget_s", 300.0), max_turns=opts.get("max_turns", 8),
                             name=args.name, seed=settings.get("seed") or 0,
-                            max_tokens=settings.get("max_tokens", 512),
+                            max_tokens=settings.get("max_tokens"),
                             temperature=settings.get("temperature"))
         self._stop_previous(args.name)
         self.shell.user_ns[args.name] = orch
@@ -512,5 +515,5 @@ def unload_ipython_extension(shell) -> None:
         shell.configurables.remove(magics)
     registry = shell.magics_manager.magics
     for kind in ("line", "cell"):
-        for name in ("flow", "flow_plan", "flow_record", "flow_node"):
+        for name in ("flow", "flow_plan", "flow_record", "flow_node", "flow_code"):
             registry[kind].pop(name, None)

@@ -34,7 +34,13 @@ from ..extract import extract_json
 from ..store import Store, get_store
 
 __all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
-           "EmbeddingsUnsupportedError"]
+           "EmbeddingsUnsupportedError", "LOCAL_MAX_TOKENS", "CONTINUE_PROMPT"]
+
+# The embedded model rambles until it is stopped, so it keeps a cap (~25 s of writing);
+# a configured endpoint gets the model's own limit unless the caller names one.
+LOCAL_MAX_TOKENS = 1024
+CONTINUE_PROMPT = ("Your answer stopped at the length limit. Continue it exactly where it "
+                   "stopped, mid-word if need be: no repetition, no preamble, no apology.")
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
@@ -55,6 +61,8 @@ class Reply:
     finish_reason: str | None = None
     cache_key: str = ""
     tool_calls: list[dict] | None = None   # [{"id", "type": "function", "function": {"name", "arguments"}}]
+    continuations: int = 0   # extra calls that continued an answer cut at the token limit
+    cut: bool = False        # still at the token limit after the last continuation
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -277,10 +285,13 @@ class LLM:
                              hit["output_tokens"], 0.0, 0.0, True, call_id,
                              hit.get("finish_reason"), key, hit.get("tool_calls"))
         self.store.check_writable()   # a paid call whose answer could not be kept: refuse first
+        # The embedded model's cap is the endpoint's own limit, like a remote model's: it is
+        # not a parameter of the call, so it stays out of the cache key.
+        limit = LOCAL_MAX_TOKENS if max_tokens is None and endpoint.local else max_tokens
         started = time.perf_counter()
         try:
             raw, attempts = await self._call_with_retries(
-                endpoint, model_name, messages, schema, temperature, seed, max_tokens, on_text,
+                endpoint, model_name, messages, schema, temperature, seed, limit, on_text,
                 tools or None)
         except EndpointError as exc:
             self.store.log_call(**log, error=str(exc),
@@ -311,6 +322,31 @@ class LLM:
             self.store.cache_put(key, payload)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
                      call_id, finish, key, tool_calls or None)
+
+    async def complete_whole(self, messages: list[dict] | str, *, continuations: int = 2,
+                             **kwargs) -> Reply:
+        """`complete`, then up to `continuations` calls that continue an answer which
+        stopped at the token limit (finish_reason "length"); the texts are joined and the
+        usage summed. `Reply.cut` says the answer is still unfinished after them: callers
+        must never take such an answer as done."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        reply = await self.complete(messages, **kwargs)
+        text, total = reply.text, reply
+        for n in range(1, max(0, int(continuations)) + 1):
+            if reply.finish_reason != "length" or reply.tool_calls:
+                break
+            more = [*messages, {"role": "assistant", "content": text},
+                    {"role": "user", "content": CONTINUE_PROMPT}]
+            reply = await self.complete(more, **kwargs)
+            text += reply.text
+            total = Reply(text, None, reply.model, total.input_tokens + reply.input_tokens,
+                          total.output_tokens + reply.output_tokens,
+                          total.latency_s + reply.latency_s, total.cost_usd + reply.cost_usd,
+                          total.cached and reply.cached, reply.call_id, reply.finish_reason,
+                          reply.cache_key, None, n)
+        total.cut = total.finish_reason == "length"
+        return total
 
     def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
         """`complete` for scripts; from inside a running loop it uses a worker thread."""

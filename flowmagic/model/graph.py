@@ -61,6 +61,7 @@ class Node:
     stale: bool = False
     # what prune() changed, so unprune() can undo it: {"status", "parents", "children", "added"}
     pruned_from: dict | None = None
+    execution: dict | None = None   # code run, its outputs, files and figures (flowmagic.execution)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,7 +96,7 @@ _FIELD_TYPES: dict[str, tuple] = {
     "attempts": (list,), "tokens_in": (int,), "tokens_out": (int,), "cost_usd": _NUM,
     "start": _NUM + (_NONE,), "end": _NUM + (_NONE,), "error": (str, _NONE),
     "clone": (str, _NONE), "estimate_s": _NUM + (_NONE,), "downgraded_from": (str, _NONE),
-    "stale": (bool,), "pruned_from": (dict, _NONE),
+    "stale": (bool,), "pruned_from": (dict, _NONE), "execution": (dict, _NONE),
 }
 
 

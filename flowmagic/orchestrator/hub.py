@@ -65,7 +65,7 @@ class Orchestrator:
                  budget_s: float | None = 300.0, max_turns: int | None = 8, tools: Any = None,
                  llm: LLM | None = None, store=None, run_id: str | None = None,
                  name: str = "orchestration", seed: int = 0, temperature: float | None = None,
-                 max_tokens: int | None = 512, reply_chars: int = 3000, protocol: str = "auto",
+                 max_tokens: int | None = None, reply_chars: int = 3000, protocol: str = "auto",
                  tool_rounds: int = 3, tool_timeout_s: float = 30.0, tools_top_n: int = 3,
                  replay: dict | None = None, on_event: Callable[[dict], None] | None = None):
         if not isinstance(task, str) or not task.strip():

@@ -71,6 +71,9 @@ def _node_attrs(node, critical: bool) -> dict[str, str]:
         attrs.update(peripheries="2", color=_DOWNGRADED)
     elif node.model:
         lines.append(_cut(node.model, 30))
+    if node.status == "failed" and node.attempts and node.attempts[-1].get("cut"):
+        lines.append("✂ cut at the token limit")
+        classes.append("cut")
     if node.stale:
         lines.append("⚠ stale")
         classes.append("stale")

@@ -1,0 +1,257 @@
+"""A node's answer put to work: its named files saved, its Python run in the sandbox.
+
+An answer is split into fenced blocks. A block whose fence names a file
+(```python gobang.py, ```html index.html, ```latex title="slides.tex", or a file name alone
+on the line just above the fence) is a *deliverable*: it is saved in the run's workspace
+under that name and never executed. The unnamed Python blocks are the node's *analysis
+code*: they run together, once, in the sandbox (flowmagic.sandbox) with the workspace as
+the working directory, so they read the declared inputs by name and whatever they write
+stays in the workspace. matplotlib draws off-screen there, and every figure still open at
+the end is saved as PNG. What happened (stdout, stderr, the files written, the figures)
+is the node's result; the model's own claims about it are not.
+
+Model-written code never runs in the calling process: only `flowmagic.sandbox` runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+
+from .sandbox import extract_code, run_code
+
+__all__ = ["Execution", "split_answer", "execute", "aexecute", "run_python", "report", "wants_execution",
+           "EXECUTE_MODES", "instructions", "made_files", "about_files_or_code"]
+
+EXECUTE_MODES = ("auto", "off")
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)$")
+_FILE_NAME = re.compile(r"^[\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8}$")
+_NAMED_ABOVE = re.compile(r"^\s*(?:#+\s*|\*\*|`|(?:file(?:name)?|path)\s*:\s*)*"
+                          r"`?([\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8})`?(?:\*\*)?\s*:?\s*$",
+                          re.IGNORECASE)
+_OUT_CHARS = 6000   # of stdout / stderr kept in a node's report
+
+
+@dataclass
+class Execution:
+    """What a node's code did: it is JSON (`to_dict`) on the node and in the export."""
+    code: str = ""
+    ran: bool = False
+    ok: bool = True
+    stdout: str = ""
+    stderr: str = ""
+    error: str = ""                    # one line when not ok
+    files: list[str] = field(default_factory=list)     # written or changed by the code
+    figures: list[str] = field(default_factory=list)   # PNGs among them
+    saved: list[str] = field(default_factory=list)     # deliverables saved from named blocks
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fence_name(info: str) -> str | None:
+    """The file a fence's info string names: `python gobang.py`, `html title="index.html"`."""
+    for word in info.replace("=", " ").replace('"', " ").replace("'", " ").split():
+        if _FILE_NAME.match(word) and not word.startswith("."):
+            return word
+    return None
+
+
+def _safe_rel(name: str) -> str | None:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or any(p.startswith(".") for p in path.parts):
+        return None
+    return str(path)
+
+
+def split_answer(text: str) -> tuple[list[str], dict[str, str]]:
+    """(unnamed Python blocks to run, {file name: content} of named blocks), in order."""
+    if not isinstance(text, str):
+        return [], {}
+    lines, files, unnamed_parts, i = text.splitlines(), {}, [], 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info = m.group(1), m.group(2).strip()
+        start = i
+        body, i, closed = [], i + 1, False
+        while i < len(lines):
+            stripped = lines[i].strip()
+            if stripped and set(stripped) == {fence[0]} and len(stripped) >= len(fence):
+                closed, i = True, i + 1
+                break
+            body.append(lines[i])
+            i += 1
+        above = next((lines[j] for j in range(start - 1, max(start - 3, -1), -1)
+                      if lines[j].strip()), "")
+        named = _fence_name(info) or (m2.group(1) if (m2 := _NAMED_ABOVE.match(above)) else None)
+        rel = _safe_rel(named) if named else None
+        if rel:
+            files[rel] = "\n".join(body) + "\n"
+        else:
+            unnamed_parts.append("\n".join(lines[start:i]) + ("" if closed else "\n"))
+    return extract_code("\n".join(unnamed_parts)), files
+
+
+def wants_execution(mode: str, code_blocks: list[str]) -> bool:
+    return mode == "auto" and bool(code_blocks)
+
+
+_PLOTTING = re.compile(r"matplotlib|pyplot|plt\.|seaborn|\.plot\b|\.hist\(|\.boxplot\(")
+
+
+def _program(code: str, node_id: str) -> str:
+    """The code with matplotlib set to draw off-screen and its open figures saved as PNG.
+    The node's code itself runs from its own file so tracebacks show its line numbers."""
+    head = ["import os as _fm_os, sys as _fm_sys",
+            "_fm_os.environ.setdefault('MPLBACKEND', 'Agg')",
+            "_fm_os.environ['MPLCONFIGDIR'] = _fm_os.path.join(_fm_os.getcwd(), '.matplotlib')"]
+    figure_prefix = f"{node_id}_figure"
+    tail: list[str] = []
+    if _PLOTTING.search(code):
+        head += ["import matplotlib as _fm_mpl", "_fm_mpl.use('Agg')",
+                 "import matplotlib.pyplot as _fm_plt", "_fm_plt.show = lambda *a, **k: None"]
+        tail = ["for _fm_i, _fm_n in enumerate(_fm_plt.get_fignums(), 1):",
+                f"    _fm_plt.figure(_fm_n).savefig(f'{figure_prefix}_{{_fm_i}}.png', dpi=90, "
+                "bbox_inches='tight')"]
+    run = [f"_fm_src = open({'.flowmagic/' + node_id + '.py'!r}, encoding='utf-8').read()",
+           f"exec(compile(_fm_src, {node_id + '.py'!r}, 'exec'), "
+           "{'__name__': '__main__', '__builtins__': __builtins__})"]
+    return "\n".join(head + run + tail) + "\n"
+
+
+def _one_line_error(stderr: str, timed_out: bool, seconds: float) -> str:
+    if timed_out:
+        return f"the code did not finish within {seconds:.0f} s and was stopped"
+    last = [line for line in stderr.strip().splitlines() if line.strip()]
+    return last[-1].strip()[:300] if last else "the code failed with no error output"
+
+
+_INSTALL = re.compile(r'File "/[^"]*/lib/python3\.\d+/')
+
+
+def _clean_traceback(stderr: str) -> str:
+    """The traceback without the frames of the wrapper that loaded the node's file, and
+    without the machine's install paths (the same error reads the same everywhere)."""
+    stderr = _INSTALL.sub('File "<python>/', stderr)
+    out = []
+    skip = False
+    for line in stderr.splitlines():
+        if line.startswith('  File "solution.py"') or line.startswith("  File \"<string>\""):
+            skip = True
+            continue
+        if skip and line.startswith("    "):
+            continue
+        skip = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def execute(workspace, node_id: str, answer: str, *, mode: str = "auto", timeout: float = 60.0,
+            memory_mb: int = 2048) -> Execution:
+    """Save the answer's named files, run its unnamed Python in the sandbox; see the module."""
+    blocks, files = split_answer(answer)
+    saved = [workspace.write(rel, content) for rel, content in files.items()]
+    if not wants_execution(mode, blocks):
+        return Execution(saved=saved)
+    result = run_python(workspace, node_id, "\n\n".join(blocks), timeout=timeout,
+                        memory_mb=memory_mb)
+    result.saved = saved
+    return result
+
+
+def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
+               memory_mb: int = 2048) -> Execution:
+    """Run `code` in the sandbox with the workspace as its working directory."""
+    result = Execution(code=code, ran=True)
+    workspace.write(f".flowmagic/{node_id}.py", code)
+    before = workspace.snapshot()
+    started = time.monotonic()
+    run = run_code(_program(code, node_id), workdir=str(workspace.root), timeout=timeout,
+                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64)
+    result.duration_s = round(time.monotonic() - started, 3)
+    result.ok = run.ok
+    result.stdout = _clip(run.stdout)
+    result.stderr = _clip(_clean_traceback(run.stderr))
+    if not run.ok:
+        result.error = _one_line_error(result.stderr, run.timed_out, timeout)
+    result.files = workspace.changed_since(before)
+    result.figures = [f for f in result.files if f.lower().endswith(".png")]
+    return result
+
+
+async def aexecute(workspace, node_id: str, answer: str, **kwargs) -> Execution:
+    """`execute` in a worker thread: the event loop (and the UI) keeps running."""
+    return await asyncio.to_thread(execute, workspace, node_id, answer, **kwargs)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _OUT_CHARS:
+        return text
+    half = _OUT_CHARS // 2
+    return f"{text[:half]}\n[cut here: {len(text) - 2 * half} characters of output not kept]\n{text[-half:]}"
+
+
+def report(ex: dict | Execution | None) -> str:
+    """What really happened, as text for the node's output and its children's prompts."""
+    if ex is None:
+        return ""
+    ex = ex.to_dict() if isinstance(ex, Execution) else ex
+    parts = []
+    if ex.get("saved"):
+        parts.append("Files saved from this answer: " + ", ".join(ex["saved"]))
+    if ex.get("ran"):
+        status = "ran without error" if ex.get("ok") else f"failed: {ex.get('error')}"
+        parts.append(f"The Python code above was run in the sandbox and {status}.")
+        parts.append("Printed output:\n" + (ex.get("stdout") or "(nothing)").rstrip())
+        if ex.get("stderr") and not ex.get("ok"):
+            parts.append("Error output:\n" + ex["stderr"].rstrip())
+        written = [f for f in ex.get("files", []) if f not in ex.get("figures", [])]
+        if written:
+            parts.append("Files it wrote: " + ", ".join(written))
+        if ex.get("figures"):
+            parts.append("Figures it drew (PNG files): " + ", ".join(ex["figures"]))
+    return "\n\n".join(parts)
+
+
+_CODE_WORDS = re.compile(
+    r"python|\bcode\b|script|program|\bcsv\b|data ?frame|pandas|numpy|matplotlib|\bplot|"
+    r"chart|figure|dataset|\bdata\b|html|\bcss\b|latex|beamer|\.py\b|\.tex\b|\bfiles?\b|"
+    r"comput|calculat|analy[sz]|statistic|\bgame\b|website|web page|slides", re.IGNORECASE)
+
+
+def about_files_or_code(*texts: str) -> bool:
+    """Whether a task speaks of data, code or files: only then does a prompt explain how
+    code runs and files are delivered (a small model writes code wherever it is invited to)."""
+    return any(_CODE_WORDS.search(t or "") for t in texts)
+
+
+def made_files(ex: dict | None) -> list[str]:
+    """The files a node left in the workspace: its deliverables, then what its code wrote."""
+    ex = ex or {}
+    saved = list(ex.get("saved", []))
+    return saved + [f for f in ex.get("files", []) if f not in saved]
+
+
+def instructions(inputs: str, files: list[str]) -> str:
+    """What a node's prompt says about running code, delivering files and the inputs."""
+    parts = ["How your answer is used: every ```python block without a file name is run "
+             "for you, once, in a sandbox whose working directory holds the input files. "
+             "What it prints, the files it writes and the matplotlib figures it leaves open "
+             "(saved as PNG for you) become your result; later subtasks see exactly that. "
+             "Compute every number with code and print it; never invent a number. "
+             "To deliver a file (a program, a web page, a document), write one fenced block "
+             "per file with its name after the language, e.g. ```python game.py or "
+             "```html index.html; it is saved under that name and not run."]
+    if inputs:
+        parts.append(inputs)
+    if files:
+        parts.append("Files that earlier subtasks left in the working directory: " + ", ".join(files[:60])
+                     + (f" and {len(files) - 60} more" if len(files) > 60 else ""))
+    return "\n\n".join(parts)
