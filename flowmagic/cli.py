@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -249,9 +250,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({flow.counts().get('done', 0)}/{flow.total()} nodes done in run "
           f"{flow.run_id})")
     if args.execute:
-        with Progress() as progress:
-            stats = _execute(path, None, [], progress, args.timeout)
-        print(f"replayed it in a kernel: {stats['calls']} model calls, {stats['seconds']:.1f} s")
+        from .ops.codecells import EXECUTE_ENV
+
+        # the kernel inherits it: every %%flow_code cell runs its code again, in the sandbox
+        before, os.environ[EXECUTE_ENV] = os.environ.get(EXECUTE_ENV), "1"
+        try:
+            with Progress() as progress:
+                stats = _execute(path, None, [], progress, args.timeout)
+        finally:
+            if before is None:
+                os.environ.pop(EXECUTE_ENV, None)
+            else:
+                os.environ[EXECUTE_ENV] = before
+        print(f"ran it in a kernel, the code cells again in the sandbox: {stats['calls']} model "
+              f"calls, {stats['seconds']:.1f} s")
     return 0
 
 
@@ -393,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="RUN", help="run id or flow name (see `flowmagic log`)")
     export.add_argument("path", metavar="OUT.ipynb")
     export.add_argument("--name", help="the flow's variable name in the notebook")
-    export.add_argument("--execute", action="store_true", help="then replay it in a kernel")
+    export.add_argument("--execute", action="store_true",
+                        help="then run it in a kernel: text nodes replay, code cells run again in the sandbox")
     export.add_argument("--timeout", type=float, default=1800, help="seconds per notebook cell")
     export.set_defaults(func=cmd_export)
 

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
+                        handle_flow_code, is_code_node)
 from ..errors import ConfigError, NodeError
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
@@ -39,15 +41,15 @@ from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
                      tables)
 
 __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
-           "handle_flow_plan", "handle_flow_record", "handle_flow_node", "load_cache",
+           "handle_flow_plan", "handle_flow_record", "handle_flow_node", "handle_flow_code", "load_cache",
            "save_cache", "MAGICS", "NBVAL_IGNORE", "RECORD_FORMAT"]
 
-MAGICS = ("flow_plan", "flow_record", "flow_node")
+MAGICS = ("flow_plan", "flow_record", "flow_node", "flow_code")
 NBVAL_IGNORE = "nbval-ignore-output"
 RECORD_FORMAT = 1
 _ATTEMPT_KEYS = ("attempt", "start", "end", "passed", "feedback", "error", "call_id",
                  "cache_key", "model", "cached", "tokens_in", "tokens_out", "cost_usd",
-                 "seed", "masked")
+                 "seed", "masked", "cut", "continuations", "execution")
 _KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
@@ -164,12 +166,15 @@ def plan_json(plan: dict) -> str:
             f' "nodes": [\n{nodes}\n ],\n "edges": {one(plan["edges"])}\n}}')
 
 
-def _node_record(node) -> dict:
+def _node_record(node, folder: Path | None = None) -> dict:
     attempts = [{k: a[k] for k in _ATTEMPT_KEYS if k in a} for a in node.attempts]
-    return {"status": node.status, "output": node.output, "error": node.error,
-            "tokens_in": node.tokens_in, "tokens_out": node.tokens_out,
-            "cost_usd": node.cost_usd, "start": node.start, "end": node.end,
-            "clone": node.clone, "attempts": attempts}
+    rec = {"status": node.status, "output": node.output, "error": node.error,
+           "tokens_in": node.tokens_in, "tokens_out": node.tokens_out,
+           "cost_usd": node.cost_usd, "start": node.start, "end": node.end,
+           "clone": node.clone, "attempts": attempts, "execution": node.execution}
+    if is_code_node(node):   # the figures travel with the notebook, so a replay shows them
+        rec["figures_png"] = figure_data(folder, code_run(node).get("figures", []))
+    return rec
 
 
 def _overhead(flow) -> dict:
@@ -183,16 +188,17 @@ def _overhead(flow) -> dict:
     return out
 
 
-def _replica(flow, name: str):
+def _replica(flow, name: str, files_dir: str | None = None):
     """The flow as the exported cells will rebuild it, with the record applied."""
     from .._internal.version import __version__
 
+    folder = flow.workspace.root if flow.files() else None
     replica = flow_from_plan(_plan(flow), name, run_id=flow.run_id, llm=flow.llm,
                              store=flow.store, save=False)
     nodes: dict[str, dict] = {}
     for node_id in replica.workflow.order():   # parents first: a fingerprint reads their outputs
         original = flow.workflow.nodes[node_id]
-        rec = _node_record(original)
+        rec = _node_record(original, folder)
         if original.status in ("done", "failed"):
             apply_record(replica, node_id, rec)
             rec["fingerprint"] = fingerprint(replica, node_id)
@@ -200,7 +206,8 @@ def _replica(flow, name: str):
             rec = {"status": "pending", "fingerprint": None}
         nodes[node_id] = rec
     record = {"format": RECORD_FORMAT, "flowmagic": __version__, "run": flow.run_id,
-              "result": flow.result, "overhead": _overhead(flow), "nodes": nodes}
+              "result": flow.result, "overhead": _overhead(flow), "nodes": nodes,
+              "files_dir": files_dir, "files": flow.files()}
     attach_record(replica, record)
     if settle(replica):
         replica.result = flow.result
@@ -284,14 +291,47 @@ def _node_line(flow, name: str, node_id: str) -> str:
     return " ".join(parts)
 
 
-def build(flow, *, name: str | None = None):
+def _files_cell(record: dict):
+    import nbformat.v4 as v4
+
+    files = record.get("files") or []
+    where = record.get("files_dir")
+    lines = [f"### Files of this run ({len(files)})", "",
+             (f"Written next to this notebook, in `{where}/`:" if where else
+              "In the run's workspace:")]
+    lines += [f"- `{f}`" for f in files]
+    return v4.new_markdown_cell("\n".join(lines))
+
+
+def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
+    import nbformat.v4 as v4
+
+    node = replica.workflow.nodes[node_id]
+    rec = record["nodes"][node_id]
+    outputs = []
+    ran = code_run(node)
+    for item in code_outputs(replica.run_id, node_id, ran, rec.get("figures_png") or {}):
+        if item[0] == "stream":
+            outputs.append(v4.new_output("stream", name=item[1], text=item[2]))
+        else:
+            outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
+    failed = f"\n\n**failed**: {node.error}" if node.status == "failed" else ""
+    note = v4.new_markdown_cell(f"**{node_id}** · {node.agent}: {node.requirement.strip()}{failed}\n\n"
+                                "*Code written by the model: the cell below shows its recorded "
+                                "run; it runs again only in the sandbox (`--execute`).*")
+    code = v4.new_code_cell(f"{code_line(replica, name, node_id)}\n{ran['code'].rstrip()}",
+                            metadata={"flowmagic": {"node": node_id, "code": True}}, outputs=outputs)
+    return [note, code]
+
+
+def build(flow, *, name: str | None = None, files_dir: str | None = None):
     """The notebook (an nbformat NotebookNode) that replays `flow`; see the module docstring."""
     import nbformat.v4 as v4
 
     if getattr(flow, "busy", False) or getattr(flow, "running", False):
         raise NodeError(f"flow {flow.name!r} is running; wait for it (or stop it) before exporting")
     name = _identifier(name or flow.name)
-    replica, record = _replica(flow, name)
+    replica, record = _replica(flow, name, files_dir)
     endpoints = _endpoints()
 
     def out(bundle):
@@ -307,7 +347,12 @@ def build(flow, *, name: str | None = None):
         v4.new_code_cell(f"%%flow_record {name}\n" + json.dumps(record, indent=1, ensure_ascii=False),
                          metadata={"jupyter": {"source_hidden": True}, "tags": ["flowmagic-record"]}),
     ]
+    if record.get("files"):
+        cells.append(_files_cell(record))
     for node_id in replica.workflow.order():
+        if is_code_node(replica.workflow.nodes[node_id]):
+            cells += _code_cells(replica, record, name, node_id)
+            continue
         cells.append(v4.new_code_cell(
             f"{_node_line(replica, name, node_id)}\n{replica.workflow.nodes[node_id].requirement}",
             metadata={"flowmagic": {"node": node_id}},
@@ -333,10 +378,13 @@ def export(flow, path: str | Path, *, name: str | None = None) -> Path:
     path = Path(path)
     if path.suffix != ".ipynb":
         raise ConfigError(f"{path} should end in .ipynb")
-    nb = build(flow, name=name)
+    files_dir = files_dir_for(path) if flow.files() else None
+    nb = build(flow, name=name, files_dir=files_dir)
     nbformat.validate(nb)
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
+    if files_dir:   # the run's files next to the notebook: what its code cells read and wrote
+        flow.workspace.copy_to(path.parent / files_dir)
     return path
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..errors import ConfigError, FlowError
 
 __all__ = ["TEMPLATES", "templates", "template_path", "parameters_of", "parse_params",
-           "fill", "new", "execute", "NOTICE"]
+           "fill", "new", "execute", "NOTICE", "sample_data"]
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -135,6 +135,15 @@ def templates() -> list[dict]:
                     "description": info.get("description", ""),
                     "parameters": parameters_of(nb), "path": path})
     return out
+
+
+def sample_data(name: str = "anscombe.csv") -> Path:
+    """A data file shipped with the templates (the csv_eda template's default input)."""
+    path = TEMPLATES / "data" / name
+    if not path.is_file():
+        known = ", ".join(sorted(p.name for p in (TEMPLATES / "data").iterdir()))
+        raise ConfigError(f"no sample data {name!r}; shipped: {known}")
+    return path
 
 
 def template_path(name: str) -> Path:

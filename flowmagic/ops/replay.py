@@ -33,7 +33,8 @@ from .._internal.aio import run_blocking
 
 __all__ = ["fingerprint", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
-           "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS"]
+           "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS",
+           "node_parser", "user_flow", "session", "split_line"]
 
 # Settings that change what a node's call returns; the prompt itself is hashed separately.
 CALL_SETTINGS = ("seed", "temperature", "max_tokens", "validate", "validator_model",
@@ -73,7 +74,7 @@ def fingerprint(flow, node_id: str) -> str:
     from ..engine.runner import node_messages
 
     node = flow.workflow.nodes[node_id]
-    facts = {"messages": node_messages(flow, node_id),
+    facts = {"messages": node_messages(flow, node_id, workspace=False),
              "model": node.model or flow.settings.get("model"),
              **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
@@ -323,6 +324,7 @@ def apply_record(flow, node_id: str, rec: dict) -> None:
     node.cost_usd, node.start, node.end = rec.get("cost_usd", 0.0), rec.get("start"), rec.get("end")
     node.attempts = [dict(a) for a in rec.get("attempts", [])]
     node.clone, node.stale = rec.get("clone"), False
+    node.execution = rec.get("execution")
 
 
 def _edit(flow, node_id: str, requirement: str, agent: str, model: str | None) -> bool:
@@ -439,3 +441,7 @@ def show_result(flow) -> None:
         elif flow.settings.get("consolidate"):
             _block(flow, flow.arun)   # nothing left to run: only the final write-up
     _show(flow, "result", result_bundle(flow))
+
+
+# The same parsing and session state for the `%%flow_code` cells (flowmagic.codecells).
+node_parser, user_flow, session, split_line = _node_parser, _user_flow, _state, _split

@@ -1,0 +1,185 @@
+"""Checks of a run's deliverables, as the paper's three tasks need them; one line each.
+
+- a web page (`index.html`): it parses as HTML and has the parts the task asked for;
+- a gobang program (`gobang.py`): its game logic passes tests run in the sandbox, headless
+  (a GUI toolkit that is missing or needs a display is replaced by a stand-in, so a GUI
+  import cannot make the check impossible);
+- Beamer slides (`slides.tex`): it compiles when a LaTeX engine is installed, else one line
+  says the compile was skipped; its frames are counted either way.
+
+`check_deliverables(flow)` runs the checks that apply to the files in the flow's workspace.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+__all__ = ["Check", "check_html", "check_gobang", "check_latex", "check_deliverables",
+           "GOBANG_TESTS"]
+
+
+@dataclass
+class Check:
+    file: str
+    ok: bool | None      # None: skipped
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def check_html(path: Path, must_mention: tuple[str, ...] = ()) -> Check:
+    """It parses as HTML, has an <html> or <body>, and mentions every word asked for."""
+    name = path.name
+    if not path.is_file():
+        return Check(name, False, f"{name}: missing; no node wrote it")
+    parser = _Tags()
+    try:
+        parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+        parser.close()
+    except Exception as exc:  # noqa: BLE001 - any parser failure is the check's answer
+        return Check(name, False, f"{name}: does not parse as HTML ({type(exc).__name__}: {exc})")
+    if not {"html", "body"} & set(parser.tags):
+        return Check(name, False, f"{name}: parses, but has no <html> or <body> element")
+    text = " ".join(parser.text).lower() + " " + " ".join(parser.tags)
+    missing = [w for w in must_mention if w.lower() not in text]
+    if missing:
+        return Check(name, False, f"{name}: parses ({len(parser.tags)} elements) but never "
+                                  f"mentions {', '.join(missing)}")
+    return Check(name, True, f"{name}: parses as HTML ({len(parser.tags)} elements)"
+                             + (f", mentions {', '.join(must_mention)}" if must_mention else ""))
+
+
+# The logic API the gobang task asks for; the GUI runs only under `if __name__ == "__main__"`.
+GOBANG_TESTS = '''
+import os, sys, types
+from unittest import mock
+sys.path.insert(0, os.getcwd())
+for gui in ("pygame", "tkinter", "tkinter.messagebox", "tkinter.ttk"):
+    try:
+        __import__(gui)
+    except Exception:
+        sys.modules[gui] = mock.MagicMock(name=gui)
+import gobang
+
+def _board():
+    return gobang.new_board(15)
+
+def _line(cells, player=1):
+    b = _board()
+    for r, c in cells:
+        b = gobang.place(b, r, c, player) or b
+    return b
+
+def test_five_in_a_row_wins_every_way():
+    assert gobang.winner(_line([(7, c) for c in range(3, 8)])) == 1
+    assert gobang.winner(_line([(r, 2) for r in range(0, 5)], 2)) == 2
+    assert gobang.winner(_line([(i, i) for i in range(4, 9)])) == 1
+    assert gobang.winner(_line([(i, 10 - i) for i in range(2, 7)])) == 1
+
+def test_four_is_not_five():
+    assert gobang.winner(_line([(7, c) for c in range(3, 7)])) in (None, 0)
+    assert gobang.winner(_board()) in (None, 0)
+
+def test_the_ai_plays_an_empty_cell_and_takes_a_win():
+    b = _line([(7, c) for c in range(3, 7)], 2)
+    move = gobang.ai_move(b, 2)
+    assert tuple(move) in ((7, 2), (7, 7))
+    b = _line([(0, 0)], 1)
+    r, c = gobang.ai_move(b, 2)
+    assert 0 <= r < 15 and 0 <= c < 15 and (r, c) != (0, 0)
+'''
+
+
+def check_gobang(path: Path, timeout: float = 30.0) -> Check:
+    """The logic of gobang.py (new_board, place, winner, ai_move) under tests, in the sandbox."""
+    from ..engine.execution import run_python
+    from ..engine.workspace import Workspace
+
+    name = path.name
+    if not path.is_file():
+        return Check(name, False, f"{name}: missing; no node wrote it")
+    ex = run_python(Workspace(path.parent), "gobang_check", GOBANG_TESTS + _CALL_TESTS,
+                    timeout=timeout)
+    if ex.ok:
+        return Check(name, True, f"{name}: its game logic passed {ex.stdout.strip()} in the sandbox")
+    return Check(name, False, f"{name}: its game logic failed in the sandbox: {ex.error}")
+
+
+_CALL_TESTS = '''
+_names = [n for n in list(globals()) if n.startswith("test_")]
+for _n in _names:
+    globals()[_n]()
+print(f"{len(_names)} tests")
+'''
+
+_ENGINES = ("latexmk", "pdflatex", "tectonic")
+
+
+def check_latex(path: Path, timeout: float = 120.0, expect_frames: int | None = None) -> Check:
+    """Compile the .tex when a LaTeX engine is installed (no shell escape); count its frames."""
+    name = path.name
+    if not path.is_file():
+        return Check(name, False, f"{name}: missing; no node wrote it")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    frames = len(re.findall(r"\\begin\{frame\}", text))
+    count = f"{frames} frames" + (f" of the {expect_frames} asked for" if expect_frames else "")
+    engine = next((e for e in _ENGINES if shutil.which(e)), None)
+    if engine is None:
+        return Check(name, None, f"{name}: {count}; compile skipped: no LaTeX engine "
+                                 f"({', '.join(_ENGINES)}) is installed")
+    argv = {"latexmk": ["latexmk", "-pdf", "-no-shell-escape", "-interaction=nonstopmode", name],
+            "pdflatex": ["pdflatex", "-no-shell-escape", "-interaction=nonstopmode",
+                         "-halt-on-error", name],
+            "tectonic": ["tectonic", name]}[engine]
+    try:
+        run = subprocess.run(argv, cwd=path.parent, capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Check(name, False, f"{name}: {engine} did not finish within {timeout:.0f} s")
+    pdf = path.with_suffix(".pdf")
+    if run.returncode == 0 and pdf.is_file():
+        return Check(name, True, f"{name}: compiled with {engine} ({count})")
+    errors = [line for line in run.stdout.splitlines() if line.startswith("!")]
+    return Check(name, False, f"{name}: {engine} failed: "
+                              f"{errors[0] if errors else 'exit status %d' % run.returncode}")
+
+
+def check_deliverables(flow, *, html_words: tuple[str, ...] = (),
+                       frames: int | None = None) -> list[Check]:
+    """The checks that apply to the flow's files, each printed as one line."""
+    root = flow.workspace.root
+    files = flow.files()
+    checks = []
+    for rel in files:
+        path = root / rel
+        if rel.endswith((".html", ".htm")) and Path(rel).name == "index.html":
+            checks.append(check_html(path, html_words))
+        elif Path(rel).name == "gobang.py":
+            checks.append(check_gobang(path))
+        elif rel.endswith(".tex"):
+            checks.append(check_latex(path, expect_frames=frames))
+    if not checks:
+        checks.append(Check("-", False, "no deliverable to check: the run wrote "
+                                        + (", ".join(files) if files else "no files")))
+    for check in checks:
+        print(check)
+    return checks

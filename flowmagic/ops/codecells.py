@@ -1,0 +1,147 @@
+"""Code nodes in an exported notebook: `%%flow_code NAME NODE` cells.
+
+A node whose answer held Python that ran (flowmagic.execution) is exported as a code cell:
+the code as the agent wrote it under a `%%flow_code` line, with the outputs that run
+recorded (what it printed, its figures as image/png). Running the cell shows those
+recorded outputs again and makes no model call; the code does *not* run in the kernel.
+With `--execute` on the line, or `FLOWMAGIC_EXECUTE_CODE=1` in the kernel's environment
+(`flowmagic export RUN OUT.ipynb --execute` sets it), the cell's body runs for real, in
+the sandbox only, in the run's files written next to the notebook (`<notebook>_files/`).
+
+Why a magic and not a plain Python cell: the code was written by a model. A plain cell
+would run it in the user's kernel, with the user's files, network and credentials;
+flowmagic runs model-written code only inside the sandbox.
+
+The outputs of a cell are made by `code_outputs` both when exporting and when replaying,
+so a replay reproduces the exported outputs exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, NodeError
+
+__all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs", "figure_data",
+           "handle_flow_code", "files_dir_for"]
+
+EXECUTE_ENV = "FLOWMAGIC_EXECUTE_CODE"
+
+
+def code_run(node_or_record) -> dict | None:
+    """What the code of a node (or of its record) did: the run it finished with, or, for a
+    node that failed, its last attempt's run. None when no code of it ran."""
+    get = (node_or_record.get if isinstance(node_or_record, dict)
+           else lambda key, default=None: getattr(node_or_record, key, default))
+    ex = get("execution")
+    if not ex and get("status") == "failed" and get("attempts"):
+        ex = get("attempts")[-1].get("execution")
+    return ex if ex and ex.get("ran") and ex.get("code") else None
+
+
+def is_code_node(node) -> bool:
+    return node.status in ("done", "failed") and code_run(node) is not None
+
+
+def files_dir_for(notebook: str | Path) -> str:
+    """The folder next to an exported notebook holding the run's files."""
+    return f"{Path(notebook).stem}_files"
+
+
+def code_line(flow, name: str, node_id: str) -> str:
+    import shlex
+
+    parents = flow.workflow.parents(node_id)
+    parts = ["%%flow_code", name, node_id]
+    if parents:
+        parts += ["--after", ",".join(parents)]
+    parts += ["--agent", shlex.quote(flow.workflow.nodes[node_id].agent)]
+    return " ".join(parts)
+
+
+def figure_data(folder: Path | None, names: list[str]) -> dict[str, str]:
+    """{figure name: base64 PNG} for the figures found in `folder`."""
+    out = {}
+    for fig in names:
+        path = (folder / fig) if folder is not None else None
+        if path is not None and path.is_file():
+            out[fig] = base64.b64encode(path.read_bytes()).decode("ascii")
+    return out
+
+
+def code_outputs(run_id: str, node_id: str, execution: dict, figures: dict[str, str]) -> list[tuple]:
+    """The cell's outputs: ("stream", name, text) and ("display", data, metadata) in order."""
+    out: list[tuple] = []
+    if execution.get("stdout"):
+        out.append(("stream", "stdout", execution["stdout"]))
+    if not execution.get("ok", True):
+        out.append(("stream", "stderr", (execution.get("stderr") or execution.get("error") or "")
+                    + ("\n" if not (execution.get("stderr") or "").endswith("\n") else "")))
+    for fig in execution.get("figures", []):
+        data: dict[str, Any] = {"text/plain": f"<figure {fig}>"}
+        if fig in figures:
+            data["image/png"] = figures[fig]
+        out.append(("display", data, {"flowmagic": {"run": run_id, "node": node_id,
+                                                    "figure": fig}}))
+    return out
+
+
+def _show(outputs: list[tuple]) -> None:
+    from IPython.display import display
+
+    for item in outputs:
+        if item[0] == "stream":
+            print(item[2], end="", file=sys.stdout if item[1] == "stdout" else sys.stderr)
+            (sys.stdout if item[1] == "stdout" else sys.stderr).flush()
+        else:
+            display(item[1], raw=True, metadata=item[2])
+
+
+def handle_flow_code(shell, line: str, cell: str | None) -> None:
+    """`%%flow_code NAME NODE [--execute]`: the recorded run of a code node, or a new run of
+    its body in the sandbox; never a model call, never the code in this kernel."""
+    from .replay import apply_record, node_parser, session, settle, split_line, user_flow
+
+    parser = node_parser()
+    parser.prog = "%%flow_code"
+    parser.add_argument("--execute", action="store_true")
+    args = parser.parse_args(split_line(line))
+    flow = user_flow(shell, args.name)
+    node = flow.workflow.node(args.node)
+    state = session(flow)
+    rec = state.record.get("nodes", {}).get(args.node)
+    ran = code_run(rec) if rec is not None else None
+    if ran is None:
+        raise NodeError(f"the record has no code run of {args.node!r}; export the flow again")
+    waiting = [p for p in flow.workflow.parents(args.node)
+               if flow.workflow.nodes[p].status != "done"]
+    if waiting:
+        raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
+    apply_record(flow, args.node, rec)
+    state.replayed.add(args.node)
+    settle(flow)
+    code = (cell or "").strip("\n") + "\n"
+    if args.execute or os.environ.get(EXECUTE_ENV) == "1":
+        _execute(flow, args.node, code, state.record)
+        return
+    if code.strip() != (ran.get("code") or "").strip():
+        print(f"{args.node}: the code differs from the recorded run; add --execute to the "
+              "line to run it in the sandbox (the recorded outputs follow)", file=sys.stderr)
+    _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
+
+
+def _execute(flow, node_id: str, code: str, record: dict) -> None:
+    from ..engine.execution import run_python
+    from ..engine.workspace import Workspace
+
+    folder = Path.cwd() / (record.get("files_dir") or f"{flow.name}_files")
+    if not folder.is_dir():
+        raise ConfigError(f"the run's files are not next to the notebook ({folder} is missing); "
+                          "export the flow again, or copy that folder back")
+    timeout = float(flow.settings.get("code_timeout") or 60.0)
+    ex = run_python(Workspace(folder), node_id, code, timeout=timeout).to_dict()
+    _show(code_outputs(flow.run_id, node_id, ex, figure_data(folder, ex["figures"])))

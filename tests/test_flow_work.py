@@ -1,0 +1,291 @@
+"""Flows that do the work: scripted agents (a loopback server) write real pandas code; it runs
+in the sandbox on the declared inputs, and what children and the result get is what the code
+really printed, wrote and drew. Code that raises goes back with its traceback, boundedly."""
+
+import json
+import re
+import sqlite3
+
+import pandas as pd
+import pytest
+
+import flowmagic
+from flowmagic.flow import Flow, load
+from flowmagic.testing.loopback import LoopbackServer
+from flowmagic.ops.nbrun import TEMPLATES
+
+CSV = TEMPLATES / "data" / "anscombe.csv"
+PLAN = {"task": "Explore anscombe.csv", "nodes": [
+    {"id": "load", "requirement": "Load the CSV and describe it.", "agent": "analyst"},
+    {"id": "stats", "requirement": "Mean and variance of y per dataset.", "agent": "statistician"},
+    {"id": "plot", "requirement": "Scatter y against x per dataset.", "agent": "plotter"},
+    {"id": "report", "requirement": "Write three findings.", "agent": "writer"}],
+    "edges": [["load", "stats"], ["load", "plot"], ["stats", "report"], ["plot", "report"]]}
+
+CODE = {
+    "load": "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(df.shape)\n"
+            "print(df.describe().round(3).to_string())",
+    "stats": "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\n"
+             "g = df.groupby('dataset')['y'].agg(['mean', 'var']).round(4)\n"
+             "g.to_csv('stats.csv')\nprint(g.to_string())",
+    "plot": "import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.read_csv('anscombe.csv')\n"
+            "fig, axes = plt.subplots(1, 4, figsize=(12, 3))\n"
+            "for ax, (name, part) in zip(axes, df.groupby('dataset')):\n"
+            "    ax.scatter(part['x'], part['y'])\n    ax.set_title(name)\n"
+            "print('drew', len(axes), 'panels')",
+}
+
+
+def subtask(body):
+    m = re.search(r"Your subtask \((\w+)\)", body["messages"][-1]["content"]) or \
+        re.search(r"Your subtask \((\w+)\)", body["messages"][1]["content"])
+    return m.group(1) if m else None
+
+
+PLAN_REPLY = {"subtasks": [
+    {"id": n["id"], "requirement": n["requirement"], "agent": n["agent"],
+     "depends_on": [a for a, b in PLAN["edges"] if b == n["id"]]} for n in PLAN["nodes"]]}
+
+
+def analyst(body):
+    if body.get("response_format"):
+        return json.dumps(PLAN_REPLY)
+    node = subtask(body)
+    if node in CODE:
+        return f"Here is the code.\n\n```python\n{CODE[node]}\n```\n"
+    if node == "report":
+        return "1. The four datasets share their means and variances.\n2. ...\n3. ..."
+    return "The analysis loaded the data, computed statistics and drew a figure."
+
+
+def prompts(server):
+    return [r["body"]["messages"][1]["content"] for r in server.stats(bodies=True)["requests"]
+            if r["path"].endswith("/chat/completions")]
+
+
+@pytest.fixture
+def eda(tmp_path):
+    with LoopbackServer(responder=analyst) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="eda", inputs=[CSV])
+        flow.run()
+        yield flow, prompts(server)
+
+
+def test_the_printed_numbers_are_what_pandas_computes(eda):
+    flow, _ = eda
+    assert flow.status == "done", flow.message
+    df = pd.read_csv(CSV)
+    nodes = flow.workflow.nodes
+    assert nodes["load"].execution["stdout"].startswith(f"{df.shape}\n")
+    assert df.describe().round(3).to_string() in nodes["load"].execution["stdout"]
+    expected = df.groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
+    assert nodes["stats"].execution["stdout"].rstrip("\n") == expected
+    assert nodes["stats"].execution["files"] == ["stats.csv"]
+    assert pd.read_csv(flow.workspace.root / "stats.csv").set_index("dataset").equals(
+        df.groupby("dataset")["y"].agg(["mean", "var"]).round(4))
+
+
+def test_the_figure_is_saved_and_children_get_what_really_happened(eda):
+    flow, sent = eda
+    plot = flow.workflow.nodes["plot"].execution
+    assert plot["figures"] == ["plot_figure_1.png"]
+    assert (flow.workspace.root / "plot_figure_1.png").read_bytes()[:4] == b"\x89PNG"
+    report_prompt = next(p for p in sent if "Your subtask (report)" in p)
+    expected = pd.read_csv(CSV).groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
+    assert expected in report_prompt                         # the real table, as printed
+    assert "Figures it drew (PNG files): plot_figure_1.png" in report_prompt
+    load_prompt = next(p for p in sent if "Your subtask (load)" in p)
+    assert "anscombe.csv (table): 44 rows x 3 columns" in load_prompt   # inputs with schema
+    assert "dataset: " in load_prompt and "first 5 rows" in load_prompt
+    # the result lists the files as they are, and they survive a reload
+    assert "stats.csv" in flow.result and "plot_figure_1.png" in flow.result
+    again = load(flow.run_id)
+    assert again.workflow.nodes["plot"].execution == plot
+    assert "anscombe.csv" in again.workspace.describe()
+
+
+def test_code_that_raises_sends_its_traceback_to_the_next_attempt_then_fails_in_one_line(tmp_path):
+    def responder(body):
+        if subtask(body) == "load":
+            return "```python\nimport pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(df['z'].sum())\n```"
+        return "ok"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="broken", inputs=[CSV], max_attempts=2, update="off")
+        flow.run()
+        sent = prompts(server)
+    node = flow.workflow.nodes["load"]
+    assert node.status == "failed" and len(node.attempts) == 2
+    assert "\n" not in node.error and "KeyError: 'z'" in node.error
+    second = [p for p in sent if "Your subtask (load)" in p][1]
+    assert "were rejected" in second and "The code failed: KeyError: 'z'" in second
+    assert 'File "load.py", line 3' in second                  # the traceback itself
+    assert len([p for p in sent if "Your subtask (load)" in p]) == 2   # bounded
+    import nbformat   # the export shows the failed code as code, with its real traceback
+    nb = nbformat.read(str(flow.to_notebook(tmp_path / "broken.ipynb")), as_version=4)
+    cell = next(c for c in nb.cells if c.source.startswith("%%flow_code broken load"))
+    assert cell.source.endswith("print(df['z'].sum())")
+    assert cell.outputs[0]["name"] == "stderr" and "KeyError: 'z'" in cell.outputs[0]["text"]
+
+
+def test_execute_off_keeps_text_only(tmp_path):
+    with LoopbackServer(responder=analyst) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="text", inputs=[CSV], execute="off")
+        flow.run()
+    assert flow.status == "done"
+    assert all(n.execution is None for n in flow.workflow.nodes.values())
+    assert flow.files() == ["anscombe.csv"]
+
+
+def test_a_dataframe_from_the_namespace_becomes_an_input_of_a_flow_cell(tmp_path):
+    from conftest import ipython_shell
+
+    with LoopbackServer(responder=analyst) as server, ipython_shell() as ip:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        ip.user_ns["sales"] = pd.read_csv(CSV)
+        ip.run_cell_magic("flow", "eda --k 1 --plan-only",
+                          "Explore {{sales}}: describe it and plot y against x.")
+        flow = ip.user_ns["eda"]
+        plan_prompt = next(r["body"]["messages"][-1]["content"]
+                           for r in server.stats(bodies=True)["requests"]
+                           if r["path"].endswith("/chat/completions"))
+    assert "the DataFrame `sales` (input file sales.csv)" in flow.task
+    assert pd.read_csv(flow.workspace.root / "sales.csv").equals(pd.read_csv(CSV))
+    assert "sales.csv (table): the DataFrame `sales`" in plan_prompt   # the planner knows it too
+    assert "44 rows x 3 columns" in plan_prompt
+
+
+def test_the_export_has_real_code_cells_that_replay_without_calls_and_rerun_in_the_sandbox(
+        eda, tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from flowmagic.store import get_store
+
+    flow, _ = eda
+    path = flow.to_notebook(tmp_path / "eda.ipynb")
+    assert sorted(p.name for p in (tmp_path / "eda_files").iterdir()) == [
+        "anscombe.csv", "plot_figure_1.png", "stats.csv"]
+    nb = nbformat.read(str(path), as_version=4)
+    code = {c.metadata["flowmagic"]["node"]: c for c in nb.cells
+            if c.cell_type == "code" and c.source.startswith("%%flow_code")}
+    assert sorted(code) == ["load", "plot", "stats"]
+    assert code["stats"].source.split("\n", 1)[1] == CODE["stats"]      # the code as written
+    expected = pd.read_csv(CSV).groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
+    assert code["stats"].outputs[0]["text"].rstrip("\n") == expected
+    figure = code["plot"].outputs[1]
+    assert figure["output_type"] == "display_data" and figure["data"]["image/png"]
+    assert any(c.source.startswith("%%flow_node eda report") for c in nb.cells)   # text stays text
+    assert "`plot_figure_1.png`" in next(c.source for c in nb.cells if c.source.startswith("### Files"))
+
+    def run(env_execute: bool):
+        monkeypatch.setenv("FLOWMAGIC_HOME", str(tmp_path / ("home-x" if env_execute else "home")))
+        if env_execute:
+            monkeypatch.setenv("FLOWMAGIC_EXECUTE_CODE", "1")
+        fresh = nbformat.read(str(path), as_version=4)
+        NotebookClient(fresh, timeout=120, kernel_name="python3",
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+        return {c.metadata["flowmagic"]["node"]: c for c in fresh.cells
+                if c.cell_type == "code" and c.source.startswith("%%flow_code")}
+
+    replayed = run(False)
+    for node_id, cell in code.items():
+        assert [o.get("text") for o in replayed[node_id].outputs] == \
+            [o.get("text") for o in cell.outputs]
+    assert get_store().count_calls(cached=False) == 0
+    (tmp_path / "eda_files" / "stats.csv").unlink()
+    rerun = run(True)                                     # the code runs again, in the sandbox
+    assert rerun["stats"].outputs[0]["text"].rstrip("\n") == expected
+    assert (tmp_path / "eda_files" / "stats.csv").is_file()
+    assert rerun["plot"].outputs[1]["data"]["image/png"]
+    assert get_store().count_calls(cached=False) == 0
+
+
+def test_flowmagic_run_of_the_csv_eda_template_writes_executed_code_cells(tmp_path, monkeypatch,
+                                                                          capsys):
+    import nbformat
+
+    from flowmagic.cli import main
+
+    with LoopbackServer(responder=analyst) as server:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", server.base_url)   # the kernel finds it here
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        path = tmp_path / "eda.ipynb"
+        assert main(["new", "csv_eda", str(path), "-p", "k=1"]) == 0
+        assert main(["run", str(path), "--out", str(tmp_path / "ran.ipynb")]) == 0, capsys.readouterr()
+    nb = nbformat.read(str(tmp_path / "eda_run.ipynb"), as_version=4)
+    code = {c.metadata["flowmagic"]["node"]: c for c in nb.cells
+            if c.cell_type == "code" and c.source.startswith("%%flow_code")}
+    expected = pd.read_csv(CSV).groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
+    assert code["stats"].outputs[0]["text"].rstrip("\n") == expected   # pandas' own numbers
+    assert code["plot"].outputs[1]["data"]["image/png"]
+    assert (tmp_path / "eda_run_files" / "plot_figure_1.png").is_file()
+    record = json.loads(next(c.source for c in nb.cells
+                             if c.source.startswith("%%flow_record")).split("\n", 1)[1])
+    assert {n["status"] for n in record["nodes"].values()} == {"done"}
+    assert not any(a.get("cut") for n in record["nodes"].values() for a in n["attempts"])
+    ran = nbformat.read(str(tmp_path / "ran.ipynb"), as_version=4)
+    assert "plot_figure_1.png" in json.dumps(ran.cells[-3].outputs)   # the result lists the files
+
+
+def test_a_prose_task_is_not_invited_to_write_code():
+    plan = {"task": "Write a welcome note for a tea club", "nodes": [
+        {"id": "note", "requirement": "Write the note.", "agent": "writer"}], "edges": []}
+    with LoopbackServer(responder=lambda body: "Welcome!") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        Flow.from_dict(plan, name="prose").run()
+        Flow.from_dict({**plan, "task": "Plot the club's tea sales"}, name="data").run()
+        sent = prompts(server)
+    assert "How your answer is used" not in sent[0]
+    assert "How your answer is used" in sent[2]
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(1200)
+def test_the_csv_eda_template_on_the_embedded_model_runs_code(embedded_url, tmp_path, monkeypatch,
+                                                              flowmagic_home):
+    """SmolLM2 writes weak code; what matters is that the code ran and its output is real."""
+    import nbformat
+
+    from flowmagic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(   # short: two subtasks, short answers, no retries
+        "[tool.flowmagic]\nmax_subtasks = 2\nmax_tokens = 300\nmax_attempts = 1\n"
+        "continuations = 1\nupdate = \"off\"\n")
+    path = tmp_path / "eda.ipynb"
+    assert main(["new", "csv_eda", str(path), "-p", "k=1", "-p", "max_plots=1"]) == 0
+    main(["run", str(path), "--out", str(tmp_path / "ran.ipynb")])
+    nb = nbformat.read(str(tmp_path / "eda_run.ipynb"), as_version=4)
+    record = json.loads(next(c.source for c in nb.cells
+                             if c.source.startswith("%%flow_record")).split("\n", 1)[1])
+    ran = [a["execution"] for r in record["nodes"].values() for a in r["attempts"]
+           if (a.get("execution") or {}).get("ran")]
+    assert ran, f"no node's code ran: {json.dumps(record['nodes'])[:3000]}"
+    answers = " ".join(json.loads(row[0])["text"] for row in sqlite3.connect(
+        flowmagic_home / "flowmagic.db").execute("SELECT response FROM calls WHERE purpose = 'node'"))
+    for ex in ran:   # the code is the model's; what it did comes from the sandbox
+        assert all(line in answers for line in ex["code"].splitlines())
+        assert ex["ok"] or ex["error"] in ex["stderr"] or "did not finish" in ex["error"]
+    assert not any(a.get("cut") and a.get("passed") for r in record["nodes"].values()
+                   for a in r["attempts"])
+
+
+def test_flowmagic_export_execute_reruns_the_code_cells_in_the_sandbox(eda, tmp_path, capsys):
+    import nbformat
+
+    from flowmagic.cli import main
+
+    flow, _ = eda
+    out = tmp_path / "again.ipynb"
+    assert main(["export", flow.run_id, str(out), "--execute"]) == 0
+    assert "the code cells again in the sandbox: 0 model calls" in capsys.readouterr().out
+    assert "FLOWMAGIC_EXECUTE_CODE" not in __import__("os").environ
+    nb = nbformat.read(str(out), as_version=4)
+    stats = next(c for c in nb.cells if c.source.startswith("%%flow_code eda stats"))
+    expected = pd.read_csv(CSV).groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
+    assert stats.outputs[0]["text"].rstrip("\n") == expected
+    assert (tmp_path / "again_files" / ".flowmagic" / "stats.py").read_text() == CODE["stats"] + "\n"
