@@ -35,7 +35,9 @@ VALUES = {"conference": "EuroSciPy 2026", "days": "3", "talks_per_day": "4",
           "topic": "reinforcement learning", "audience": "engineers", "pages": "20",
           "csv_path": "sales.csv", "target": "revenue", "max_plots": "2", "dataset": "wine",
           "model_a": "SVM", "model_b": "k-NN", "metric": "F1", "folds": "10",
-          "notes_folder": "my_notes", "words": "150", "k": "2"}
+          "notes_folder": "my_notes", "words": "150", "k": "2", "dates": "June 1 to 3, 2026",
+          "place": "Kraków", "organizer": "NumFOCUS", "gui": "pygame",
+          "hours": "3"}
 
 
 def responder(body):
@@ -164,7 +166,10 @@ def test_run_a_template_notebook_headless(server, tmp_path, capsys):
     nb = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
     injected = next(c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", []))
     assert "topic = 'bandits'" in injected.source
-    assert "The whole guide." in json.dumps(nb.cells[-3].outputs)   # the flow's result
+    result = next(c for c in nb.cells if c.source.startswith("await slides.wait()"))
+    assert "The whole guide." in json.dumps(result.outputs)   # the flow's result
+    check = next(c for c in nb.cells if "check_deliverables" in c.source)
+    assert "no deliverable to check" in json.dumps(check.outputs)   # this responder writes none
     exported = tmp_path / "slides_run.ipynb"   # written by the notebook's last cell
     assert exported.exists()
     first = nbformat.read(exported, as_version=4).cells[0].source
