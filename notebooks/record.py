@@ -37,7 +37,7 @@ def strip_notice(path: Path) -> None:
     for cell in nb.cells:
         kept = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            if out.get("output_type") == "stream":   # the notice is on stdout (it was on stderr)
                 out["text"] = "".join(line for line in out["text"].splitlines(keepends=True)
                                       if not line.startswith(NOTICE))
                 if not out["text"]:
