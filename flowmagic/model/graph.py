@@ -40,6 +40,51 @@ def slugify(text: object, fallback: str = "") -> str:
     return slug[:SLUG_MAX].rstrip("_") or fallback
 
 
+class _Nodes(dict):
+    """The plan-ordered `id -> Node` dict that also keeps each id's position, rebuilt only
+    after the dict changed, so ordering a node's parents costs O(degree), not O(|V|)."""
+
+    _pos: dict | None = None
+
+    def positions(self) -> dict[str, int]:
+        if self._pos is None:
+            self._pos = {k: i for i, k in enumerate(self)}
+        return self._pos
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self:
+            self._pos = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self._pos = None
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self._pos = None
+        return super().pop(*args)
+
+    def popitem(self):
+        self._pos = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._pos = None
+        super().clear()
+
+    def update(self, *args, **kwargs) -> None:
+        self._pos = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        self._pos = None
+        return super().setdefault(key, default)
+
+    def __ior__(self, other):
+        self._pos = None
+        return super().__ior__(other)
+
+
 @dataclass
 class Node:
     id: str
@@ -123,7 +168,7 @@ class Workflow:
     def __init__(self, task: str = "") -> None:
         self.task = task
         self.graph = nx.DiGraph()
-        self.nodes: dict[str, Node] = {}
+        self.nodes: dict[str, Node] = _Nodes()
         self.warnings: list[str] = []
 
     def __repr__(self) -> str:
@@ -134,13 +179,19 @@ class Workflow:
         return node_id in self.nodes
 
     # -- ordering helpers: plan order breaks every tie, so nothing depends on hash seeds
+    def _positions(self) -> dict[str, int]:
+        nodes = self.nodes
+        if not isinstance(nodes, _Nodes):   # someone assigned a plain dict: adopt it
+            nodes = self.nodes = _Nodes(nodes)
+        return nodes.positions()
+
     def _sorted(self, ids) -> list[str]:
-        pos = {k: i for i, k in enumerate(self.nodes)}
+        pos = self._positions()
         return sorted(ids, key=lambda i: (pos.get(i, len(pos)), i))
 
     def edges(self) -> list[tuple[str, str]]:
         """All edges, sorted by the plan order of (parent, child)."""
-        pos = {k: i for i, k in enumerate(self.nodes)}
+        pos = self._positions()
         return sorted(self.graph.edges, key=lambda e: (pos.get(e[0], -1), pos.get(e[1], -1)))
 
     # -- mutation
@@ -260,7 +311,7 @@ class Workflow:
         return g
 
     def order(self) -> list[str]:
-        pos = {k: i for i, k in enumerate(self.nodes)}
+        pos = self._positions()
         return list(nx.lexicographical_topological_sort(self.active(), key=pos.__getitem__))
 
     def generations(self) -> list[list[str]]:
