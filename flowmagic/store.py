@@ -404,20 +404,48 @@ class Store:
                 "or move the store aside, then run again") from None
 
     # -- calls and cache ----------------------------------------------------
+    _CALL_SQL = ("INSERT INTO calls (ts, endpoint, model, messages, params, response,"
+                 " input_tokens, output_tokens, latency_s, cost_usd, cache_key, cached, error,"
+                 " run_id, node_id, purpose) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+
     def log_call(self, *, endpoint: str, model: str, messages: Any, params: dict,
                  response: Any = None, input_tokens: int = 0, output_tokens: int = 0,
                  latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
                  cached: bool = False, error: str | None = None, run_id: str | None = None,
-                 node_id: str | None = None, purpose: str | None = None) -> int:
-        cur = self._execute(
-            "INSERT INTO calls (ts, endpoint, model, messages, params, response, input_tokens,"
-            " output_tokens, latency_s, cost_usd, cache_key, cached, error, run_id, node_id,"
-            " purpose) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (time.time(), endpoint, model, _dumps(messages), _dumps(params),
-             None if response is None else _dumps(response), input_tokens, output_tokens,
-             latency_s, cost_usd, cache_key, int(cached), error, run_id, node_id, purpose),
-            doing="record the model call")
-        return int(cur.lastrowid)
+                 node_id: str | None = None, purpose: str | None = None,
+                 cache_payload: dict | None = None) -> int:
+        """Log one call; with `cache_payload`, also cache it under `cache_key` (same commit)."""
+        return self.log_calls([dict(
+            endpoint=endpoint, model=model, messages=messages, params=params, response=response,
+            input_tokens=input_tokens, output_tokens=output_tokens, latency_s=latency_s,
+            cost_usd=cost_usd, cache_key=cache_key, cached=cached, error=error, run_id=run_id,
+            node_id=node_id, purpose=purpose, cache_payload=cache_payload)])[0]
+
+    def log_calls(self, calls: list[dict]) -> list[int]:
+        """Log several calls (each the keyword arguments of `log_call`) in one commit; their
+        row ids in order. The LLM door writes the calls that ended in one event-loop turn
+        together, so a wide fan-out pays one commit per turn instead of one per call."""
+        now = time.time()
+        rows, caches = [], []
+        for c in calls:
+            response = c.get("response")
+            text = None if response is None else _dumps(response)
+            rows.append((now, c["endpoint"], c["model"], _dumps(c["messages"]),
+                         _dumps(c["params"]), text, c.get("input_tokens", 0),
+                         c.get("output_tokens", 0), c.get("latency_s", 0.0),
+                         c.get("cost_usd", 0.0), c.get("cache_key"), int(c.get("cached", False)),
+                         c.get("error"), c.get("run_id"), c.get("node_id"), c.get("purpose")))
+            payload = c.get("cache_payload")
+            if payload is not None and c.get("cache_key") is not None:
+                caches.append((c["cache_key"], text if payload is response else _dumps(payload),
+                               now))
+        secrets = _secrets()
+        with self._transaction("record the model call") as db:
+            ids = [int(db.execute(self._CALL_SQL, _scrub_args(row, secrets)).lastrowid)
+                   for row in rows]
+            self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
+                              " VALUES (?, ?, ?)", caches)
+        return ids
 
     def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
         where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())

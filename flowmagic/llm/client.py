@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from . import endpoints as _endpoints
+from . import transport as _transport
 from .endpoints import Endpoint, configure, price_of
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
@@ -160,8 +161,10 @@ class LLM:
 
     def __init__(self, store: Store | None = None, *, timeout: float = 120.0,
                  max_retries: int = 4, concurrency: int = 8, rpm: int | None = None,
-                 backoff_base: float = 0.5, backoff_max: float = 20.0):
+                 backoff_base: float = 0.5, backoff_max: float = 20.0,
+                 transport: _transport.Transport | None = None):
         self._store = store
+        self._transport = transport or _transport.Transport()
         self.timeout = timeout
         self.max_retries = max_retries
         self.concurrency = concurrency
@@ -186,13 +189,12 @@ class LLM:
         with self._loop_lock:
             state = self._per_loop.get(loop)
             if state is None:
-                state = {"clients": {}, "limits": {}, "all": asyncio.Semaphore(self.concurrency)}
+                state = {"clients": {}, "limits": {}, "log": [],
+                         "all": asyncio.Semaphore(self.concurrency)}
                 self._per_loop[loop] = state
             return state
 
     async def _client(self, endpoint: Endpoint):
-        from openai import AsyncOpenAI
-
         base_url = endpoint.base_url
         if endpoint.local:
             from .local import ensure_server
@@ -200,9 +202,8 @@ class LLM:
         state = self._state()
         key = (endpoint.name, base_url)
         if key not in state["clients"]:
-            state["clients"][key] = AsyncOpenAI(
-                base_url=base_url, api_key=endpoint.api_key or "not-needed",
-                max_retries=0, timeout=self.timeout)
+            state["clients"][key] = self._transport.client(
+                base_url, endpoint.api_key or "not-needed", self.timeout)
         return state["clients"][key]
 
     def _limit(self, endpoint: Endpoint) -> asyncio.Semaphore | None:
@@ -212,6 +213,36 @@ class LLM:
         if endpoint.identity not in limits:
             limits[endpoint.identity] = asyncio.Semaphore(endpoint.concurrency)
         return limits[endpoint.identity]
+
+    async def _log(self, **call: Any) -> int:
+        """Log a call (see `Store.log_call`) together with every other call that ended in
+        this event-loop turn, in one commit; returns its row id once it is committed, so
+        no result is handed back before its log row is durable."""
+        loop = asyncio.get_running_loop()
+        state = self._state()
+        if not state["log"]:
+            loop.call_soon(self._write_log, state)
+        written = loop.create_future()
+        state["log"].append((self.store, call, written))
+        return await written
+
+    @staticmethod
+    def _write_log(state: dict) -> None:
+        pending, state["log"] = state["log"], []
+        by_store: dict[Store, list] = {}
+        for store, call, written in pending:
+            by_store.setdefault(store, []).append((call, written))
+        for store, items in by_store.items():
+            try:
+                ids = store.log_calls([call for call, _ in items])
+            except Exception as exc:   # the callers raise it, as a direct write would
+                for _, written in items:
+                    if not written.done():
+                        written.set_exception(exc)
+                continue
+            for (_, written), call_id in zip(items, ids):
+                if not written.done():
+                    written.set_result(call_id)
 
     async def aclose(self) -> None:
         """Close the HTTP clients of the running loop (scripts call this before exit)."""
@@ -273,10 +304,10 @@ class LLM:
         if cache:
             hit = self.store.cache_get(key)
             if hit is not None:
-                call_id = self.store.log_call(**log, response=hit, cached=True,
-                                              input_tokens=hit["input_tokens"],
-                                              output_tokens=hit["output_tokens"],
-                                              error=hit.get("error"))
+                call_id = await self._log(**log, response=hit, cached=True,
+                                          input_tokens=hit["input_tokens"],
+                                          output_tokens=hit["output_tokens"],
+                                          error=hit.get("error"))
                 if hit.get("error"):
                     raise _output_error(hit["error"], call_id, 0, 0, 0.0)
                 if on_text:
@@ -311,15 +342,13 @@ class LLM:
                    "input_tokens": tokens_in, "output_tokens": tokens_out, "attempts": attempts}
         if tool_calls:
             payload["tool_calls"] = tool_calls
-        call_id = self.store.log_call(**log, response=payload, input_tokens=tokens_in,
-                                      output_tokens=tokens_out, latency_s=latency,
-                                      cost_usd=cost, error=error)
+        # A replay must meet the same answer, an unusable one included, not call again.
+        cached = (payload if error is None else {**payload, "error": error}) if cache else None
+        call_id = await self._log(**log, response=payload, input_tokens=tokens_in,
+                                  output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
+                                  error=error, cache_payload=cached)
         if error is not None:
-            if cache:   # a replay must meet the same unusable answer, not call again
-                self.store.cache_put(key, {**payload, "error": error})
             raise _output_error(error, call_id, tokens_in, tokens_out, cost)
-        if cache:
-            self.store.cache_put(key, payload)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
                      call_id, finish, key, tool_calls or None)
 
@@ -558,45 +587,60 @@ class LLM:
                 kwargs["response_format"] = {"type": "json_object", "schema": schema}
         return kwargs
 
-    @staticmethod
-    async def _send(client, kwargs: dict, on_text) -> tuple[str, str | None, int, int, list]:
+    async def _send(self, client, kwargs: dict, on_text) -> tuple[str, str | None, int, int, list]:
+        """The reply as (text, finish reason, input tokens, output tokens, tool calls), from
+        the JSON as it came (no pydantic models); a malformed body raises ValueError."""
         if on_text is None:
-            response = await client.chat.completions.create(**kwargs)
-            if isinstance(response, (str, bytes)) or not getattr(response, "choices", None):
-                raise ValueError("the body is not a chat completion")
-            choice = response.choices[0]
-            usage = response.usage
-            calls = [{"id": c.id, "type": "function",
-                      "function": {"name": c.function.name, "arguments": c.function.arguments or ""}}
-                     for c in choice.message.tool_calls or [] if getattr(c, "function", None)]
-            return (choice.message.content or "", choice.finish_reason,
-                    getattr(usage, "prompt_tokens", 0) or 0,
-                    getattr(usage, "completion_tokens", 0) or 0, calls)
-        stream = await client.chat.completions.create(
-            **kwargs, stream=True, stream_options={"include_usage": True})
+            return _completion(await self._transport.post_json(client, "/chat/completions", kwargs))
         parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, {}
-        async for chunk in stream:
-            if chunk.usage:
-                tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-            for choice in chunk.choices:
-                if choice.delta and choice.delta.content:
-                    parts.append(choice.delta.content)
-                    on_text(choice.delta.content)
-                for piece in (choice.delta.tool_calls or []) if choice.delta else []:
+        async for chunk in self._transport.post_stream(
+                client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):
+            if not isinstance(chunk, dict):
+                raise ValueError("a streamed event is not a chat completion chunk")
+            usage = chunk.get("usage")
+            if isinstance(usage, dict):
+                tokens_in, tokens_out = _tokens(usage)
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    parts.append(delta["content"])
+                    on_text(delta["content"])
+                for piece in delta.get("tool_calls") or []:
                     _add_tool_delta(calls, piece)
-                finish = choice.finish_reason or finish
-        return "".join(parts), finish, tokens_in or 0, tokens_out or 0, list(calls.values())
+                finish = choice.get("finish_reason") or finish
+        return "".join(parts), finish, tokens_in, tokens_out, list(calls.values())
+
+
+def _tokens(usage: Any) -> tuple[int, int]:
+    if not isinstance(usage, dict):
+        return 0, 0
+    return usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+
+
+def _completion(body: Any) -> tuple[str, str | None, int, int, list]:
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
+        raise ValueError("the body is not a chat completion")
+    choice = body["choices"][0]
+    message = choice.get("message") or {}
+    calls = [{"id": c.get("id"), "type": "function",
+              "function": {"name": c["function"].get("name"),
+                           "arguments": c["function"].get("arguments") or ""}}
+             for c in message.get("tool_calls") or [] if isinstance(c.get("function"), dict)]
+    return (message.get("content") or "", choice.get("finish_reason"),
+            *_tokens(body.get("usage")), calls)
 
 
 def _add_tool_delta(calls: dict, piece) -> None:
     """Streamed tool calls arrive in pieces keyed by index: the id and name once, the
     arguments as text fragments to join."""
-    slot = calls.setdefault(piece.index, {"id": None, "type": "function",
-                                          "function": {"name": "", "arguments": ""}})
-    slot["id"] = piece.id or slot["id"] or f"call_{piece.index}"
-    if piece.function is not None:
-        slot["function"]["name"] += piece.function.name or ""
-        slot["function"]["arguments"] += piece.function.arguments or ""
+    index = piece.get("index", 0)
+    slot = calls.setdefault(index, {"id": None, "type": "function",
+                                    "function": {"name": "", "arguments": ""}})
+    slot["id"] = piece.get("id") or slot["id"] or f"call_{index}"
+    function = piece.get("function")
+    if isinstance(function, dict):
+        slot["function"]["name"] += function.get("name") or ""
+        slot["function"]["arguments"] += function.get("arguments") or ""
 
 
 _shared: LLM | None = None
