@@ -30,7 +30,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dags import family  # noqa: E402
 
-__all__ = ["flowmagic_overhead", "langgraph_overhead", "executor_only", "memory", "memory_in_child"]
+__all__ = ["flowmagic_overhead", "node_runner_overhead", "langgraph_overhead", "executor_only",
+           "memory", "memory_in_child"]
+
+# A fixed chat completion, as the server would send it (the zero-latency model's answer).
+_REPLY = {"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "m",
+          "choices": [{"index": 0, "finish_reason": "stop",
+                       "message": {"role": "assistant", "content": "ok"}}],
+          "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}}
 
 
 async def _noop(node_id: str):
@@ -77,6 +84,59 @@ def flowmagic_overhead(n: int, repeats: int) -> dict:
     build, run = min(r[0] for r in runs), min(r[1] for r in runs)
     return {"n": n, "build_s": build, "run_s": run, "states": sorted({r[2] for r in runs}),
             "run_ms": 1000 * run / n, "total_ms": 1000 * (build + run) / n, "repeats": repeats}
+
+
+def _no_network():
+    """The LLM door's transport with the HTTP call answered at once; the SDK client is still
+    built per loop, and everything above the call (prompt, cache, call log, usage) is real."""
+    from flowmagic.transport import Transport
+
+    class NoNetwork(Transport):
+        async def post_json(self, client, path: str, body: dict):
+            return _REPLY
+
+    return NoNetwork()
+
+
+def _node_runner_once(dag: dict) -> tuple[float, float, str, int]:
+    from flowmagic.flow import Flow
+    from flowmagic.llm import LLM
+    from flowmagic.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
+        gc.collect()
+        t0 = time.perf_counter()
+        store = Store(Path(tmp) / "flowmagic.db")
+        llm = LLM(store, concurrency=1_000_000, transport=_no_network())
+        flow = Flow.from_dict(dag, task="Benchmark workflow: overhead.", llm=llm, store=store,
+                              consolidate=False, concurrency=1_000_000, max_tokens=64)
+        t1 = time.perf_counter()
+
+        async def go():
+            try:
+                return await flow.arun()
+            finally:
+                await llm.aclose()
+        state = asyncio.run(go())
+        t2 = time.perf_counter()
+        calls = store.count_calls(cached=False)
+        store.close()
+    return t1 - t0, t2 - t1, state, calls
+
+
+def node_runner_overhead(n: int, repeats: int) -> dict:
+    """`Flow.arun()` on n nodes with every node's model call answered at once: the executor,
+    the NodeRunner (prompt, context), the LLM door (cache look-up, call log, usage) and the
+    store, with only the HTTP call replaced. Best of `repeats`, ms per node."""
+    import flowmagic
+
+    flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m")   # never reached
+    dag = family("layered", n)
+    runs = [_node_runner_once(dag) for _ in range(repeats)]
+    build, run = min(r[0] for r in runs), min(r[1] for r in runs)
+    return {"n": n, "build_s": build, "run_s": run, "states": sorted({r[2] for r in runs}),
+            "calls": min(r[3] for r in runs), "run_ms": 1000 * run / n,
+            "total_ms": 1000 * (build + run) / n, "repeats": repeats}
 
 
 def executor_only(n: int, repeats: int) -> dict:
