@@ -69,6 +69,23 @@ def test_parents_children_ancestors_in_plan_order():
     assert wf.edges() == [("c", "d"), ("d", "e"), ("a", "d"), ("b", "d")]
 
 
+def test_plan_order_follows_edits_of_the_node_dict():
+    """Parents are ordered by plan position; the positions must follow every change of the
+    node dict (a node removed, moved to the end, replaced), not the order first seen."""
+    wf = make("c>d a>d b>d d>e")
+    assert wf.parents("d") == ["c", "a", "b"]
+    wf.nodes["c"] = wf.nodes.pop("c")   # c moves to the end of the plan
+    assert wf.parents("d") == ["a", "b", "c"]
+    del wf.nodes["a"]
+    wf.graph.remove_node("a")
+    wf.add_node(Node("a", "do a again"))
+    wf.add_edge("a", "d")
+    assert wf.parents("d") == ["b", "c", "a"]
+    wf.nodes = {k: wf.nodes[k] for k in ("a", "b", "c", "d", "e")}   # a new plain dict
+    assert wf.parents("d") == ["a", "b", "c"]
+    assert wf.copy().parents("d") == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize("call, error, words", [
     (lambda wf: wf.node("zz"), NodeError, "unknown node 'zz'; known nodes: a, b"),
     (lambda wf: wf.add_node(Node("a", "again")), NodeError, "already exists"),

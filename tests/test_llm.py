@@ -203,6 +203,39 @@ def test_concurrency_limit_holds():
         assert len(replies) == 9 and server.max_in_flight == 3
 
 
+def test_calls_ending_together_each_get_their_own_committed_log_row(loopback, flowmagic_home):
+    """The door writes the call log rows of one loop turn in one commit: each reply must
+    still point at its own row, already readable from another connection."""
+    from flowmagic.store import Store
+
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    llm = fast_llm(concurrency=50)
+    seen = {}
+
+    async def one(i):
+        reply = await llm.complete(f"question {i}", node_id=f"n{i}")
+        # Committed before the reply came back: a second connection sees the row.
+        reader = Store(flowmagic_home / "flowmagic.db")
+        try:
+            rows = [r for r in reader.recent_calls(100) if r["id"] == reply.call_id]
+        finally:
+            reader.close()
+        seen[i] = (reply, rows)
+
+    async def many():
+        try:
+            await asyncio.gather(*(one(i) for i in range(30)))
+        finally:
+            await llm.aclose()
+
+    asyncio.run(many())
+    assert len({reply.call_id for reply, _ in seen.values()}) == 30
+    for i, (reply, rows) in seen.items():
+        assert len(rows) == 1 and rows[0]["node_id"] == f"n{i}"
+        assert rows[0]["messages"][0]["content"] == f"question {i}"
+        assert rows[0]["response"]["text"] == reply.text
+
+
 def test_streaming_delivers_text_and_usage(loopback):
     flowmagic.configure(base_url=loopback.base_url, model="m")
     pieces = []
