@@ -1,24 +1,28 @@
-"""The HTTP under the LLM door: which client the openai SDK sends with, and the raw calls.
+"""The HTTP under the LLM door: the client for an endpoint, and the hot path's raw POST.
 
-The SDK stays the door's HTTP layer (its status errors, timeouts and connection errors
-are what users see), but the hot path avoids what a wide fan-out pays per request:
-- the pool: with `aiohttp` installed (the `openai[aiohttp]` extra) requests go through
-  the SDK's `DefaultAioHttpClient`, whose connector hands out a kept-alive connection in
-  O(1); httpx's pool rescans every connection on each request and close, which on a
-  500-wide fan-out cost more CPU than everything else in the client;
-- the request transform and the reply models: `post` with `cast_to=object` sends the
-  body as it is and returns the JSON as plain dicts (no pydantic models per reply);
-- the TLS set-up: one SSL context per process, not one per client (~20 ms each, and the
-  door builds a client per event loop).
+The openai SDK stays the door's HTTP layer for what is not per node (listing models,
+embeddings, streamed answers), and its error classes are what callers see everywhere.
+A plain completion, the call a run makes once per node, skips what the SDK does per
+request that a wide fan-out cannot afford on one core: building an options model and
+request headers, transforming the body against the SDK's types, httpx's pool (which
+rescans every connection on each request and close), and pydantic models of the reply.
+With aiohttp installed (the `openai[aiohttp]` extra, a dependency of flowmagic) the body
+goes out through one aiohttp session per client: its connector hands out a kept-alive
+connection in O(1). Failures become the SDK's errors: `APIStatusError` subclasses built
+by the SDK's own client from the status and body, `APITimeoutError`,
+`APIConnectionError`. Without aiohttp, the same call goes through the SDK's `post`.
 
-`LLM(transport=...)` takes another `Transport` (the benchmark's zero-latency stand-in
-replaces the HTTP call and nothing else).
+One SSL context per process, not one per client (~20 ms each, and the door builds a
+client per event loop). `LLM(transport=...)` takes another `Transport`: the benchmark's
+zero-latency stand-in replaces the HTTP call and nothing else.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
+import logging
 from typing import Any, AsyncIterator
 
 __all__ = ["Transport", "aiohttp_available"]
@@ -52,35 +56,113 @@ def _ssl_context():
     return _httpx().create_ssl_context()
 
 
-class Transport:
-    """How the LLM door reaches an endpoint: the openai SDK's client, and two raw calls."""
+class Client:
+    """The SDK's AsyncOpenAI for one endpoint on one loop (attributes such as `models` and
+    `embeddings` are its own), plus the aiohttp session of the hot path."""
 
-    def client(self, base_url: str, api_key: str, timeout: float):
-        """An AsyncOpenAI for one endpoint on the running loop, with no SDK retries (the
-        door retries, with its own backoff and Retry-After handling)."""
+    def __init__(self, sdk, timeout: float):
+        self.sdk = sdk
+        self.timeout = timeout
+        self.base = str(sdk.base_url).rstrip("/")
+        headers = {**sdk.default_headers, **sdk.auth_headers}
+        self.headers = {k: v for k, v in headers.items() if isinstance(v, str)}
+        self.proxy = _env_proxy(self.base)
+        self._session = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.sdk, name)
+
+    def session(self):
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
+                                              sock_read=self.timeout))
+        return self._session
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        await self.sdk.close()
+
+
+class Transport:
+    """How the LLM door reaches an endpoint: a `Client`, and two raw calls."""
+
+    def client(self, base_url: str, api_key: str, timeout: float) -> Client:
+        """A client for one endpoint on the running loop, with no SDK retries (the door
+        retries, with its own backoff and Retry-After handling)."""
         import openai
 
         httpx = _httpx()
         options: dict[str, Any] = {"timeout": timeout, "verify": _ssl_context(),
                                    "limits": httpx.Limits(max_connections=_CONNECTIONS,
                                                           max_keepalive_connections=_KEEPALIVE)}
-        if aiohttp_available():
-            http_client = openai.DefaultAioHttpClient(**options)
-        else:
-            http_client = openai.DefaultAsyncHttpxClient(**options)
-        return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                  timeout=timeout, http_client=http_client)
+        http_client = (openai.DefaultAioHttpClient(**options) if aiohttp_available()
+                       else openai.DefaultAsyncHttpxClient(**options))
+        return Client(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
+                                         timeout=timeout, http_client=http_client), timeout)
 
-    async def post_json(self, client, path: str, body: dict) -> Any:
-        """POST `body` as it is; the reply's JSON as plain Python values. HTTP failures
-        raise the SDK's errors (APIStatusError, APITimeoutError, APIConnectionError)."""
-        return await client.post(path, body=body, cast_to=object)
+    async def post_json(self, client: Client, path: str, body: dict) -> Any:
+        """POST `body` as it is; the reply's JSON as plain Python values. Failures raise the
+        SDK's errors (APIStatusError and its subclasses, APITimeoutError, APIConnectionError);
+        a body that is not JSON raises ValueError."""
+        if not aiohttp_available():
+            return await client.sdk.post(path, body=body, cast_to=object)
+        import aiohttp
+        import openai
 
-    async def post_stream(self, client, path: str, body: dict) -> AsyncIterator[Any]:
+        url = client.base + path
+        _log.debug("Sending HTTP Request: POST %s", url)
+        try:
+            async with client.session().post(url, data=json.dumps(body).encode(),
+                                             headers=client.headers,
+                                             proxy=client.proxy) as response:
+                content = await response.read()
+                status, headers = response.status, response.headers
+        except TimeoutError as exc:   # aiohttp's read and connect timeouts are TimeoutErrors
+            raise openai.APITimeoutError(request=_request(url)) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise openai.APIConnectionError(request=_request(url)) from exc
+        _log.debug("HTTP Response: POST %s %d %s", url, status, response.reason or "")
+        if status >= 400:
+            raise client.sdk._make_status_error_from_response(_httpx().Response(
+                status, content=content, request=_request(url),
+                headers=[(k, v) for k, v in headers.items() if k.lower() not in _BODY_HEADERS]))
+        return json.loads(content)
+
+    async def post_stream(self, client: Client, path: str, body: dict) -> AsyncIterator[Any]:
         """POST `body` with `stream: true`; each server-sent event's JSON as plain values."""
         from openai import AsyncStream
 
-        stream = await client.post(path, body={**body, "stream": True}, cast_to=object,
-                                   stream=True, stream_cls=AsyncStream[object])
+        stream = await client.sdk.post(path, body={**body, "stream": True}, cast_to=object,
+                                       stream=True, stream_cls=AsyncStream[object])
         async for event in stream:
             yield event
+
+
+# A child of the SDK's logger: OPENAI_LOG=debug shows these requests beside the SDK's own
+# (URLs only; headers, and so the API key, are never logged).
+_log = logging.getLogger("openai.flowmagic")
+
+# aiohttp has already decoded the body: these would make httpx decode or measure it again.
+_BODY_HEADERS = {"content-encoding", "transfer-encoding", "content-length"}
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, NO_PROXY), as httpx would
+    use it; looked up once per client, not per request as aiohttp's trust_env does."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    if not parts.hostname or proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme)
+
+
+def _request(url: str):
+    return _httpx().Request("POST", url)
