@@ -1,10 +1,12 @@
-"""Makespans side by side: flowmagic, level-synchronous and LangGraph on the same DAGs.
+"""Makespans side by side: flowmagic, level-synchronous, LangGraph, a bare openai SDK loop
+and a raw-socket floor on the same DAGs.
 
-For each case the three runners take turns (the order rotates from case to case so
+For each case the runners take turns (the order rotates from case to case so
 that a noisy neighbour does not always hit the same runner), each against the same
 spawned loopback server, whose counters are reset before every run. After each run
 the latency the server applied to every node is read back; the case is valid only
-when every node got the same latency under all three runners.
+when every node got the same latency under every runner. The headline bound is the
+critical path of those server latencies: no client can beat it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dags import family, levels_of
 __all__ = ["Case", "CaseResult", "run_case", "warm_up", "summarise", "fault_case",
            "explain_gap"]
 
-RUNNERS = ("flowmagic", "level-sync", "langgraph")
+RUNNERS = ("flowmagic", "level-sync", "langgraph", "sdk-loop", "floor")
 
 
 @dataclass
@@ -51,6 +53,10 @@ class CaseResult:
     def ratio(self, runner: str) -> float:
         return self.results[runner].makespan / self.results["flowmagic"].makespan
 
+    def vs_server(self, runner: str) -> float:
+        """A runner's makespan / the server-latency bound (1.0 = nothing added by the client)."""
+        return self.results[runner].makespan / self.server_bound
+
     @property
     def fm(self) -> R.RunResult:
         return self.results["flowmagic"]
@@ -59,9 +65,9 @@ class CaseResult:
 def _run_one(runner: str, dag: dict, task: str, max_tokens: int, base_url: str) -> R.RunResult:
     if runner == "flowmagic":
         return asyncio.run(R.run_flowmagic(dag, task, max_tokens))
-    if runner == "level-sync":
-        return asyncio.run(R.run_levels(dag, task, max_tokens, base_url))
-    return asyncio.run(R.run_langgraph(dag, task, max_tokens, base_url))
+    run = {"level-sync": R.run_levels, "langgraph": R.run_langgraph,
+           "sdk-loop": R.run_sdk_loop, "floor": R.run_floor}[runner]
+    return asyncio.run(run(dag, task, max_tokens, base_url))
 
 
 def _barrier_share(dag: dict, spans: dict) -> float:
@@ -81,7 +87,8 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
     dag = family(case.family, case.n, case.seed)
     task = f"Benchmark workflow {case.name}: do every step in order."
     out = CaseResult(case, len(dag["edges"]), len(levels_of(dag)))
-    order = RUNNERS[index % 3:] + RUNNERS[: index % 3]
+    k = index % len(RUNNERS)
+    order = RUNNERS[k:] + RUNNERS[:k]
     seen: dict[str, dict[str, float]] = {}
     for runner in order:
         server.reset()
@@ -90,6 +97,7 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
         # This process's CPU (the server is another process): what the runner itself costs.
         res.extra["cpu_s"] = time.process_time() - cpu
         seen[runner] = R.latencies(server)
+        _client_time(res, seen[runner], R.arrivals(server))
         res.extra["requests"] = sum(1 for r in server.stats()["requests"]
                                     if r["path"].endswith("/chat/completions"))
         out.results[runner] = res
@@ -106,6 +114,16 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
         out.levels_ideal = sum(max(base[x] for x in level) for level in levels_of(dag)) / out.server_bound
     out.barrier_starts = _barrier_share(dag, out.results["langgraph"].spans)
     return out
+
+
+def _client_time(res: R.RunResult, latency: dict[str, float], arrived: list[float]) -> None:
+    """What the client added: per call, its recorded duration minus the server's latency
+    (median), and the head, from the run call to the first request reaching the server."""
+    added = sorted(1000 * (end - start - latency[n]) for n, (start, end) in res.spans.items()
+                   if n in latency)
+    res.extra["client_ms"] = added[len(added) // 2] if added else None
+    t0 = res.extra.get("t0")
+    res.extra["head_ms"] = 1000 * (arrived[0] - t0) if arrived and t0 else None
 
 
 def explain_gap(dag: dict, res: R.RunResult) -> dict:
@@ -155,6 +173,8 @@ def warm_up(server, log=print) -> None:
 def summarise(rows: list[CaseResult]) -> dict:
     layered = [r for r in rows if r.case.family == "layered"]
     return {
+        "worst_server_ratio": max(r.vs_server("flowmagic") for r in rows),
+        "worst_server_case": max(rows, key=lambda r: r.vs_server("flowmagic")).case.name,
         "worst_bound_ratio": max(r.fm.makespan / r.fm.bound for r in rows),
         "worst_bound_case": max(rows, key=lambda r: r.fm.makespan / r.fm.bound).case.name,
         "layered_levels": mean(r.ratio("level-sync") for r in layered) if layered else None,

@@ -88,14 +88,21 @@ def _retries(r) -> str:
     return "; extra requests: " + ", ".join(f"{k} +{v}" for k, v in extra.items()) if extra else ""
 
 
+def _ms(x) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
 def _makespan_rows(cases: list) -> list[list[str]]:
     rows = []
     for r in cases:
-        fm, lv, lg = r.results["flowmagic"], r.results["level-sync"], r.results["langgraph"]
-        rows.append([r.case.name, len(fm.spans), r.edges, r.depth, _f(fm.makespan, 2),
-                     _f(fm.bound, 2), _f(fm.makespan / fm.bound), _f(r.server_bound, 2),
-                     _f(lv.makespan, 2), _f(r.ratio("level-sync")), _f(lg.makespan, 2),
-                     _f(r.ratio("langgraph")), _f(r.barrier_starts, 2),
+        fm = r.results["flowmagic"]
+        rows.append([r.case.name, len(fm.spans), r.edges, r.depth, _f(r.server_bound, 2),
+                     _f(fm.makespan, 2), _f(r.vs_server("flowmagic")), _f(r.vs_server("floor")),
+                     _f(r.ratio("sdk-loop")), _f(r.ratio("langgraph")), _f(r.ratio("level-sync")),
+                     _f(fm.makespan / fm.bound),
+                     " / ".join(_ms(r.results[k].extra.get("client_ms"))
+                                for k in ("flowmagic", "sdk-loop", "floor")),
+                     _ms(fm.extra.get("head_ms")), _f(r.barrier_starts, 2),
                      ("yes" if r.same_latency else f"**no** (max diff {r.latency_spread:.3f} s)")
                      + _retries(r)])
     return rows
@@ -114,11 +121,13 @@ def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
               "## Summary against the targets", ""]
     lines += _table(["measurement", "measured", "target", "result"],
                     [[s["what"], s["measured"], s["target"], verdict(s["ok"])] for s in summary])
-    lines += ["", "## Makespans: flowmagic, level-synchronous, LangGraph", "",
-              sections["makespan_intro"], ""]
-    lines += _table(["case", "nodes", "edges", "levels", "flowmagic s", "bound s",
-                     "flowmagic / bound", "server-latency bound s", "level-sync s",
-                     "level-sync / flowmagic", "LangGraph s", "LangGraph / flowmagic",
+    lines += ["", "## Makespans: flowmagic, the bare SDK loop, the floor, LangGraph, "
+              "level-synchronous", "", sections["makespan_intro"], ""]
+    lines += _table(["case", "nodes", "edges", "levels", "server-latency bound s", "flowmagic s",
+                     "flowmagic / server bound", "floor / server bound",
+                     "bare SDK loop / flowmagic", "LangGraph / flowmagic", "level-sync / flowmagic",
+                     "flowmagic / recorded-duration bound",
+                     "client ms per call (flowmagic / SDK loop / floor)", "flowmagic head ms",
                      "LangGraph barrier share", "same latency per node"],
                     _makespan_rows(sections["cases"]))
     lines += ["", sections["makespan_legend"], ""]

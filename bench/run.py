@@ -42,9 +42,9 @@ def _plan(quick: bool) -> dict:
                           Case("layered", 100, 0)],
                 "overhead": [(1000, 2), (2000, 1)], "memory": 2000, "draw": [100],
                 "replay": 10, "faults": 20}
-    return {"cases": [Case("chain", 20), Case("chain", 100), Case("fan", 20), Case("fan", 100),
+    return {"cases": [Case("chain", 50), Case("chain", 100), Case("fan", 20), Case("fan", 200),
                       Case("fan", 500)]
-                     + [Case("layered", n, s) for n in (20, 100, 500) for s in (0, 1)],
+                     + [Case("layered", n, s) for n in (100, 500) for s in (0, 1)],
             "overhead": [(1000, 5), (10000, 2)], "memory": 10000, "draw": [100, 500],
             "replay": 50, "faults": 100}
 
@@ -60,8 +60,11 @@ def run_makespans(plan: dict, server) -> list:
 
 
 def run_overhead(plan: dict) -> dict:
-    out: dict = {"flowmagic": [], "langgraph": [], "executor": []}
+    out: dict = {"flowmagic": [], "langgraph": [], "executor": [], "node_runner": []}
     for n, repeats in plan["overhead"]:
+        log(f"overhead: {n} nodes through the node runner and LLM door (best of {repeats})")
+        out["node_runner"].append(overhead.node_runner_overhead(n, repeats))
+        log(f"    {out['node_runner'][-1]['run_ms']:.3f} ms/node run")
         log(f"overhead: {n} nodes, flowmagic (best of {repeats})")
         out["flowmagic"].append(overhead.flowmagic_overhead(n, repeats))
         log(f"    {out['flowmagic'][-1]['run_ms']:.3f} ms/node run, "

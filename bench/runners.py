@@ -1,10 +1,15 @@
-"""Three ways to run one DAG of model calls against the same loopback server.
+"""Five ways to run one DAG of model calls against the same loopback server.
 
 - flowmagic: `Flow.from_dict(...).arun()` (event-driven executor, SQLite store, LLM door);
 - level-synchronous: run a longest-path level, wait for all of it, then the next;
-- LangGraph: one StateGraph node per DAG node, `add_edge([parents...], child)`.
+- LangGraph: one StateGraph node per DAG node, `add_edge([parents...], child)`;
+- bare SDK loop: a greedy loop (a node's request goes out the moment its last parent's
+  reply is in) over `AsyncOpenAI.chat.completions.create`, nothing else: what a user
+  would write by hand with the openai SDK;
+- floor: the same greedy loop over raw asyncio sockets (HTTP/1.1 by hand, kept-alive
+  connections in a list): no SDK, no HTTP library, so what is left is this machine.
 
-All three send the same request body for a node: the messages come from
+All of them send the same request body for a node: the messages come from
 `flowmagic.engine.runner.node_messages` on a Flow of the same DAG whose parents hold the
 replies, with the same model, seed and max_tokens. The server's latency is a hash of
 the body, so a node waits the same time under every runner; `latencies()` reads back
@@ -23,7 +28,8 @@ from typing import Annotated, Any
 
 from dags import levels_of, parents_of
 
-__all__ = ["RunResult", "run_flowmagic", "run_levels", "run_langgraph", "latencies",
+__all__ = ["RunResult", "run_flowmagic", "run_levels", "run_langgraph", "run_sdk_loop",
+           "run_floor", "latencies", "arrivals",
            "critical_path", "build_langgraph", "langgraph_config", "node_of", "MODEL", "SEED"]
 
 MODEL = "m"
@@ -72,6 +78,12 @@ def latencies(server) -> dict[str, float]:
             if nid is not None and rec.get("latency_s") is not None:
                 out[nid] = rec["latency_s"]
     return out
+
+
+def arrivals(server) -> list[float]:
+    """Epoch seconds at which the server received each chat request since the reset."""
+    return sorted(rec["arrived"] for rec in server.stats()["requests"]
+                  if rec.get("path", "").endswith("/chat/completions") and rec.get("arrived"))
 
 
 def _flow(dag: dict, task: str, home: Path, max_tokens: int, *, save: bool, llm=None):
@@ -209,3 +221,100 @@ async def run_langgraph(dag: dict, task: str, max_tokens: int, base_url: str) ->
                      "done" if not missing else f"{missing} missing",
                      {"compile_s": t0 - t_build, "t0": w0})
 
+
+
+async def _greedy(dag: dict, call) -> None:
+    """Start `call(node)` for every node the moment its last parent's call has returned."""
+    parents = parents_of(dag)
+    children: dict[str, list[str]] = {n: [] for n in parents}
+    for nid, ps in parents.items():
+        for p in ps:
+            children[p].append(nid)
+    waiting = {nid: len(ps) for nid, ps in parents.items()}
+    async with asyncio.TaskGroup() as tg:
+        async def run(nid: str) -> None:
+            await call(nid)
+            for child in children[nid]:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    tg.create_task(run(child))
+
+        for nid, left in waiting.items():
+            if left == 0:
+                tg.create_task(run(nid))
+
+
+async def run_sdk_loop(dag: dict, task: str, max_tokens: int, base_url: str) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
+        shadow = _Shadow(dag, task, max_tokens, Path(tmp))
+        spans: dict = {}
+        w0, t0 = time.time(), time.perf_counter()
+        client = _client(base_url)   # inside the clock, as flowmagic's door builds its own
+        await _greedy(dag, lambda nid: _call(client, shadow, nid, spans))
+        makespan = time.perf_counter() - t0
+        await client.close()
+        shadow.flow.store.close()
+    return RunResult("sdk-loop", makespan, spans, critical_path(dag, _durations(spans)),
+                     extra={"t0": w0})
+
+
+class _RawHTTP:
+    """POST JSON over kept-alive HTTP/1.1 connections, by hand: the least a client can do."""
+
+    def __init__(self, base_url: str):
+        from urllib.parse import urlsplit
+
+        url = urlsplit(base_url)
+        self.host, self.port, self.prefix = url.hostname, url.port or 80, url.path.rstrip("/")
+        self.idle: list = []
+
+    async def post(self, path: str, body: dict) -> dict:
+        import json
+
+        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(
+            self.host, self.port)   # asyncio sets TCP_NODELAY on TCP sockets
+        data = json.dumps(body).encode()
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % ((self.prefix + path).encode(),
+                                                      self.host.encode(), len(data), data))
+        status = await reader.readline()
+        length, keep = 0, True
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+            elif name.strip().lower() == b"connection" and b"close" in value.lower():
+                keep = False
+        payload = await reader.readexactly(length)
+        if keep:
+            self.idle.append((reader, writer))
+        else:
+            writer.close()
+        if b" 200 " not in status:
+            raise RuntimeError(f"HTTP {status!r}: {payload[:200]!r}")
+        return json.loads(payload)
+
+    async def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle = []
+
+
+async def run_floor(dag: dict, task: str, max_tokens: int, base_url: str) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
+        shadow = _Shadow(dag, task, max_tokens, Path(tmp))
+        http, spans = _RawHTTP(base_url), {}
+
+        async def call(nid: str) -> None:
+            start = time.time()
+            reply = await http.post("/chat/completions", shadow.body(nid))
+            shadow.done(nid, reply["choices"][0]["message"]["content"] or "")
+            spans[nid] = (start, time.time())
+
+        w0, t0 = time.time(), time.perf_counter()
+        await _greedy(dag, call)
+        makespan = time.perf_counter() - t0
+        await http.close()
+        shadow.flow.store.close()
+    return RunResult("floor", makespan, spans, critical_path(dag, _durations(spans)),
+                     extra={"t0": w0})
