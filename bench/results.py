@@ -295,6 +295,23 @@ def _competitor_note(cases: list, s: dict) -> str:
     return text
 
 
+def _profile_table(pr: dict | None) -> dict | None:
+    if not pr:
+        return None
+    top = "; ".join(f"`{name}` {1000 * t:.0f} ms ({calls:,} calls)" for t, calls, name in pr["top"][:5])
+    return {"title": f"Where flowmagic's client time goes ({pr['case']}, cProfile)",
+            "intro": (f"flowmagic alone on {pr['case']} against the same server, under cProfile "
+                      f"(`bench/clientprofile.py`), only `Flow.arun()` profiled, by CPU time: "
+                      f"{pr['profiled_s']:.2f} CPU-seconds for {pr['nodes']} calls "
+                      f"({1000 * pr['profiled_s'] / max(1, pr['nodes']):.2f} ms per call, profiler "
+                      f"included), makespan {pr['wall_s']:.2f} s. Each function's own time is put in "
+                      "the layer of the file it lives in (a built-in's in its callers'); the "
+                      "profiler slows Python code, so read the shares. Heaviest functions: "
+                      f"{top}."),
+            "header": ["layer", "CPU s (profiled)", "share"],
+            "rows": [[b, _f(t, 3), f"{100 * share:.1f}%"] for b, t, share in pr["buckets"]]}
+
+
 def _overhead_note(ov: dict) -> str:
     f, e = ov["flowmagic"][-1], ov["executor"][-1]
     g = ov["langgraph"][-1]
@@ -429,7 +446,7 @@ def build(data: dict, quick: bool = False) -> tuple[list[dict], dict, list[str]]
             "share of its nodes that started only after the whole previous longest-path level "
             "had finished (1.00 = strictly level by level)."),
         "overhead": ov_table, "replay": rp_table, "drawing": dr_table, "memory": mem_table,
-        "faults": _faults_table(fc),
+        "faults": _faults_table(fc), "profile": _profile_table(data.get("profile")),
     }
     notes = [_bound_note(cases, s), _competitor_note(cases, s), _chain_note(cases), _fan_note(cases),
              _overhead_note(data["overhead"])]

@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE))
 # Before flowmagic is imported: nothing the benchmark does may touch the user's store.
 os.environ["FLOWMAGIC_HOME"] = tempfile.mkdtemp(prefix="fm-bench-home-")
 
+import clientprofile  # noqa: E402
 import compare  # noqa: E402
 import extras  # noqa: E402
 import overhead  # noqa: E402
@@ -41,12 +42,12 @@ def _plan(quick: bool) -> dict:
         return {"cases": [Case("chain", 10), Case("fan", 20), Case("layered", 20, 0),
                           Case("layered", 100, 0)],
                 "overhead": [(1000, 2), (2000, 1)], "memory": 2000, "draw": [100],
-                "replay": 10, "faults": 20}
+                "replay": 10, "faults": 20, "profile": ("fan", 20)}
     return {"cases": [Case("chain", 50), Case("chain", 100), Case("fan", 20), Case("fan", 200),
                       Case("fan", 500)]
                      + [Case("layered", n, s) for n in (100, 500) for s in (0, 1)],
             "overhead": [(1000, 5), (10000, 2)], "memory": 10000, "draw": [100, 500],
-            "replay": 50, "faults": 100}
+            "replay": 50, "faults": 100, "profile": ("fan", 500)}
 
 
 def run_makespans(plan: dict, server) -> list:
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         data["cases"] = run_makespans(plan, server)
         log("replay: exported notebook")
         data["replay"] = extras.replay(plan["replay"], server, log=log)
+        log(f"profile: flowmagic on {plan['profile'][0]}-{plan['profile'][1]} under cProfile")
+        server.reset()
+        data["profile"] = clientprofile.client_profile(*plan["profile"])
     log(f"faults: layered-{plan['faults']} with 5% HTTP 429 and 5% HTTP 500")
     data["faults"] = compare.fault_case(plan["faults"], {"429": 0.05, "500": 0.05},
                                         seed=args.seed, latency=(lo, hi), log=log)

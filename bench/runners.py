@@ -100,7 +100,7 @@ def _flow(dag: dict, task: str, home: Path, max_tokens: int, *, save: bool, llm=
                           concurrency=1_000_000, consolidate=False, max_tokens=max_tokens)
 
 
-async def run_flowmagic(dag: dict, task: str, max_tokens: int) -> RunResult:
+async def run_flowmagic(dag: dict, task: str, max_tokens: int, profiler=None) -> RunResult:
     from flowmagic.model import metrics
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
@@ -109,8 +109,12 @@ async def run_flowmagic(dag: dict, task: str, max_tokens: int) -> RunResult:
         told: dict = {}
         flow.subscribe(lambda e: told.__setitem__((e["kind"], e["node"]), e["time"]))
         w0, t0 = time.time(), time.perf_counter()
+        if profiler is not None:   # bench/clientprofile.py: the run call alone
+            profiler.enable()
         state = await flow.arun()
         makespan = time.perf_counter() - t0
+        if profiler is not None:
+            profiler.disable()
         await flow.llm.aclose()
         spans = {n.id: (n.start, n.end) for n in flow.workflow.nodes.values() if n.start and n.end}
         _, bound = metrics.critical_path(flow.workflow, weight="duration")

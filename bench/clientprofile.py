@@ -1,0 +1,69 @@
+"""Where flowmagic's client time goes: one run under cProfile, its CPU split by layer.
+
+The run is flowmagic alone on one DAG against the benchmark's loopback server (in its own
+process, so none of its time is counted). Every function's own time (cProfile's tottime)
+(CPU time, so waiting for the server counts nothing) is put in the bucket of the file it
+is defined in; the buckets are the layers a request passes through. Only the run call
+(`Flow.arun()`) is profiled, as only it is inside the makespan. cProfile slows Python code down, so the shares matter, not the seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import pstats
+import time
+
+import runners as R
+from dags import family
+
+__all__ = ["client_profile"]
+
+# (bucket, path fragments), first match wins.
+_BUCKETS = [
+    ("HTTP: aiohttp (request, connection pool, response parsing)", ("/aiohttp/", "/multidict/", "/yarl/",
+                                                                    "/aiohappyeyeballs/", "/propcache/")),
+    ("HTTP: openai SDK and httpx (clients, errors)", ("/openai/", "/httpx", "/httpcore", "/anyio/",
+                                                       "/pydantic")),
+    ("JSON encode/decode", ("/json/", "_json")),
+    ("flowmagic: LLM door (cache key, call log rows, reply)", ("flowmagic/llm", "flowmagic/transport",
+                                                               "flowmagic/endpoints")),
+    ("flowmagic: store (SQLite: call log, cache, node states)", ("flowmagic/store", "sqlite3")),
+    ("flowmagic: node runner and prompt", ("flowmagic/runner", "flowmagic/engine/runner")),
+    ("flowmagic: executor, Flow events, graph", ("flowmagic/",)),
+    ("asyncio event loop and sockets", ("/asyncio/", "select", "socket", "_ssl", "ssl.py")),
+    ("Python's dataclasses, copy, re (flowmagic's callers)", ("/dataclasses.py", "/copy.py", "/re/")),
+]
+
+
+def _bucket(filename: str, name: str) -> str:
+    where = f"{filename}:{name}"
+    for bucket, parts in _BUCKETS:
+        if any(p in where for p in parts):
+            return bucket
+    return "other (interpreter built-ins, harness)"
+
+
+def client_profile(fam: str, n: int, max_tokens: int = 64) -> dict:
+    """cProfile of one flowmagic run of `fam`-`n`; CPU seconds per bucket and the top functions."""
+    dag = family(fam, n)
+    task = f"Benchmark workflow {fam}-{n}: do every step in order."
+    # CPU time, not wall time: waiting in epoll for the server is not client time.
+    profiler = cProfile.Profile(time.process_time)
+    result = asyncio.run(R.run_flowmagic(dag, task, max_tokens, profiler=profiler))
+    stats = pstats.Stats(profiler).stats
+    buckets: dict[str, float] = {}
+    funcs = []
+    for (filename, line, name), (_, calls, tottime, _, callers) in stats.items():
+        funcs.append((tottime, calls, f"{filename.rsplit('site-packages/', 1)[-1]}:{line}({name})"))
+        if filename == "~" and callers:   # a built-in (isinstance, dict.get, ...): its callers' layer
+            for (c_file, _, c_name), edge in callers.items():
+                bucket = _bucket(c_file, c_name) if c_file != "~" else _bucket(filename, name)
+                buckets[bucket] = buckets.get(bucket, 0.0) + edge[2]
+            continue
+        buckets[_bucket(filename, name)] = buckets.get(_bucket(filename, name), 0.0) + tottime
+    total = sum(buckets.values()) or 1.0
+    return {"case": f"{fam}-{n}", "nodes": len(result.spans), "wall_s": result.makespan,
+            "profiled_s": total,
+            "buckets": sorted(((b, t, t / total) for b, t in buckets.items()), key=lambda x: -x[1]),
+            "top": sorted(funcs, reverse=True)[:8]}
