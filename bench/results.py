@@ -312,6 +312,21 @@ def _profile_table(pr: dict | None) -> dict | None:
             "rows": [[b, _f(t, 3), f"{100 * share:.1f}%"] for b, t, share in pr["buckets"]]}
 
 
+def _server_note(cases: list) -> str:
+    """Against the server-latency bound: what the machine leaves (the floor) and what the
+    clients add on top, case by case, with their CPU per node in this process."""
+    parts = []
+    for r in cases:
+        cpu = " / ".join(f"{_cpu_ms(r, k):.2f}" for k in ("flowmagic", "sdk-loop", "floor"))
+        parts.append(f"{r.case.name} {r.vs_server('flowmagic'):.3f} vs floor "
+                     f"{r.vs_server('floor'):.3f} (CPU ms/node flowmagic / SDK loop / floor: {cpu})")
+    return ("flowmagic / server-latency bound against the raw-socket floor's, and the harness "
+            "process's CPU per node: " + "; ".join(parts) + ". Where the floor itself is well "
+            "above 1, the server (one thread per connection, in Python) and the other "
+            "developers' processes share the 2 cores with the client: that part is the "
+            "machine's, not the client's.")
+
+
 def _overhead_note(ov: dict) -> str:
     f, e = ov["flowmagic"][-1], ov["executor"][-1]
     g = ov["langgraph"][-1]
@@ -324,15 +339,22 @@ def _overhead_note(ov: dict) -> str:
             text += (f"At {fm['n']:,} nodes LangGraph was the cheaper one ({lg['total_ms']:.3f} "
                      f"against {fm['total_ms']:.3f} ms/node, totals); it persists nothing, "
                      "flowmagic writes every state change to SQLite. ")
-    if f["run_ms"] > TARGETS["overhead_ms"]:
-        text += (f"The 0.2 ms/node target is missed by {f['run_ms'] - TARGETS['overhead_ms']:.3f} ms "
-                 f"({f['run_ms'] / TARGETS['overhead_ms']:.1f}x). The executor alone takes "
-                 f"{e['run_ms']:.3f} ms/node, so about {per_event:.3f} ms goes to each of the two "
-                 "persisted state changes per node (started, finished): `Flow._emit` serialises "
-                 "the node with `Node.to_dict` (dataclasses.asdict, a deep copy) and makes two "
-                 "autocommitted SQLite INSERTs (nodes, events), each its own transaction. "
-                 "The suggested fix is in the store/Flow, not the executor: write the changes of "
-                 "one event-loop turn in one transaction, and serialise nodes without a deep copy.")
+    nr = ov.get("node_runner") or []
+    if len(nr) >= 2:
+        small, big = nr[0], nr[-1]
+        text += (f"Through the node runner and LLM door (only the HTTP call answered in-process) "
+                 f"the run costs {small['run_ms']:.3f} ms/node at {small['n']:,} nodes and "
+                 f"{big['run_ms']:.3f} at {big['n']:,} ({big['run_ms'] / small['run_ms']:.2f}x: "
+                 "flat means the bookkeeping is O(1) per node). Per node that is the prompt "
+                 "(`node_messages`), the cache key (a JSON dump and a SHA-256), one SQLite look-up "
+                 "in the cache, the call's log row and cache entry (written with the other calls "
+                 "of the same loop turn in one commit), two node state changes (written per loop "
+                 "turn) and the executor's hand-off. ")
+        if big["run_ms"] > TARGETS["node_ms"]:
+            text += (f"The {TARGETS['node_ms']} ms/node target is missed "
+                     f"({big['run_ms'] / TARGETS['node_ms']:.1f}x at {big['n']:,} nodes): what "
+                     "is left is that per-call work, which a real model call (hundreds of ms) "
+                     "hides, not a cost that grows with the graph.")
     return text
 
 
@@ -448,7 +470,8 @@ def build(data: dict, quick: bool = False) -> tuple[list[dict], dict, list[str]]
         "overhead": ov_table, "replay": rp_table, "drawing": dr_table, "memory": mem_table,
         "faults": _faults_table(fc), "profile": _profile_table(data.get("profile")),
     }
-    notes = [_bound_note(cases, s), _competitor_note(cases, s), _chain_note(cases), _fan_note(cases),
+    notes = [_server_note(cases), _bound_note(cases, s), _competitor_note(cases, s),
+             _chain_note(cases), _fan_note(cases),
              _overhead_note(data["overhead"])]
     notes = [n for n in notes if n]
     for row in rp_rows + dr_rows:
