@@ -89,7 +89,7 @@ def flowmagic_overhead(n: int, repeats: int) -> dict:
 def _no_network():
     """The LLM door's transport with the HTTP call answered at once; the SDK client is still
     built per loop, and everything above the call (prompt, cache, call log, usage) is real."""
-    from flowmagic.transport import Transport
+    from flowmagic.llm.transport import Transport
 
     class NoNetwork(Transport):
         async def post_json(self, client, path: str, body: dict):
