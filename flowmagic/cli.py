@@ -83,6 +83,8 @@ class Progress:
             self.running.pop(node, None)
         elif kind == "updated":
             self.say("↻ the workflow was updated" + (" (no change)" if e.get("no_change") else ""))
+        elif kind == "update_capped":
+            self.say(f"↻ {e.get('message')}")
         elif kind == "budget":
             self.say(f"$ {e.get('message')}")
 

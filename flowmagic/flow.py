@@ -123,6 +123,8 @@ class Flow:
         self._workspace = None
         if inputs is not None:
             self.add_inputs(inputs)
+        self._triggers: list[dict] = []   # what called the next update: [{"node", "why"}]
+        self._capped = False              # max_updates already said so in this run
         if save:
             self._save_run()
 
@@ -247,7 +249,7 @@ class Flow:
         import openai  # noqa: F401 - loaded before the clock of the first node starts
 
         self._executor = self._make_executor()
-        self.status, self.message = "running", None
+        self.status, self.message, self._capped = "running", None, False
         self.store.set_run_status(self.run_id, "running")
         state = "stopped"
         try:
@@ -390,13 +392,33 @@ class Flow:
         return self.store.tool_calls(self.run_id, node_id)
 
     # -- updates ---------------------------------------------------------------------------
+    def _replans(self) -> int:
+        """Updates made by the updater so far (cheap repairs are bounded per node instead)."""
+        return sum(1 for e in self.update_log if e.get("kind") == "replan")
+
     def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
         strategy = self.settings["update"]
-        if strategy == "off" or len(self.update_log) >= int(self.settings["max_updates"]):
+        if strategy == "off":
             return False
-        if strategy == "on-failure":
-            return (not ok) or outcome.masked or not (outcome.output or "").strip()
+        problem = ("failed" if not ok else
+                   "empty" if outcome.masked or not (outcome.output or "").strip() else None)
+        if strategy == "on-failure" and problem is None:
+            return False
+        repair_due = problem == "failed" and self.settings["repairs"]
+        if self._replans() >= int(self.settings["max_updates"]) and not repair_due:
+            self._say_capped(node_id)
+            return False
+        self._triggers.append({"node": node_id, "why": problem or "finished"})
         return True
+
+    def _say_capped(self, node_id: str) -> None:
+        """One line, once per run, when max_updates stops an update."""
+        if self._capped:
+            return
+        self._capped = True
+        self.message = (f"max_updates ({int(self.settings['max_updates'])}) reached: no update "
+                        f"after {node_id}; raise max_updates (%%flow --max-updates N) to allow more")
+        self._emit("update_capped", node_id, {"message": self.message})
 
     async def _update(self) -> None:
         """Repair cheaply first (refine the instruction, then substitute the agent of a
@@ -404,6 +426,7 @@ class Flow:
         from .engine import repairs
         from .engine import updater
 
+        trigger, self._triggers = self._triggers, []
         before = self.workflow.copy()
         fix = None
         if self.settings["repairs"]:
@@ -415,25 +438,41 @@ class Flow:
             entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
                      "no_change": False, "errors": []}
             update = fix.update
+        elif self._replans() >= int(self.settings["max_updates"]):
+            self._say_capped(trigger[-1]["node"] if trigger else "the last node")
+            return
         else:
+            # No token cap: a multi-node restructure cut at a cap silently became "no change";
+            # an answer the endpoint cuts anyway is continued (updater._ask).
             result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
                                            model=self.settings["model"], seed=self.settings["seed"],
-                                           run_id=self.run_id, max_tokens=self.settings["max_tokens"])
+                                           run_id=self.run_id, max_tokens=None, trigger=trigger)
             for candidate in result.candidates or []:
                 self._spend(getattr(candidate, "cost_usd", 0.0))
+            failed = [n.id for n in before.nodes.values() if n.status == "failed"]
             entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
                      "diff": result.diff, "errors": list(result.errors or []),
-                     "trigger": [n.id for n in before.nodes.values() if n.status == "failed"]}
+                     "rationale": result.rationale, "chosen": result.chosen,
+                     "trigger": list(dict.fromkeys(failed + [t["node"] for t in trigger
+                                                             if t["why"] != "finished"]))}
             update = None if result.no_change else result.update
         entry.update(time=time.time(), strategy=self.settings["update"])
         if update is not None:
             # Merge onto the live workflow: nodes may have finished since the snapshot.
             self.workflow, entry["diff"] = updater.merge(self.workflow, update)
             entry["stats"] = updater.stats(entry["diff"], before)
+            self._restart_running(entry["diff"]["stale"])
             self._save_run()
         self.update_log.append(entry)
         self.store.add_update(self.run_id, entry)
         self._emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
+
+    def _restart_running(self, node_ids) -> None:
+        """Running nodes whose inputs were just reset are cancelled and run again after."""
+        running = [i for i in node_ids if i in self.workflow.nodes
+                   and self.workflow.nodes[i].status == "running"]
+        if running and self._executor is not None:
+            self._executor.restart(running)
 
     async def _consolidate(self) -> None:
         """The final write-up: a summary of what the nodes did; it never rewrites their work."""
@@ -508,9 +547,11 @@ class Flow:
         node = self._not_running(node_id)
         if node.status == "pruned":
             raise NodeError(f"node {node_id!r} is pruned; nothing to rerun")
-        for i in [node_id, *self.workflow.descendants(node_id)]:
+        descendants = self.workflow.descendants(node_id)
+        for i in [node_id, *descendants]:
             if self.workflow.nodes[i].status != "running":
                 self._reset(i)
+        self._restart_running(descendants)
         self.result = None
         self._changed("rerun", node_id)
         return self.run() if run and self._executor is None else self
@@ -523,9 +564,11 @@ class Flow:
         node.requirement = requirement.strip()
         if node.status in ("done", "failed"):
             self._reset(node_id)
-            for i in self.workflow.descendants(node_id):
+            descendants = self.workflow.descendants(node_id)
+            for i in descendants:
                 if self.workflow.nodes[i].status == "done":
                     self.workflow.nodes[i].stale = True
+            self._restart_running(descendants)
         self.result = None
         self._changed("edited", node_id)
 

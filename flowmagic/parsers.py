@@ -52,7 +52,8 @@ _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 
 FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
-              "[--budget-usd B] [--no-interpolate] [--plan-only | --run | --step] [--force] "
+              "[--budget-usd B] [--update-k K] [--max-updates N] [--mask-rate R] "
+              "[--fail-rate R] [--seed S] [--no-interpolate] [--plan-only | --run | --step] [--force] "
               "[--debug] [--tools FN1,FN2] [--inputs FILE1,FILE2] [--execute auto|off] "
               "[--mode aov|orchestrate [--agents A,B] [--budget-s S] "
               "[--max-turns N]]")
@@ -105,6 +106,19 @@ def _positive(kind: type, what: str, minimum: float):
     return convert
 
 
+def _rate(what: str):
+    def convert(text: str):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+        if not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {text}")
+        return value
+    convert.__name__ = what
+    return convert
+
+
 def _flow_parser() -> _Parser:
     p = _Parser(prog="%%flow", add_help=False, allow_abbrev=False)
     p.add_argument("name", nargs="?", default="flow")
@@ -116,6 +130,11 @@ def _flow_parser() -> _Parser:
     p.add_argument("--concurrency", type=_positive(int, "--concurrency", 1))
     p.add_argument("--context", choices=("parents", "ancestors"))
     p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0))
+    p.add_argument("--update-k", dest="update_k", type=_positive(int, "--update-k", 1))
+    p.add_argument("--max-updates", dest="max_updates", type=_positive(int, "--max-updates", 0))
+    p.add_argument("--mask-rate", dest="mask_rate", type=_rate("--mask-rate"))
+    p.add_argument("--fail-rate", dest="fail_rate", type=_rate("--fail-rate"))
+    p.add_argument("--seed", type=_positive(int, "--seed", 0))
     p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
     p.add_argument("--tools")
     p.add_argument("--inputs")
@@ -153,7 +172,8 @@ def parse_flow_line(line: str) -> FlowArgs:
     ns = _flow_parser().parse_args(_split(line, "%%flow"))
     settings = {key: getattr(ns, key) for key in
                 ("k", "model", "strategy", "update", "validate", "concurrency", "context",
-                 "budget_usd", "execute") if getattr(ns, key) is not None}
+                 "budget_usd", "execute", "update_k", "max_updates", "mask_rate", "fail_rate",
+                 "seed") if getattr(ns, key) is not None}
     orchestrate = {key: getattr(ns, key) for key in ("agents", "budget_s", "max_turns")
                    if getattr(ns, key) is not None}
     if orchestrate and ns.kind != "orchestrate":

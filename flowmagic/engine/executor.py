@@ -81,6 +81,7 @@ class Executor:
         self._update_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._done: deque[asyncio.Task] = deque()   # finished tasks, in the order they ended
+        self._restart: set[str] = set()
         self.stop_reason: str | None = None
 
     @property
@@ -126,6 +127,19 @@ class Executor:
         if self._update_task is not None:
             self._update_task.cancel()
         self._poke()
+
+    def restart(self, node_ids) -> list[str]:
+        """Cancel these running nodes: their inputs changed while they ran (an update or a
+        rerun reset an ancestor). Each goes back to pending, marked stale, and runs again
+        once its parents are done; an answer that arrives anyway is discarded."""
+        hit = []
+        for task, node_id in list(self._running.items()):
+            if node_id in node_ids:
+                self._restart.add(node_id)
+                task.cancel()
+                hit.append(node_id)
+        self._poke()
+        return hit
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -219,6 +233,12 @@ class Executor:
         node = wf.nodes.get(node_id)
         if node is not None:
             self._agents[node.agent] -= 1
+        if node_id in self._restart:   # its inputs changed while it ran: whatever came back is moot
+            self._restart.discard(node_id)
+            self._unstart(node)
+            if node is not None:
+                node.stale = True
+            return
         if task.cancelled():
             self._unstart(node)
             return

@@ -1,11 +1,15 @@
 """The global updater: ask a model how to revise the plan from progress so far.
 
-`build_update_prompt` shows the model every subtask with its status, failures with their
-feedback and the outputs of done subtasks within a character budget; `propose` asks for K
-candidate updates concurrently, merges each onto a copy of the workflow by node id (see
-`merge`, re-exported here) and chooses one by the planner's rule (`planner.select`: coverage,
-speed-up, Theorem 1's expected successes; Flow's max P_avg is only the fallback). A candidate that fails is recorded with its error; when all fail the result is
-a no-change, so an update never crashes a run.
+`build_update_prompt` says why the updater was called, shows every subtask with its
+status, failures with their feedback and the outputs of done subtasks within a character
+budget, and asks (as the Flow paper's D.3 prompt does) whether finished outputs are
+sufficient, for a modular, parallel plan and for a rationale. `propose` asks for K candidate
+updates concurrently (uncapped; a cut-off answer is continued), merges each onto a copy of
+the workflow by node id (see `merge`, re-exported here) and chooses one: a candidate that
+changes a node whose failure or empty result called the update beats one that does not,
+then the planner's rule decides (`planner.select`: coverage, speed-up, Theorem 1's
+expected successes). A candidate that fails is recorded with its
+error; when all fail the result is a no-change, so an update never crashes a run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from ..errors import FlowError
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, _short, merge, stats
 
-__all__ = ["UPDATE_SCHEMA", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
+__all__ = ["UPDATE_SCHEMA", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
 
 # The answer _RULES asks for; merge also reads looser shapes that small models write.
@@ -27,17 +31,28 @@ _SUBTASK = {"type": "object", "required": ["id"], "properties": {
     "id": {"type": "string"}, "requirement": {"type": "string"}, "agent": {"type": "string"},
     "depends_on": {"type": "array", "items": {"type": "string"}}, "rerun": {"type": "boolean"}}}
 UPDATE_SCHEMA = {"type": "object", "required": ["action"], "properties": {
+    "rationale": {"type": "string"},
     "action": {"enum": ["no_change", "update"]}, "subtasks": {"type": "array", "items": _SUBTASK},
     "remove": {"type": "array", "items": {"type": "string"}}}}
+# Why the updater was called: a node failed, came back empty ("none" included), or finished.
+TRIGGER_KINDS = ("failed", "empty", "finished")
+_PROBLEMS = ("failed", "empty")
+_CONTINUATIONS = 2   # a cut-off answer is continued at most this many times
 
 
 # ---------------------------------------------------------------------------- the prompt
 _SYSTEM = ("You are the global updater of a team of agents working through a plan of "
            "subtasks. From the progress so far, decide whether the rest of the plan still "
            "reaches the goal, and revise it only where that helps. Answer with JSON only.")
-_RULES = """Answer with one JSON object:
-- if the plan needs no change: {"action": "no_change"}
-- otherwise: {"action": "update", "subtasks": [{"id": "...", "requirement": "...", "agent": "...", "depends_on": ["..."], "rerun": false}], "remove": ["..."]}
+# The Flow paper's update prompt (its appendix D.3) asks first whether the finished results
+# are sufficient; its P_update asks for a modular, parallel plan. Both are said here.
+_CHECKS = """Before you answer:
+1. Check every done subtask's result: is it sufficient for the subtasks that build on it and for the task? A result that is empty, "none", cut off, an error message or off the point is NOT sufficient: set "rerun": true on that subtask (give it a clearer requirement if that helps), or add a subtask that supplies what is missing.
+2. Fix every failed subtask: give it a clearer requirement or another agent, or remove it and add a replacement.
+3. Keep the plan modular and parallel: each subtask does one thing; subtasks that do not need each other's results must not depend on each other; add no dependency that is not needed."""
+_RULES = """Answer with one JSON object; "rationale" comes first and says in one or two sentences why you change what you change (or why nothing needs to change):
+- if the plan needs no change: {"rationale": "...", "action": "no_change"}
+- otherwise: {"rationale": "...", "action": "update", "subtasks": [{"id": "...", "requirement": "...", "agent": "...", "depends_on": ["..."], "rerun": false}], "remove": ["..."]}
 Rules:
 - "subtasks" lists ONLY subtasks to add or change. Subtasks you leave out stay exactly as they are; they are NOT deleted.
 - A new id adds a subtask (ids: lowercase letters, digits and _). "depends_on" replaces a subtask's dependencies.
@@ -97,17 +112,36 @@ def _node_line(wf: Workflow, node_id: str) -> str:
     return line
 
 
-def build_update_prompt(workflow: Workflow, *, budget_chars: int = 6000) -> list[dict]:
-    """Chat messages asking for an update: the task, every node with its status,
-    requirement and dependencies, failures with their feedback, and the outputs of done
-    nodes cut to `budget_chars` in all."""
+def _why(wf: Workflow, trigger: list[dict] | None) -> str:
+    """One line per event that called the updater."""
+    lines = []
+    for t in trigger or []:
+        node_id, kind = t.get("node"), t.get("why")
+        if node_id not in wf.nodes:
+            continue
+        if kind == "failed":
+            lines.append(f"- subtask {node_id} failed")
+        elif kind == "empty":
+            lines.append(f"- subtask {node_id} finished but its result is empty or \"none\"")
+        else:
+            lines.append(f"- subtask {node_id} finished")
+    return "\n".join(lines) or "- a check of the plan between subtasks"
+
+
+def build_update_prompt(workflow: Workflow, *, budget_chars: int = 6000,
+                        trigger: list[dict] | None = None) -> list[dict]:
+    """Chat messages asking for an update: why it was called (`trigger`: [{"node", "why"}],
+    why one of TRIGGER_KINDS), the task, every node with its status, requirement and
+    dependencies, failures with their feedback, the outputs of done nodes cut to
+    `budget_chars` in all, the sufficiency and structure checks, and the answer's form."""
     wf = workflow
     nodes = "\n".join(_node_line(wf, i) for i in wf.nodes)
     outputs = _fit_outputs(wf, budget_chars)
     results = "\n\n".join(f"[{i}]\n{outputs[i]}" for i in wf.nodes if i in outputs)
-    user = (f"Task:\n{_cut(wf.task or '(no task text)', 2000)}\n\n"
+    user = (f"You were called because:\n{_why(wf, trigger)}\n\n"
+            f"Task:\n{_cut(wf.task or '(no task text)', 2000)}\n\n"
             f"Subtasks (plan order):\n{nodes or '(none)'}\n\n"
-            f"Results of done subtasks:\n{results or '(none yet)'}\n\n{_RULES}")
+            f"Results of done subtasks:\n{results or '(none yet)'}\n\n{_CHECKS}\n\n{_RULES}")
     return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -124,6 +158,8 @@ class UpdateCandidate:
     raw: str = ""
     error: str | None = None    # "<ErrorClass>: <one line>" when unusable
     no_change: bool = False
+    addresses: bool = False     # it changes a node whose failure or empty result called the update
+    rationale: str = ""
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
@@ -151,12 +187,13 @@ class UpdateResult:
     update: Any = None          # the chosen parsed update, to merge again onto a live workflow
     before: Workflow | None = None
     errors: list[str] = field(default_factory=list)
+    rationale: str = ""         # the chosen answer's "rationale"
 
     def to_dict(self) -> dict:
         return {"workflow": self.workflow.to_dict(), "diff": self.diff, "stats": self.stats,
                 "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
                 "no_change": self.no_change, "raw": self.raw, "update": self.update,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "rationale": self.rationale}
 
 
 def _score(wf: Workflow) -> dict:
@@ -171,65 +208,118 @@ def _rule(candidates: list[UpdateCandidate]) -> int:
                                   c.scores["nodes"], c.index)).index
 
 
+def _addresses(diff: dict, trigger: list[dict] | None) -> bool:
+    """Whether the merged candidate changes a node whose failure or empty result called it."""
+    problems = {t.get("node") for t in trigger or [] if t.get("why") in _PROBLEMS}
+    touched = {i for key in ("rerun", "edited", "reassigned", "removed", "rewired")
+               for i in diff.get(key, [])}
+    return bool(problems & touched)
+
+
 def _choose(candidates: list[UpdateCandidate], select: Callable | None, warn) -> UpdateCandidate:
+    """A candidate that addresses the trigger beats one that does not (a fix beats "no
+    change", which the structural rule alone cannot tell apart); among those, `select`
+    (the planner's structural rule by default) decides."""
+    ok = [c for c in candidates if c.ok]
+    pool = [c for c in ok if c.addresses] or ok
     if select is None:
         try:
             from .planner import select
         except ImportError:
             select = _rule
     try:
-        got = select(candidates)
+        got = select(pool)
     except FlowError as exc:
         warn(f"the selection rule failed ({exc}); used max P_avg, min complexity")
-        got = _rule(candidates)
-    by_index = {c.index: c for c in candidates}
+        got = _rule(pool)
+    by_index = {c.index: c for c in pool}
     chosen = got if isinstance(got, UpdateCandidate) else by_index.get(got) if isinstance(got, int) else None
     if chosen is None or not chosen.ok:
         warn(f"the selection rule returned {_short(got)}, not a usable candidate; "
              "used max P_avg, min complexity")
-        chosen = by_index[_rule(candidates)]
+        chosen = by_index[_rule(pool)]
     return chosen
 
 
+async def _ask(llm, messages: list, **kwargs):
+    """The reply's parsed update; an answer cut off by a length limit is continued (at most
+    _CONTINUATIONS times) instead of being lost. Returns (text, data, call_id, usage)."""
+    from ..errors import TruncatedError
+    from ..extract import extract_json
+
+    usage = [0, 0, 0.0]
+    try:
+        reply = await llm.complete(messages, schema=UPDATE_SCHEMA, **kwargs)
+        return reply.text, reply.data, reply.call_id, (reply.input_tokens, reply.output_tokens,
+                                                       reply.cost_usd)
+    except TruncatedError as exc:
+        text, call_id, last = exc.text, exc.call_id, exc
+        usage = [exc.input_tokens, exc.output_tokens, exc.cost_usd]
+    for _ in range(_CONTINUATIONS):
+        more = [*messages, {"role": "assistant", "content": text},
+                {"role": "user", "content": "Your answer was cut off. Continue it exactly where "
+                 "it stopped: write only the rest, nothing before it."}]
+        reply = await llm.complete(more, **kwargs)
+        usage = [usage[0] + reply.input_tokens, usage[1] + reply.output_tokens,
+                 usage[2] + reply.cost_usd]
+        text += reply.text
+        if reply.finish_reason != "length":
+            try:
+                return text, extract_json(text), call_id, tuple(usage)
+            except FlowError as exc:
+                last = exc
+                break
+    err = type(last)(f"{last} (after {_CONTINUATIONS} continuations)")
+    err.input_tokens, err.output_tokens, err.cost_usd = usage
+    raise err
+
+
 async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, model, seed: int,
-                     run_id, max_tokens) -> UpdateCandidate:
+                     run_id, max_tokens, trigger) -> UpdateCandidate:
     cand = UpdateCandidate(index=i, seed=seed + i)
     try:
-        reply = await llm.complete(messages, model=model, schema=UPDATE_SCHEMA, seed=seed + i,
-                                   temperature=None if k == 1 else 0.7, run_id=run_id,
-                                   max_tokens=max_tokens, purpose="update")
-        cand.raw, cand.update, cand.call_id = reply.text, reply.data, reply.call_id
-        cand.tokens_in, cand.tokens_out, cand.cost_usd = (reply.input_tokens, reply.output_tokens,
-                                                          reply.cost_usd)
-        cand.workflow, cand.diff = merge(before, reply.data)
+        cand.raw, data, cand.call_id, usage = await _ask(
+            llm, messages, model=model, seed=seed + i, temperature=None if k == 1 else 0.7,
+            run_id=run_id, max_tokens=max_tokens, purpose="update")
+        cand.update = data
+        cand.tokens_in, cand.tokens_out, cand.cost_usd = usage
+        cand.workflow, cand.diff = merge(before, data)
     except FlowError as exc:  # a failed candidate is recorded; an update never crashes a run
         cand.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        cand.cost_usd += getattr(exc, "cost_usd", 0.0) or 0.0
         cand.workflow = None
         return cand
+    if isinstance(data, dict) and isinstance(data.get("rationale"), str):
+        cand.rationale = _cut(" ".join(data["rationale"].split()), 600)
     cand.stats = stats(cand.diff, before)
     cand.no_change = cand.stats["changed_tasks"] == 0
+    cand.addresses = _addresses(cand.diff, trigger)
     cand.scores = _score(cand.workflow)
     return cand
 
 
 async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str | None = None,
                   seed: int = 0, run_id: str | None = None, select: Callable | None = None,
-                  budget_chars: int = 6000, max_tokens: int | None = None) -> UpdateResult:
+                  budget_chars: int = 6000, max_tokens: int | None = None,
+                  trigger: list[dict] | None = None) -> UpdateResult:
     """Ask for K update candidates concurrently (seeds seed..seed+K-1), merge each, choose one.
 
-    `select(candidates) -> index` defaults to `flowmagic.engine.planner.select` (max P_avg, then
-    min dependency complexity). When every candidate fails, the result is a no-change
-    with the errors in `errors` and in the diff's warnings.
+    `trigger` says why the update was called ([{"node": id, "why": "failed" | "empty" |
+    "finished"}]); the prompt says so, and a candidate that changes a failed or empty node
+    beats one that does not. Among those, `select(candidates) -> index` decides, by default
+    `flowmagic.engine.planner.select` (the planner's rule). When every candidate fails, the result
+    is a no-change with the errors in `errors` and in the diff's warnings. `max_tokens`
+    None sends no cap; an answer cut off anyway is continued.
     """
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
     before = workflow.copy()
-    messages = build_update_prompt(before, budget_chars=budget_chars)
+    messages = build_update_prompt(before, budget_chars=budget_chars, trigger=trigger)
     k = max(1, int(k))
     cands = list(await asyncio.gather(*(
         _candidate(before, messages, i, llm=llm, k=k, model=model, seed=seed, run_id=run_id,
-                   max_tokens=max_tokens) for i in range(k))))
+                   max_tokens=max_tokens, trigger=trigger) for i in range(k))))
     errors = [f"candidate {c.index}: {c.error}" for c in cands if c.error]
     if not any(c.ok for c in cands):
         diff = {key: [] for key in DIFF_KEYS}
@@ -241,4 +331,5 @@ async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str
     chosen = _choose(cands, select, warnings.append)
     chosen.diff["warnings"] = warnings + chosen.diff["warnings"]
     return UpdateResult(chosen.workflow, chosen.diff, chosen.stats, cands, chosen.index,
-                        chosen.no_change, chosen.raw, chosen.update, before, errors)
+                        chosen.no_change, chosen.raw, chosen.update, before, errors,
+                        chosen.rationale)

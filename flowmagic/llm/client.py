@@ -147,12 +147,15 @@ def _retryable(exc: Exception, timeout: float) -> "_Retryable | None":
     return _Retryable(f"malformed response: {exc}")
 
 
-def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float):
+def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float,
+                  text: str = ""):
     """The error for an answer that was not the JSON asked for; it carries the call's
-    id and usage, because the call happened and was paid for."""
+    id, usage and text, because the call happened, was paid for, and a cut-off answer
+    can be continued."""
     exc = (TruncatedError if "cut off" in error else ModelOutputError)(error)
     exc.call_id, exc.input_tokens, exc.output_tokens, exc.cost_usd = (
         call_id, tokens_in, tokens_out, cost)
+    exc.text = text
     return exc
 
 
@@ -309,7 +312,7 @@ class LLM:
                                           output_tokens=hit["output_tokens"],
                                           error=hit.get("error"))
                 if hit.get("error"):
-                    raise _output_error(hit["error"], call_id, 0, 0, 0.0)
+                    raise _output_error(hit["error"], call_id, 0, 0, 0.0, hit.get("text") or "")
                 if on_text:
                     on_text(hit["text"])
                 return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
@@ -348,7 +351,7 @@ class LLM:
                                   output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
                                   error=error, cache_payload=cached)
         if error is not None:
-            raise _output_error(error, call_id, tokens_in, tokens_out, cost)
+            raise _output_error(error, call_id, tokens_in, tokens_out, cost, text)
         return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
                      call_id, finish, key, tool_calls or None)
 

@@ -274,8 +274,11 @@ def _mark_stale(wf: Workflow, diff: dict, warn) -> None:
             continue
         for d in wf.descendants(root):
             node = wf.nodes[d]
-            if node.status == "running":
-                warn(f"subtask {d} is running on inputs from {root}, which will be rerun")
+            if node.status == "running":   # the executor cancels it and runs it again
+                warn(f"subtask {d} was running on inputs from {root}, which will be rerun; "
+                     "it runs again after it")
+                if d not in diff["stale"]:
+                    diff["stale"].append(d)
             elif node.status != "pruned" and not (node.status == "pending" and node.stale):
                 if node.status == "done":
                     _archive(node, f"stale: {root} was rerun by an update")
