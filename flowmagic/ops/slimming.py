@@ -11,10 +11,18 @@ model) counts as most important on the measured metrics.
 
 `aslim` is greedy, like AgentSlimming, but without its failures: stage 1 tries the
 `top_k` least important nodes in order and keeps the first prune whose score stays at
-or above tau times the baseline (and is not dearer), then ranks again, until no prune is
-kept; stage 2 does the same with model downgrades (a kept downgrade must be strictly
-cheaper). Every configuration is evaluated once (memoised) on the whole probe set, its
-inputs concurrently. A baseline score of 0 is an error, never a silent "accept all".
+or above tau times the stage's baseline (and is not dearer), then ranks again, until no
+prune is kept; stage 2 does the same with model downgrades (a kept downgrade must be
+strictly cheaper). As in AgentSlimming, each stage's baseline is the score it starts from:
+the original score for pruning, the score after pruning for downgrading. Every
+configuration is evaluated once (memoised), its inputs concurrently. A baseline score of
+0 is an error, never a silent "accept all".
+
+Around the paper: `accept=` gives a separate probe split (or the fraction of the probe
+set held out) on which steps are accepted, so the examples that ranked a node do not also
+judge it; `budget_usd=` (mean USD per example) makes the result the best-scoring
+configuration seen whose cost is within the budget; the report gives what the
+optimisation itself spent and after how many runs the saving pays it back.
 """
 
 from __future__ import annotations
@@ -141,6 +149,8 @@ class _Session:
         self.original = fresh_copy(flow.workflow)
         self.limit = asyncio.Semaphore(int(concurrency) if concurrency else 1_000_000)
         self.points: list[dict] = []
+        self.configs: dict[str, Workflow] = {}   # label -> configuration, for "best under budget"
+        self.spent_usd = 0.0                     # what the evaluations really paid
         self._memo: dict[tuple, asyncio.Task] = {}
 
     def tell(self, event: dict) -> None:
@@ -157,6 +167,8 @@ class _Session:
         ev = await evaluate(self.flow, wf, self.probe, limit=self.limit)
         point = {**_describe(self.original, wf), "score": ev.score, "cost_usd": ev.cost_usd,
                  "failures": ev.failures}
+        self.spent_usd += sum(item.paid_usd for item in ev.batch)
+        self.configs[point["label"]] = wf
         self.points.append(point)
         self.tell({"phase": "evaluated", **point})
         return ev
@@ -274,6 +286,7 @@ class SlimReport:
     points: list[dict] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    optimisation: dict = field(default_factory=dict)   # cost_usd, saving_usd, break_even_runs
 
     def pareto(self) -> list[dict]:
         return [self.points[i] for i in pareto_front(self.points)]
@@ -284,7 +297,7 @@ class SlimReport:
     def to_dict(self) -> dict:
         return {"baseline": self.baseline, "final": self.final, "steps": self.steps,
                 "points": self.points, "pareto": self.pareto(), "settings": self.settings,
-                "notes": self.notes}
+                "notes": self.notes, "optimisation": self.optimisation}
 
     def text(self) -> str:
         b, f = self.baseline, self.final
@@ -296,6 +309,12 @@ class SlimReport:
             lines.append(f"  {s['action']:<9} {what:<28} S {s['score_before']:.3f}→{s['score_after']:.3f}"
                          f"  C ${s['cost_before']:.6f}→${s['cost_after']:.6f}  "
                          f"{'kept' if s['accepted'] else 'rolled back'}: {s['reason']}")
+        o = self.optimisation
+        if o:
+            runs = o["break_even_runs"]
+            lines.append(f"  optimisation cost ${o['cost_usd']:.6f}; saving ${o['saving_usd']:.6f} "
+                         "per run: " + (f"pays back after {runs} run(s)" if runs is not None
+                                        else "never pays back (no saving)"))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -321,11 +340,11 @@ def _step(stage: str, round_no: int, row: dict, before: Evaluation, after: Evalu
     dearer = (after.cost_usd >= before.cost_usd if stage == "downgrade"
               else after.cost_usd > before.cost_usd + 1e-15)
     if after.score < threshold - 1e-12:
-        accepted, reason = False, f"score {after.score:.3f} < tau x baseline = {threshold:.3f}"
+        accepted, reason = False, f"score {after.score:.3f} < tau x stage baseline = {threshold:.3f}"
     elif dearer:
         accepted, reason = False, f"not cheaper (${after.cost_usd:.6f} vs ${before.cost_usd:.6f})"
     else:
-        accepted, reason = True, f"score {after.score:.3f} >= tau x baseline = {threshold:.3f}"
+        accepted, reason = True, f"score {after.score:.3f} >= tau x stage baseline = {threshold:.3f}"
     return {"stage": stage, "round": round_no, "action": stage, "node": row["node"],
             "from_model": row["model"], "to_model": row["to_model"], "rrf": row["rrf"],
             "score_before": before.score, "cost_before": before.cost_usd,
@@ -333,9 +352,11 @@ def _step(stage: str, round_no: int, row: dict, before: Evaluation, after: Evalu
             "baseline": baseline, "accepted": accepted, "reason": reason}
 
 
-async def _stage(session: _Session, report: SlimReport, wf: Workflow, current: Evaluation,
-                 stage: str, tau: float, baseline: float, top_k: int, cheaper: dict,
-                 weights: dict) -> tuple[Workflow, Evaluation]:
+async def _stage(session: _Session, judge: _Session, report: SlimReport, wf: Workflow,
+                 current: Evaluation, stage: str, tau: float, baseline: float, top_k: int,
+                 cheaper: dict, weights: dict) -> tuple[Workflow, Evaluation]:
+    """Rank on `session`'s probe split, accept on `judge`'s (the same session when no
+    separate split was given)."""
     default = session.flow.settings["model"]
     round_no = 0
     # Ends: a kept prune removes a node, a kept downgrade strictly lowers the cost.
@@ -349,7 +370,7 @@ async def _stage(session: _Session, report: SlimReport, wf: Workflow, current: E
             return wf, current
         for node_id in tried:
             trial, _ = _trial(wf, stage, node_id, cheaper, default)
-            after = await session.evaluate(trial)   # memoised: ranked above already
+            after = await judge.evaluate(trial)   # memoised: ranked above already when one split
             step = _step(stage, round_no, rows[node_id], current, after, tau * baseline, baseline)
             report.steps.append(step)
             session.tell({"phase": "step", **step})
@@ -360,40 +381,98 @@ async def _stage(session: _Session, report: SlimReport, wf: Workflow, current: E
             return wf, current
 
 
+def _split(probe: Probe, accept: Any) -> tuple[Probe, Probe | None]:
+    """(ranking split, acceptance split or None) from `accept`: a Probe, a fraction of the
+    probe set to hold out for acceptance, or None (one set does both)."""
+    if accept is None:
+        return probe, None
+    if isinstance(accept, Probe):
+        return probe, accept
+    if isinstance(accept, float) and 0 < accept < 1:
+        n = round(len(probe) * accept)
+        if not 0 < n < len(probe):
+            raise ConfigError(f"accept={accept} leaves no example on one side of a probe set of "
+                              f"{len(probe)}; use more examples or another fraction")
+        head, tail = len(probe) - n, n
+        return (Probe(probe.examples[:head], probe.scorer, probe.seed, probe.indices[:head]),
+                Probe(probe.examples[-tail:], probe.scorer, probe.seed, probe.indices[-tail:]))
+    raise ConfigError("accept must be a probe set (flowmagic.batch.probe_set) or the fraction "
+                      "of the probe set to hold out for acceptance, e.g. 0.5")
+
+
+def _under_budget(judge: _Session, report: SlimReport, wf: Workflow, current: Evaluation,
+                  budget: float | None) -> Workflow:
+    """The greedy result when it is within `budget`, else the best-scoring configuration
+    judged within it (cheaper on ties); the original result with a note when none is."""
+    if budget is None or current.cost_usd <= budget + 1e-15:
+        return wf
+    fits = [p for p in judge.points if p["cost_usd"] <= budget + 1e-15]
+    if not fits:
+        report.notes.append(f"no configuration tried costs at most ${budget:.6f} per run "
+                            f"(the cheapest: ${min(p['cost_usd'] for p in judge.points):.6f}); "
+                            "kept the greedy result")
+        return wf
+    best = max(fits, key=lambda p: (p["score"], -p["cost_usd"]))
+    report.notes.append(f"budget ${budget:.6f} per run: the greedy result costs "
+                        f"${current.cost_usd:.6f}; chose the best configuration under budget "
+                        f"[{best['label']}] (S={best['score']:.3f})")
+    return judge.configs[best["label"]]
+
+
 async def aslim(flow: "Flow", probe: Probe, *, cheaper: dict | None = None,
                 tau_prune: float = 0.95, tau_downgrade: float = 0.95, top_k: int = 3,
                 weights: dict | None = None, concurrency: int | None = 4,
+                accept: Any = None, budget_usd: float | None = None,
                 progress: Callable[[dict], None] | None = None) -> tuple["Flow", SlimReport]:
-    """A slimmed copy of `flow` (the original is untouched) and the report of how it was found."""
+    """A slimmed copy of `flow` (the original is untouched) and the report of how it was found.
+
+    `accept`: a separate probe split for accepting steps (a Probe, or the fraction of
+    `probe` held out); `budget_usd`: mean USD per run the result must not exceed (the best
+    configuration under it is chosen).
+    """
     from ..flow import Flow
 
     _check_slim(tau_prune, tau_downgrade, top_k)
+    if budget_usd is not None and not float(budget_usd) >= 0:
+        raise ConfigError("budget_usd must be a number >= 0 (mean USD per run)")
     cheaper, weights = _check_cheaper(cheaper), _weights(weights)
-    session = _Session(flow, probe, concurrency, progress)
+    ranking, held_out = _split(probe, accept)
+    session = _Session(flow, ranking, concurrency, progress)
+    judge = session if held_out is None else _Session(flow, held_out, concurrency, progress)
     wf = session.original
-    base = await session.evaluate(wf)
+    base = await judge.evaluate(wf)
     if base.score <= 0:
-        raise FlowError(f"the baseline scores {base.score:g} on the {len(probe)} probe examples "
+        raise FlowError(f"the baseline scores {base.score:g} on the {len(judge.probe)} probe examples "
                         f"({base.failures} runs failed), so no step can be judged; check the scorer "
                         "and the expected answers, or the endpoint")
     report = SlimReport(baseline={"label": "baseline", **base.summary()}, final={},
                         settings={"tau_prune": tau_prune, "tau_downgrade": tau_downgrade,
                                   "top_k": top_k, "weights": weights, "cheaper": cheaper,
-                                  "probe_size": len(probe), "probe_seed": probe.seed})
+                                  "probe_size": len(probe), "probe_seed": probe.seed,
+                                  "rank_size": len(ranking), "accept_size": len(judge.probe),
+                                  "budget_usd": budget_usd})
     current = base
     for stage, tau in (("prune", tau_prune), ("downgrade", tau_downgrade)):
         if stage == "downgrade" and not cheaper:
             report.notes.append("no cheaper={...} map given: the downgrade stage was skipped")
             continue
-        wf, current = await _stage(session, report, wf, current, stage, float(tau), base.score,
-                                   int(top_k), cheaper, weights)
-    unpriced = sorted({m for p in session._memo.values() if p.done() and not p.exception()
-                       for m in p.result().unpriced})
+        # AgentSlimming: a stage is judged against the score it starts from.
+        wf, current = await _stage(session, judge, report, wf, current, stage, float(tau),
+                                   current.score, int(top_k), cheaper, weights)
+    wf = _under_budget(judge, report, wf, current, budget_usd)
+    current = await judge.evaluate(wf)
+    sessions = [session] if judge is session else [session, judge]
+    unpriced = sorted({m for sess in sessions for p in sess._memo.values()
+                       if p.done() and not p.exception() for m in p.result().unpriced})
     if unpriced:
         report.notes.append(f"no price for {', '.join(unpriced)}: counted as $0; "
                             "add prices with flowmagic.configure(prices={...})")
     report.final = {**_describe(session.original, wf), **current.summary()}
-    report.points = list(session.points)
+    report.points = list(judge.points)
+    saving = base.cost_usd - current.cost_usd
+    spent = sum(sess.spent_usd for sess in sessions)
+    report.optimisation = {"cost_usd": spent, "saving_usd": saving,
+                           "break_even_runs": math.ceil(spent / saving - 1e-9) if saving > 1e-15 else None}
     slim = Flow(fresh_copy(wf), name=f"{flow.name}-slim", llm=flow.llm, store=flow.store,
                 **flow.settings)
     slim.probe = probe
