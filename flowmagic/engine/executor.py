@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -72,7 +72,7 @@ class Executor:
         self._update = update
         self._concurrent_update = concurrent_update
         self._running: dict[asyncio.Task, str] = {}
-        self._agents: Counter = Counter()
+        self._slots: dict[str, tuple[str, int]] = {}   # running node -> (agent, clone number)
         self._waiting: dict[str, int] = {}
         self._ready: deque[str] = deque()
         self._paused = False
@@ -198,9 +198,12 @@ class Executor:
             self._start(node)
 
     def _start(self, node: Node) -> None:
-        n = self._agents[node.agent]
-        self._agents[node.agent] += 1
-        node.clone = f"{node.agent}#{n + 1}" if n else None
+        # Clone labels name free slots, not running counts: with #1 and #2 running and #1
+        # done, the next instance is #1 again, never a second #2.
+        taken = {n for agent, n in self._slots.values() if agent == node.agent}
+        n = next(i for i in range(1, len(taken) + 2) if i not in taken)
+        self._slots[node.id] = (node.agent, n)
+        node.clone = f"{node.agent}#{n}" if n > 1 else None
         node.status = "running"
         node.start, node.end, node.error = time.time(), None, None
         task = asyncio.ensure_future(self.work(node.id))
@@ -231,8 +234,7 @@ class Executor:
         node_id = self._running.pop(task)
         wf = self.workflow
         node = wf.nodes.get(node_id)
-        if node is not None:
-            self._agents[node.agent] -= 1
+        self._slots.pop(node_id, None)
         if node_id in self._restart:   # its inputs changed while it ran: whatever came back is moot
             self._restart.discard(node_id)
             self._unstart(node)
@@ -294,8 +296,7 @@ class Executor:
         for task in tasks:
             node_id = self._running.pop(task, None)
             node = wf.nodes.get(node_id) if node_id else None
-            if node is not None:
-                self._agents[node.agent] -= 1
+            self._slots.pop(node_id, None)
             self._unstart(node)
         if self._update_task is not None:
             self._update_task.cancel()

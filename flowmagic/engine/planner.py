@@ -241,6 +241,7 @@ async def _candidate(llm, index: int, seed: int, task: str, messages: list[dict]
         cand.tokens_in = getattr(exc, "input_tokens", 0) or 0
         cand.tokens_out = getattr(exc, "output_tokens", 0) or 0
         cand.cost_usd = getattr(exc, "cost_usd", 0.0) or 0.0
+        cand.cached = getattr(exc, "cached", False)
         return cand
     cand.tokens_in, cand.tokens_out = reply.input_tokens, reply.output_tokens
     cand.cost_usd, cand.call_id, cand.model = reply.cost_usd, reply.call_id, reply.model
@@ -420,10 +421,24 @@ def _set_note(c, text: str) -> None:
         c.note = text
 
 
+_RETRY_ROUNDS = 8   # earlier failed rounds of one task skipped by a retry
+
+
 async def plan(task: str, **options: Any) -> tuple[list[Candidate], int]:
     """`plan_candidates(task, **options)` and the index `select` chose (told to
-    `options["progress"]` as {"phase": "chosen", "chosen", "usable", "k"})."""
+    `options["progress"]` as {"phase": "chosen", "chosen", "usable", "k"}).
+
+    When every candidate failed and every failure was replayed from the cache, this is a
+    retry of a planning that already failed: the next K seeds are asked instead, so
+    "try again" calls the model rather than returning the stored failure.
+    """
     candidates = await plan_candidates(task, **options)
+    k, seed = options.get("k", 3), options.get("seed", 0) or 0
+    for _ in range(_RETRY_ROUNDS):
+        if any(c.ok for c in candidates) or not all(c.cached for c in candidates):
+            break
+        seed += k
+        candidates = await plan_candidates(task, **{**options, "seed": seed})
     chosen = select(candidates, task)
     if options.get("progress") is not None:
         options["progress"]({"phase": "chosen", "chosen": chosen, "k": len(candidates),

@@ -62,6 +62,9 @@ class Scores:
     tool_f1: float | None = None
     # (pred id, gold id, similarity), sorted by gold id: which nodes were matched.
     matches: tuple[tuple[str, str, float], ...] = ()
+    # Neither graph has an edge: edge P/R/F1 and S_PL are 1.0 by convention (nothing to
+    # get wrong), so SSI is at least 0.5 whatever the labels; read them with this flag.
+    edges_vacuous: bool = False
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -70,7 +73,7 @@ class Scores:
 
 
 # Scalar metrics that summarize() averages (ged_exact becomes a fraction).
-METRICS = tuple(f.name for f in fields(Scores) if f.name != "matches")
+METRICS = tuple(f.name for f in fields(Scores) if f.name not in ("matches", "edges_vacuous"))
 
 
 # ---------------------------------------------------------------- graphs
@@ -79,7 +82,7 @@ METRICS = tuple(f.name for f in fields(Scores) if f.name != "matches")
 class _Graph(NamedTuple):
     ids: list[str]
     labels: list[str]
-    tools: list[str | None]
+    tools: list[tuple[str, ...]]     # per node: the tools it declares or really called
     edges: set[tuple[int, int]]  # by index into ids
 
     def digraph(self) -> nx.DiGraph:
@@ -87,6 +90,19 @@ class _Graph(NamedTuple):
         g.add_nodes_from(range(len(self.ids)))
         g.add_edges_from(sorted(self.edges))
         return g
+
+
+def _node_tools(n: Mapping) -> tuple[str, ...]:
+    """The tools a node declares ("tool" or "tools") and those it really called: the calls
+    (without error) of the attempt whose output stands, the last passed one. A node that
+    called a tool twice used it once."""
+    declared = n.get("tools") if isinstance(n.get("tools"), list) else [n.get("tool")]
+    names = {str(t).strip() for t in declared if isinstance(t, str) and t.strip()}
+    attempts = [a for a in n.get("attempts") or [] if isinstance(a, Mapping)]
+    standing = next((a for a in reversed(attempts) if a.get("passed")), attempts[-1] if attempts else {})
+    names |= {str(c["tool"]) for c in standing.get("tool_calls") or []
+              if isinstance(c, Mapping) and c.get("tool") and not c.get("error")}
+    return tuple(sorted(names))
 
 
 def _as_graph(obj, side: str) -> _Graph:
@@ -107,8 +123,7 @@ def _as_graph(obj, side: str) -> _Graph:
         if nid in nodes:
             raise PlanError(f"the {side} graph has two nodes with id {nid!r}; give each node its own id")
         label = n.get("label", n.get("requirement"))
-        tool = n.get("tool")
-        nodes[nid] = (str(label or ""), str(tool).strip() if tool else None)
+        nodes[nid] = (str(label or ""), _node_tools(n))
     ids = sorted(nodes, key=lambda i: (nodes[i][0], i))
     index = {nid: k for k, nid in enumerate(ids)}
     edges = set()
@@ -159,8 +174,9 @@ def _match(sim: Matrix, threshold: float, p: _Graph, g: _Graph) -> dict[int, int
 
 
 def _tool_prf(p: _Graph, g: _Graph):
-    """Tools compared as multisets of names: one use of a tool per gold use."""
-    pt, gt = Counter(t for t in p.tools if t), Counter(t for t in g.tools if t)
+    """Tools compared as multisets of names (a tool counts once per node that uses it):
+    one use of a tool per gold use."""
+    pt, gt = Counter(t for ts in p.tools for t in ts), Counter(t for ts in g.tools for t in ts)
     if not pt and not gt:
         return None, None, None
     return _prf(sum((pt & gt).values()), sum(pt.values()), sum(gt.values()))
@@ -243,7 +259,10 @@ def compare(pred, gold, *, similarity=None, threshold: float = 0.5, alpha: float
     `get_similarity` or a callable; default "auto"); pairs below `threshold` stay
     unmatched. A pred edge is correct when both ends are matched and the mapped edge
     is in gold. SSI = (label similarity + edge F1) / 2. See `_path_length_similarity`
-    for S_PL and `_ged` for the edit distance.
+    for S_PL and `_ged` for the edit distance. When neither graph has an edge, edge F1 and
+    S_PL are 1.0 by convention and `edges_vacuous` says so (the papers leave the case
+    undefined). Tools: a node's declared "tool"/"tools" and, for an executed flow, the
+    tools it really called.
     """
     p, g = _as_graph(pred, "pred"), _as_graph(gold, "gold")
     sim = _sim_matrix(_resolve(similarity), p.labels, g.labels)
@@ -268,6 +287,7 @@ def compare(pred, gold, *, similarity=None, threshold: float = 0.5, alpha: float
         tool_recall=tools[1],
         tool_f1=tools[2],
         matches=tuple(matches),
+        edges_vacuous=not p.edges and not g.edges,
     )
 
 

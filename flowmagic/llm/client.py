@@ -312,7 +312,9 @@ class LLM:
                                           output_tokens=hit["output_tokens"],
                                           error=hit.get("error"))
                 if hit.get("error"):
-                    raise _output_error(hit["error"], call_id, 0, 0, 0.0, hit.get("text") or "")
+                    exc = _output_error(hit["error"], call_id, 0, 0, 0.0, hit.get("text") or "")
+                    exc.cached = True   # a replayed failure: a retry needs another seed
+                    raise exc
                 if on_text:
                     on_text(hit["text"])
                 return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],

@@ -29,7 +29,7 @@ _WRAP_KEYS = ("subtasks", "sub_tasks", "tasks", "steps", "nodes", "plan", "workf
               "items", "stages", "task")
 _ID_KEYS = ("id", "task_id", "subtask_id", "step_id", "node_id", "step", "key")
 _NAME_KEYS = ("name", "title")
-_REQ_KEYS = ("requirement", "description", "task", "text", "label", "content", "instruction",
+_REQ_KEYS = ("requirement", "subtask_requirement", "description", "task", "text", "label", "content", "instruction",
              "instructions", "objective", "goal", "details", "desc", "action", "prompt", "subtask")
 _DEP_KEYS = ("dependencies", "depends_on", "dependson", "deps", "dependency", "depends", "after",
              "prev", "previous", "parents", "parent", "requires", "prerequisites", "predecessors")
