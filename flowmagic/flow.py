@@ -442,11 +442,12 @@ class Flow:
             self._say_capped(trigger[-1]["node"] if trigger else "the last node")
             return
         else:
-            # No token cap: a multi-node restructure cut at a cap silently became "no change";
-            # an answer the endpoint cuts anyway is continued (updater._ask).
+            # Not the nodes' cap: a restructure cut at 512 tokens silently became "no change";
+            # an answer cut anyway is continued (updater._ask).
             result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
                                            model=self.settings["model"], seed=self.settings["seed"],
-                                           run_id=self.run_id, max_tokens=None, trigger=trigger)
+                                           run_id=self.run_id, max_tokens=updater.UPDATE_MAX_TOKENS,
+                                           trigger=trigger)
             for candidate in result.candidates or []:
                 self._spend(getattr(candidate, "cost_usd", 0.0))
             failed = [n.id for n in before.nodes.values() if n.status == "failed"]

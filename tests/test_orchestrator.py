@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import time
 
 import nbformat
@@ -45,18 +46,36 @@ def submit(answer):
     return {"function": {"name": "submit_answer", "arguments": json.dumps({"answer": answer})}}
 
 
+def replies_in(body) -> dict:
+    """{agent: reply} of every reply the orchestrator has been shown so far."""
+    text = "\n".join(m["content"] or "" for m in body["messages"] if m["role"] == "user")
+    return dict(re.findall(r"^\[(\w+)\]: (.*)$", text, re.M))
+
+
+def sent_to(body) -> list[str]:
+    return [json.loads(tc["function"]["arguments"])["agent"] for m in body["messages"]
+            if m["role"] == "assistant" for tc in m.get("tool_calls") or []
+            if tc["function"]["name"] == "send_message"]
+
+
+def wait():
+    return {"function": {"name": "wait_for_replies", "arguments": "{}"}}
+
+
 def scripted(body):
     """A planner-mediated run: plan + analysis at once, a refined task for the coder, submit."""
     if is_final(body):
         return "best answer so far"
     if is_orchestrator(body):
-        replies = [m["content"] for m in body["messages"] if m["role"] == "tool"]
-        if not replies:
+        got, sent = replies_in(body), sent_to(body)
+        if not sent:
             return {"tool_calls": [send("planner", "Plan: sum the sales column."),
                                    send("analyst", "Which column holds sales?")]}
-        if len(replies) == 2:
-            return {"tool_calls": [send("coder", f"Write code. Plan: {replies[0]}")]}
-        return {"tool_calls": [submit(f"final: {replies[-1]}")]}
+        if "coder" in got:
+            return {"tool_calls": [submit(f"final: {got['coder']}")]}
+        if "planner" in got and "analyst" in got and "coder" not in sent:
+            return {"tool_calls": [send("coder", f"Write code. Plan: {got['planner']}")]}
+        return {"tool_calls": [wait()]}
     last = body["messages"][-1]["content"]
     return f"{worker(body)} did: {last[:40]}"
 
@@ -70,7 +89,7 @@ def test_turns_are_ordered_workers_run_concurrently_and_all_is_stored():
         flowmagic.configure(base_url=server.base_url, model="m")
         events = []
         o = orchestrate("Total the sales in sales.csv", agents="planner,analyst,coder",
-                        llm=fast_llm(), on_event=events.append, budget_s=30, max_turns=5)
+                        llm=fast_llm(), on_event=events.append, budget_s=30, max_turns=6)
         assert o.status == "submitted" and o.ended_by == "submit"
         assert o.answer == "final: coder did: Write code. Plan: planner did: Plan: sum"
         assert server.max_in_flight == 2   # planner and analyst at once
@@ -79,11 +98,12 @@ def test_turns_are_ordered_workers_run_concurrently_and_all_is_stored():
         assert kinds[1:3] == [(1, "orchestrator", "planner", "send"), (1, "orchestrator", "analyst", "send")]
         assert sorted(kinds[3:5]) == [(1, "analyst", "orchestrator", "reply"),
                                       (1, "planner", "orchestrator", "reply")]
-        assert kinds[5:] == [(2, "orchestrator", "coder", "send"), (2, "coder", "orchestrator", "reply"),
-                             (3, "orchestrator", "user", "submit")]
+        later = [(sender, recipient, kind) for _, sender, recipient, kind in kinds[5:]]
+        assert later == [("orchestrator", "coder", "send"), ("coder", "orchestrator", "reply"),
+                         ("orchestrator", "user", "submit")]
         assert [m.seq for m in o.transcript] == list(range(len(o.transcript)))
-        assert [t["turn"] for t in o.turns] == [1, 2, 3]
-        assert o.calls == 6 and o.tokens_in > 0 and o.tokens_out > 0
+        assert [t["turn"] for t in o.turns] == list(range(1, len(o.turns) + 1))
+        assert o.calls == len(o.turns) + 3 and o.tokens_in > 0 and o.tokens_out > 0
         assert all(m.tokens_out > 0 for m in o.transcript if m.kind == "reply")
         # stored as it happened, and announced live in the same order
         stored = get_store().transcript(o.run_id)
@@ -95,6 +115,69 @@ def test_turns_are_ordered_workers_run_concurrently_and_all_is_stored():
         loaded = load_orchestration(o.run_id)
         assert loaded.answer == o.answer and len(loaded.transcript) == len(o.transcript)
         assert loaded.turns == o.turns and [a.name for a in loaded.agents] == ["planner", "analyst", "coder"]
+
+
+def test_the_orchestrator_acts_on_each_reply_as_it_arrives():
+    """A 0.2 s and a 3.0 s worker: the next move comes after the fast one, not the slow one."""
+    def responder(body):
+        if is_final(body):
+            return "best answer so far"
+        if is_orchestrator(body):
+            got, sent = replies_in(body), sent_to(body)
+            if not sent:
+                return {"tool_calls": [send("analyst", "quick look"), send("researcher", "deep dive")]}
+            if "researcher" in got:
+                return {"tool_calls": [submit(f"{got['analyst']} + {got['researcher']}")]}
+            if "analyst" in got and "coder" not in sent:
+                return {"tool_calls": [send("coder", f"use {got['analyst']}")]}
+            return {"tool_calls": [wait()]}
+        return f"{worker(body)} done"
+
+    def latency(body):
+        if is_orchestrator(body) or is_final(body):
+            return 0.0
+        return {"analyst": 0.2, "researcher": 3.0}.get(worker(body), 0.2)
+
+    with LoopbackServer(responder=responder, latency=latency) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents="analyst,researcher,coder", llm=fast_llm(), budget_s=30,
+                        max_turns=8)
+        arrivals = [(r["arrived"], r["body"]) for r in server.requests]
+        start = arrivals[0][0]
+        moves = [t - start for t, body in arrivals if is_orchestrator(body)]
+        assert moves[1] < 1.5, moves            # acted on the 0.2 s reply, not at 3.0 s
+        coder_sent = next(t - start for t, body in arrivals
+                          if not is_orchestrator(body) and worker(body) == "coder")
+        assert coder_sent < 1.5                 # and the coder worked while the researcher did
+        assert o.answer == "analyst done + researcher done" and o.ended_by == "submit"
+        assert len(o.turns[0]["fed"]) == 1      # the first move saw one reply
+
+
+def test_a_worker_may_write_to_the_orchestrator_first():
+    seen = []
+
+    def responder(body):
+        if is_orchestrator(body):
+            seen.append(body["messages"][1]["content"])
+            return {"tool_calls": [submit("thanks")]}
+        return "unused"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        orch = Orchestrator("t", ["analyst"], llm=fast_llm())
+        orch.post("analyst", "I already have the totals: 42")
+
+        async def main():
+            try:
+                return await orch.run()
+            finally:
+                await orch.llm.aclose()
+
+        o = asyncio.run(main())
+        assert "[analyst, unprompted]: I already have the totals: 42" in seen[0]
+        assert [(m.sender, m.kind) for m in o.transcript][:2] == [("user", "task"), ("analyst", "message")]
+        with pytest.raises(ConfigError, match="no agent"):
+            orch.post("nobody", "hi")
 
 
 def never_submits(body):
@@ -124,7 +207,7 @@ def test_the_time_budget_cuts_slow_workers_and_still_submits():
         elapsed = time.perf_counter() - started
         assert elapsed < 1.6, elapsed
         assert (o.status, o.ended_by, o.answer) == ("forced", "time", "best answer so far")
-        assert o.turns == [{"turn": 1, "action": "send", "answered": [False]}]
+        assert o.turns == [{"turn": 1, "action": "send", "sent": [0], "cut": "time"}]
         assert any(m.kind == "note" and "no reply from analyst" in m.content for m in o.transcript)
 
 

@@ -440,10 +440,11 @@ def chat_responder(body):
     if "Write only the final answer" in _system(body):
         return "best answer so far"
     if _system(body).startswith("You are the orchestrator"):
-        replies = [m["content"] for m in body["messages"] if m["role"] == "tool"]
-        if not replies:
+        if not any(m["role"] == "tool" for m in body["messages"]):
             return {"tool_calls": [_call("send_message", agent="planner", content="Plan **it**"),
                                    _call("send_message", agent="analyst", content="Which column?")]}
+        if "Still working" in body["messages"][-1]["content"]:   # replies arrive one by one
+            return {"tool_calls": [_call("wait_for_replies")]}
         return {"tool_calls": [_call("submit_answer", answer="Total: **42**")]}
     return f"{_system(body).split('.')[0]} says: `done`"
 

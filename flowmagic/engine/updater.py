@@ -23,7 +23,7 @@ from ..errors import FlowError
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, _short, merge, stats
 
-__all__ = ["UPDATE_SCHEMA", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
+__all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
 
 # The answer _RULES asks for; merge also reads looser shapes that small models write.
@@ -38,6 +38,9 @@ UPDATE_SCHEMA = {"type": "object", "required": ["action"], "properties": {
 TRIGGER_KINDS = ("failed", "empty", "finished")
 _PROBLEMS = ("failed", "empty")
 _CONTINUATIONS = 2   # a cut-off answer is continued at most this many times
+# Room for a multi-node restructure (the old 512 cut one and it became "no change"), yet a
+# bound on a small model that rambles; an answer cut here is continued.
+UPDATE_MAX_TOKENS = 2048
 
 
 # ---------------------------------------------------------------------------- the prompt

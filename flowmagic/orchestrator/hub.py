@@ -5,7 +5,10 @@ ends with `submit_answer(answer)`; workers (a role prompt each, optionally with 
 see only what the orchestrator sends them and answer only it. It may ask a planner for a
 decomposition, refine an instruction, or hand a task to another agent. Unlike the
 reference code, messages sent in one turn run concurrently, nothing polls, and the
-endpoint is whatever flowmagic is configured with. Endpoints with function calling get
+endpoint is whatever flowmagic is configured with. Messages are asynchronous, as in
+CORAL: the orchestrator's next move comes as soon as the first reply arrives (with the
+agents still working named), not after the slowest; it may send more, wait, or submit
+while others work; and a worker (or any code) may write to it first with `post()`. Endpoints with function calling get
 the two actions as tools; the others a JSON action protocol
 (`{"action": "send", "messages": [...]}` or `{"action": "submit", "answer": ...}`).
 
@@ -104,7 +107,11 @@ class Orchestrator:
                                     name=name)
         self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
         self._memory: dict[str, list[tuple[str, str]]] = {a.name: [] for a in self.agents}
-        self._exchanges: list[tuple[str, str, str]] = []   # (agent, message, reply) in send order
+        self._exchanges: list[tuple[str, str, str]] = []   # (agent, message, reply) as fed
+        self._inflight: dict[int, tuple[asyncio.Task, str, str, int]] = {}   # send seq -> work
+        self._sends = 0                                   # sends so far (their seqs)
+        self._inbox: list[tuple[str, str]] = []           # messages agents wrote first
+        self._arrived: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
         self._stop_asked = False
         self._deadline = self._hard_deadline = None
@@ -176,6 +183,17 @@ class Orchestrator:
             await asyncio.gather(*pending, return_exceptions=True)
         return not pending
 
+    def post(self, agent: str, content: str) -> None:
+        """A message to the orchestrator that it did not ask for (a worker writing first);
+        it sees it with the next replies, or in its first turn when posted before."""
+        if agent not in self.by_name:
+            raise ConfigError(f"there is no agent {agent!r}; agents: {', '.join(self.by_name)}")
+        if not isinstance(content, str) or not content.strip():
+            raise ConfigError("a posted message needs some text")
+        self._inbox.append((agent, content.strip()))
+        if self._arrived is not None:
+            self._arrived.set()
+
     def stop(self) -> None:
         """End now: running calls are cancelled and the best answer so far is submitted."""
         self._stop_asked = True
@@ -186,6 +204,7 @@ class Orchestrator:
     async def run(self) -> Orchestration:
         o = self.result
         self._stopped = asyncio.Event()
+        self._arrived = asyncio.Event()
         if self._stop_asked:
             self._stopped.set()
         started = time.monotonic()
@@ -196,7 +215,7 @@ class Orchestrator:
         self._add(0, "user", "orchestrator", "task", self.task)
         conv = [{"role": "system", "content": _system(self.agents, self._said_turns, self._said_budget,
                                                       self.protocol)},
-                {"role": "user", "content": f"The task:\n{self.task}"}]
+                {"role": "user", "content": f"The task:\n{self.task}" + self._unprompted(0)}]
         o.ended_by = "turns"
         turn = 0
         while self.max_turns is None or turn < self.max_turns:
@@ -211,6 +230,7 @@ class Orchestrator:
                 break
         if self.replay is not None and o.ended_by == "turns":
             o.ended_by = self.replay.get("ended_by") or "turns"   # cut between turns, as recorded
+        await self._cut_inflight(len(o.turns), o.ended_by == "submit")
         if o.ended_by != "submit":
             await self._force(o.ended_by)
         o.elapsed_s = time.monotonic() - started
@@ -264,8 +284,9 @@ class Orchestrator:
         actions = (_read_native(reply, names) if self.protocol == "native"
                    else _read_action(reply.data, names))
         if self.protocol == "native" and not actions and reply.text.strip():
-            actions = [("invalid", "you answered in text; call send_message or submit_answer",
-                        None, None)]
+            actions = ([("wait", None, None, None)] if self._inflight else
+                       [("invalid", "you answered in text; call send_message or submit_answer",
+                         None, None)])
         submit = next((a for a in actions if a[0] == "submit"), None)
         if submit is not None:
             record["action"] = "submit"
@@ -273,33 +294,87 @@ class Orchestrator:
             self._add(turn, "orchestrator", "user", "submit", submit[1], reply)
             return "submit"
         sends = [a for a in actions if a[0] == "send"]
-        record["action"] = "send" if sends else "invalid"
+        record["action"] = ("send" if sends else "wait" if any(a[0] == "wait" for a in actions)
+                            else "invalid")
+        record["sent"] = self._dispatch(sends, turn, reply)
+        fed = await self._collect(turn, script)
+        if fed is None:
+            record["cut"] = "stopped" if self._stopped.is_set() else "time"
+            return record["cut"]
+        record["fed"] = [seq for seq, *_ in fed]
+        self._feed(conv, reply, actions, record["sent"], fed, turn)
+        return "continue"
+
+    def _dispatch(self, sends: list[tuple], turn: int, reply) -> list[int]:
+        """Start every send at once; their seqs. In a replay, a send the recorded run never
+        got an answer to is not started (it would call the model)."""
+        answered = None
+        if self.replay is not None:
+            answered = {q for t in self.replay.get("turns") or [] for q in t.get("fed") or []}
+        seqs = []
         for i, (_, agent, content, _) in enumerate(sends):
             self._add(turn, "orchestrator", agent, "send", content, reply if i == 0 else None)
-        answers = await self._dispatch(sends, turn, script)
-        record["answered"] = [a is not None for a in answers]
-        self._feed(conv, reply, actions, sends, answers, turn)
-        return "continue" if all(a is not None for a in answers) else (
-            "stopped" if self._stopped.is_set() else "time")
+            seq, self._sends = self._sends, self._sends + 1
+            task = (asyncio.ensure_future(self._work(agent, content, turn))
+                    if answered is None or seq in answered else None)
+            if task is not None:
+                task.add_done_callback(lambda _t: self._arrived.set())
+            self._inflight[seq] = (task, agent, content, turn)
+            seqs.append(seq)
+        return seqs
 
-    async def _dispatch(self, sends: list[tuple], turn: int, script: dict | None) -> list:
-        """Every send at once; the replies (None where the budget cut one) in send order."""
-        allowed = list((script or {}).get("answered") or []) + [True] * len(sends)
-        tasks = [asyncio.ensure_future(self._work(agent, content, turn)) if ok else None
-                 for (_, agent, content, _), ok in zip(sends, allowed)]
-        await self._bounded([t for t in tasks if t is not None])
-        answers = [t.result() if t is not None and t.done() and not t.cancelled() else None
-                   for t in tasks]
-        for (_, agent, content, _), answer in zip(sends, answers):
-            if answer is None:
-                self._add(turn, "flowmagic", "orchestrator", "note",
-                          f"no reply from {agent} within the budget")
-            else:
-                self._exchanges.append((agent, content, answer))
-                memory = self._memory[agent]
-                memory.append((content, answer))
-                del memory[:-_MEMORY]
-        return answers
+    def _ready(self, script: dict | None) -> list[int] | None:
+        """The seqs to feed now, or None to wait on: the recorded ones in a replay, else
+        every reply that has arrived."""
+        if script is not None and "fed" in script:
+            want = script["fed"]
+            done = all(self._inflight.get(q, (None,))[0] is not None
+                       and self._inflight[q][0].done() for q in want)
+            return list(want) if done else None
+        arrived = [q for q, (t, *_) in sorted(self._inflight.items()) if t is not None and t.done()]
+        return arrived if arrived or self._inbox else None
+
+    async def _collect(self, turn: int, script: dict | None) -> list[tuple] | None:
+        """Wait for the next reply (or a message written first) and take every one that
+        has arrived: [(seq, agent, message, reply)] in send order. [] when no agent is
+        working and nobody wrote; None when the budget or a stop cut the wait."""
+        if script is not None and script.get("cut"):
+            return None
+        while True:
+            ready = self._ready(script)
+            if ready is not None:
+                break
+            if not any(t is not None for t, *_ in self._inflight.values()) and not (
+                    script is not None and script.get("fed")):
+                return []
+            self._arrived.clear()
+            waiter = asyncio.ensure_future(self._arrived.wait())
+            await self._bounded([waiter])
+            if not waiter.done() or waiter.cancelled():
+                return None
+        fed = []
+        for seq in ready:
+            task, agent, content, _ = self._inflight.pop(seq)
+            answer = task.result()
+            fed.append((seq, agent, content, answer))
+            self._exchanges.append((agent, content, answer))
+            memory = self._memory[agent]
+            memory.append((content, answer))
+            del memory[:-_MEMORY]
+        return fed
+
+    async def _cut_inflight(self, turn: int, submitted: bool = False) -> None:
+        """The run ends: replies still awaited are cancelled, each with a note."""
+        waiting, self._inflight = self._inflight, {}
+        tasks = [t for t, *_ in waiting.values() if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for seq, (_, agent, _, _) in sorted(waiting.items()):
+            self._add(turn, "flowmagic", "orchestrator", "note",
+                      f"the answer was submitted before {agent} replied" if submitted
+                      else f"no reply from {agent} within the budget")
 
     async def _work(self, name: str, content: str, turn: int) -> str:
         """One worker's reply to one message (a failure becomes the reply, never a crash)."""
@@ -342,28 +417,41 @@ class Orchestrator:
                                       timeout_s=self.tool_opts["timeout_s"], **kwargs)
         return result.reply
 
-    def _feed(self, conv: list[dict], reply, actions, sends, answers, turn: int) -> None:
-        """Give the replies back to the orchestrator, in send order (so the cache replays)."""
+    def _unprompted(self, turn: int) -> str:
+        """Messages agents wrote first, stored and taken out of the inbox."""
+        notes, self._inbox = self._inbox, []
+        for agent, content in notes:
+            self._add(turn, agent, "orchestrator", "message", content)
+        return "".join(f"\n\n[{agent}, unprompted]: {content}" for agent, content in notes)
+
+    def _feed(self, conv: list[dict], reply, actions, sent: list[int], fed: list[tuple],
+              turn: int) -> None:
+        """Give the orchestrator the replies that arrived (in send order, so a replay asks
+        the same), the messages written first, and who is still working."""
         cut = lambda text: text if len(text) <= self.reply_chars else text[: self.reply_chars] + " [cut]"  # noqa: E731
         left = f"Turn {turn} of {self._said_turns} used." if self._said_turns else f"Turn {turn} used."
+        parts = [f"[{agent}]: {cut(answer)}" for _, agent, _, answer in fed]
+        busy = sorted({agent for _, agent, _, _ in self._inflight.values()})
+        news = ("Replies:\n\n" + "\n\n".join(parts)) if parts else "No new reply."
+        news += self._unprompted(turn)
+        news += f"\n\nStill working: {', '.join(busy)}." if busy else "\n\nNo agent is working."
         if self.protocol == "native":
             said = {"role": "assistant", "content": reply.text or ""}
             conv.append({**said, "tool_calls": reply.tool_calls} if reply.tool_calls else said)
-            replies = iter(answers)
+            seqs = iter(sent)
             for kind, what, _, cid in actions:
-                text = (cut(next(replies) or "(no reply within the budget)") if kind == "send"
-                        else f"Error: {what}")
+                text = (f"sent (message {next(seqs)}); the reply comes when it arrives"
+                        if kind == "send" else "waited" if kind == "wait" else f"Error: {what}")
                 conv.append({"role": "tool", "tool_call_id": cid, "content": text})
             if not actions:
-                conv.append({"role": "user", "content": "Call send_message or submit_answer."})
-            conv.append({"role": "user", "content": f"{left} Send more messages, or submit."})
+                news += "\nCall send_message, wait_for_replies or submit_answer."
+            conv.append({"role": "user", "content": f"{news}\n\n{left} Send more messages, "
+                                                    "wait, or submit."})
             return
-        parts = [f"[{agent}]: {cut(answer or '(no reply within the budget)')}"
-                 for (_, agent, _, _), answer in zip(sends, answers)]
-        parts += [f"(not sent: {what})" for kind, what, _, _ in actions if kind == "invalid"]
+        news += "".join(f"\n(not sent: {what})" for kind, what, _, _ in actions if kind == "invalid")
         conv += [{"role": "assistant", "content": reply.text},
-                 {"role": "user", "content": "Replies:\n\n" + "\n\n".join(parts)
-                  + f"\n\n{left} Send more messages, or submit your answer."}]
+                 {"role": "user", "content": f"{news}\n\n{left} Send more messages, wait, or "
+                                             "submit your answer."}]
 
     async def _force(self, reason: str) -> None:
         """The budget is used up: one last call for the best answer, else the last reply."""

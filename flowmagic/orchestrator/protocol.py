@@ -133,7 +133,7 @@ class Orchestration:
 
     def script(self) -> dict:
         """What `replay=` needs to repeat this run's turns exactly (from the cache)."""
-        return {"turns": [{k: t[k] for k in ("turn", "action", "answered") if k in t}
+        return {"turns": [{k: t[k] for k in ("turn", "action", "sent", "fed", "cut") if k in t}
                           for t in self.turns], "ended_by": self.ended_by, "final": self.final,
                 "limits": [self.settings.get("max_turns"), self.settings.get("budget_s")]}
 
@@ -171,8 +171,13 @@ def _tool_specs(names: list[str]) -> list[dict]:
         "required": ["agent", "content"]}
     submit = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     return [{"type": "function", "function": {"name": "send_message", "parameters": send,
-                                              "description": "Send a message to one agent; "
-                                              "several calls in one turn run at the same time."}},
+                                              "description": "Send a message to one agent; it "
+                                              "works while you go on, and its reply comes as a "
+                                              "message when it arrives."}},
+            {"type": "function", "function": {"name": "wait_for_replies",
+                                              "parameters": {"type": "object", "properties": {}},
+                                              "description": "Do nothing until the next reply "
+                                              "of an agent that is still working."}},
             {"type": "function", "function": {"name": "submit_answer", "parameters": submit,
                                               "description": "Submit the final answer; ends the work."}}]
 
@@ -184,6 +189,7 @@ def _action_schema(names: list[str]) -> dict:
         {"type": "object", "properties": {"action": {"const": "send"},
                                           "messages": {"type": "array", "items": item, "minItems": 1}},
          "required": ["action", "messages"]},
+        {"type": "object", "properties": {"action": {"const": "wait"}}, "required": ["action"]},
         {"type": "object", "properties": {"action": {"const": "submit"}, "answer": {"type": "string"}},
          "required": ["action", "answer"]}]}
 
@@ -193,19 +199,21 @@ def _system(agents: list[Agent], max_turns: int | None, budget_s: float | None, 
     limits = f"at most {max_turns} turns" if max_turns else "a limited number of turns"
     if budget_s:
         limits += f" and about {budget_s:g} seconds"
-    how = ("Use the send_message tool (several calls in one turn run at the same time) and the "
-           "submit_answer tool." if protocol == "native" else
+    how = ("Use the send_message tool (several calls in one turn run at the same time), "
+           "wait_for_replies, and the submit_answer tool." if protocol == "native" else
            'Answer with JSON only: {"action": "send", "messages": [{"agent": NAME, "content": TEXT}, '
-           '...]} to message agents (all at the same time), or {"action": "submit", "answer": TEXT} '
-           "to finish.")
+           '...]} to message agents (all at the same time), {"action": "wait"} to wait for the '
+           'next reply, or {"action": "submit", "answer": TEXT} to finish.')
     return ("You are the orchestrator of a team of agents working on one task. You do not do the "
             "work yourself: you send messages to agents, read their replies, and submit the final "
             "answer.\nThe agents (each sees only the messages you send it, not the task or the other "
             f"agents, so make every message self-contained):\n{team}\n"
+            "Agents work while you go on: you see each reply as soon as it arrives, with the "
+            "agents still working named, and agents may write to you first.\n"
             "Good moves: ask the planner (if there is one) for a decomposition; send independent "
-            "pieces to several agents in the same turn; if a reply is weak, send a refined "
-            f"instruction or give the work to another agent. You have {limits}: submit as soon as "
-            f"the answer is good enough.\n{how}")
+            "pieces to several agents in the same turn; act on a reply at once when it is enough "
+            "for the next step; if a reply is weak, send a refined instruction or give the work "
+            f"to another agent. You have {limits}: submit as soon as the answer is good enough.\n{how}")
 
 
 def _read_native(reply, names: set[str]) -> list[tuple]:
@@ -221,6 +229,8 @@ def _read_native(reply, names: set[str]) -> list[tuple]:
             out.append(("invalid", "the arguments were not a JSON object", None, cid))
         elif fn.get("name") == "submit_answer":
             out.append(_submit(args.get("answer"), cid))
+        elif fn.get("name") == "wait_for_replies":
+            out.append(("wait", None, None, cid))
         elif fn.get("name") == "send_message":
             out.append(_send(args.get("agent"), args.get("content"), names, cid))
         else:
@@ -248,6 +258,8 @@ def _read_action(data: Any, names: set[str]) -> list[tuple]:
     if not isinstance(data, dict):
         return [("invalid", "the answer was not a JSON object", None, None)]
     action = str(data.get("action", "")).lower()
+    if action in ("wait", "wait_for_replies", "wait_for_mention"):
+        return [("wait", None, None, None)]
     if action in ("submit", "submit_answer", "answer") or ("answer" in data and "messages" not in data):
         answer = data.get("answer", data.get("content", ""))
         return [_submit(answer)]
