@@ -16,7 +16,7 @@ from .errors import (BudgetError, ConfigError, EndpointError, FlowError, ModelOu
 __all__ = [
     "__version__", "configure", "LLM", "Reply", "get_llm", "Store", "get_store",
     "Workflow", "Node", "Flow", "plan", "aplan", "load", "tool", "evaluate",
-    "orchestrate", "aorchestrate",
+    "orchestrate", "aorchestrate", "trials", "atrials",
     "FlowError", "ConfigError", "EndpointError", "ModelOutputError", "TruncatedError",
     "PlanError", "NodeError", "BudgetError", "StoreError", "SandboxError",
     "load_ipython_extension", "unload_ipython_extension",
@@ -29,6 +29,7 @@ _LAZY = {
     "Flow": "flow", "plan": "flow", "aplan": "flow", "load": "flow",
     "tool": "engine.tools",
     "orchestrate": "orchestrator.hub", "aorchestrate": "orchestrator.hub",
+    "trials": "ops.trials", "atrials": "ops.trials",
 }
 
 

@@ -363,6 +363,57 @@ def _eval_parser(sub) -> None:
     ev.set_defaults(func=cmd_eval)
 
 
+def cmd_trials(args: argparse.Namespace) -> int:
+    from .ops.trials import CONDITIONS, trials
+
+    source = args.source
+    if source.endswith(".json") and Path(source).is_file():
+        source = json.loads(Path(source).read_text(encoding="utf-8"))
+    plan_score = None
+    if args.gold:
+        from .evaluate import compare
+        gold = json.loads(Path(args.gold).read_text(encoding="utf-8"))
+        plan_score = lambda wf: {k: v for k, v in compare(wf, gold).as_dict().items()  # noqa: E731
+                                 if k in ("ssi", "node_f1", "edge_f1")}
+    settings = _settings(args.set)
+    if args.model:
+        settings["model"] = args.model
+    conditions = CONDITIONS if args.compare_updates else {"as set": {}}
+    report = trials(source, n=args.n, mask_rates=args.mask_rate or (0.0,), conditions=conditions,
+                    checks=args.check, template=args.template, expected=args.expect,
+                    plan_score=plan_score, seed=args.seed, concurrency=args.concurrency, **settings)
+    print(report.text())
+    if args.out:
+        Path(args.out).write_text(json.dumps(report.to_dict(), indent=2, default=str), encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _trials_parser(sub) -> None:
+    tr = sub.add_parser("trials", help="N trials of a task or plan: with vs without updates, "
+                        "masking rates, success rates and tables",
+                        description="Runs N trials per condition, each with a fresh seed, and "
+                        "prints the success rate by condition and masking rate, time, calls, "
+                        "updates and change ratios, and answer scores beside plan scores.")
+    tr.add_argument("source", metavar="TASK|PLAN.json", help="a task in words, or a plan file")
+    tr.add_argument("--n", type=int, default=5, help="trials per condition (default 5)")
+    tr.add_argument("--mask-rate", type=float, action="append",
+                    help="a masking rate to try (repeatable; default 0)")
+    tr.add_argument("--no-compare-updates", dest="compare_updates", action="store_false",
+                    help="run only the settings given, not with and without updates")
+    tr.add_argument("--check", action="append", help="text the result must contain (repeatable)")
+    tr.add_argument("--template", help="use this template's checks")
+    tr.add_argument("--expect", help="the expected answer: each result is scored against it")
+    tr.add_argument("--gold", metavar="GOLD.json", help="a gold plan: each plan is scored against it")
+    tr.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
+    tr.add_argument("--seed", type=int, default=0, help="seed of the first trial (default 0)")
+    tr.add_argument("--concurrency", type=int, default=2, help="trials at once (default 2)")
+    tr.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="any other flow setting, e.g. --set validate=llm (repeatable)")
+    tr.add_argument("--out", metavar="FILE.json", help="write every trial and the tables as JSON")
+    tr.set_defaults(func=cmd_trials)
+
+
 def _planning_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=3, help="candidate plans (default 3)")
     p.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
@@ -429,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--force", action="store_true", help="overwrite OUT.ipynb")
     new.set_defaults(func=cmd_new)
     _eval_parser(sub)
+    _trials_parser(sub)
     return parser
 
 

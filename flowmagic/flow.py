@@ -450,12 +450,12 @@ class Flow:
                                            trigger=trigger)
             for candidate in result.candidates or []:
                 self._spend(getattr(candidate, "cost_usd", 0.0))
-            failed = [n.id for n in before.nodes.values() if n.status == "failed"]
+            called = {t["node"] for t in trigger if t["why"] != "finished"}
             entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
                      "diff": result.diff, "errors": list(result.errors or []),
                      "rationale": result.rationale, "chosen": result.chosen,
-                     "trigger": list(dict.fromkeys(failed + [t["node"] for t in trigger
-                                                             if t["why"] != "finished"]))}
+                     "trigger": [i for i, n in before.nodes.items()   # plan order
+                                 if n.status == "failed" or i in called]}
             update = None if result.no_change else result.update
         entry.update(time=time.time(), strategy=self.settings["update"])
         if update is not None:

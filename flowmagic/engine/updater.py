@@ -116,9 +116,11 @@ def _node_line(wf: Workflow, node_id: str) -> str:
 
 
 def _why(wf: Workflow, trigger: list[dict] | None) -> str:
-    """One line per event that called the updater."""
+    """One line per event that called the updater, in plan order (not arrival order, so
+    the prompt, and its cache key, do not depend on which node finished first)."""
     lines = []
-    for t in trigger or []:
+    order = {node_id: i for i, node_id in enumerate(wf.nodes)}
+    for t in sorted(trigger or [], key=lambda t: order.get(t.get("node"), len(order))):
         node_id, kind = t.get("node"), t.get("why")
         if node_id not in wf.nodes:
             continue

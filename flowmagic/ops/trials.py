@@ -1,0 +1,315 @@
+"""Trials: the papers' experiments in miniature, on any endpoint.
+
+`trials(plan_or_task, n=5, ...)` runs N trials per condition, each with a fresh seed (the
+response cache would otherwise make every trial identical), under conditions such as
+with vs without updates and several masking rates (Flow's robustness experiment). A
+trial succeeds by a user function `success(flow) -> bool | float`, or by checks (text
+the final result must contain; a template's `checks` metadata). The report gives Flow's
+tables in miniature (success rates, time, updates and change ratios) and, when an
+expected answer and a gold plan are given, each trial's answer score beside its plan
+scores with their correlation (CARIAD's question: do better plans give better answers?).
+
+A task (text) is planned again in every trial with that trial's seed, so plans, and
+their scores, vary; a plan (a dict, a Workflow or a Flow) is run as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+__all__ = ["Trial", "TrialReport", "trials", "atrials", "template_checks", "CONDITIONS"]
+
+# The default comparison: the same runs with the updater on (Flow's default for failures
+# and empty outputs) and off.
+CONDITIONS = {"with updates": {"update": "on-failure"}, "without updates": {"update": "off"}}
+
+
+@dataclass
+class Trial:
+    """One run: its condition, seed, outcome and figures."""
+    condition: str
+    mask_rate: float
+    index: int
+    seed: int
+    run_id: str | None = None
+    status: str = ""
+    success: float = 0.0
+    duration_s: float = 0.0
+    updates: int = 0
+    initial_tasks: int = 0
+    changed_tasks: int = 0
+    calls: int = 0
+    cost_usd: float = 0.0
+    answer_score: float | None = None
+    plan_scores: dict = field(default_factory=dict)   # ssi, node_f1, edge_f1 against gold
+    error: str | None = None
+
+    @property
+    def change_ratio(self) -> float:
+        return self.changed_tasks / self.initial_tasks if self.initial_tasks else 0.0
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _markdown(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@dataclass
+class TrialReport:
+    """Every trial, and the tables built from them."""
+    trials: list[Trial]
+    settings: dict = field(default_factory=dict)
+
+    def groups(self) -> dict[tuple[str, float], list[Trial]]:
+        out: dict[tuple[str, float], list[Trial]] = {}
+        for t in self.trials:
+            out.setdefault((t.condition, t.mask_rate), []).append(t)
+        return out
+
+    def rows(self) -> list[dict]:
+        """One row per (condition, mask rate): the figures of Flow's Tables 4, 5 and 9."""
+        rows = []
+        for (condition, rate), ts in self.groups().items():
+            rows.append({
+                "condition": condition, "mask_rate": rate, "trials": len(ts),
+                "success_rate": _mean(t.success for t in ts),
+                "mean_time_s": _mean(t.duration_s for t in ts),
+                "mean_calls": _mean(t.calls for t in ts),
+                "mean_updates": _mean(t.updates for t in ts),
+                "change_ratio": _mean(t.change_ratio for t in ts if t.updates),
+                "answer_score": _mean(t.answer_score for t in ts),
+                "plan_ssi": _mean(t.plan_scores.get("ssi") for t in ts),
+                "errors": sum(1 for t in ts if t.error)})
+        return rows
+
+    def success_table(self) -> str:
+        """Success rate by condition (rows) and masking rate (columns): Flow's Tables 4 and 9."""
+        rates = sorted({t.mask_rate for t in self.trials})
+        by = {(r["condition"], r["mask_rate"]): r for r in self.rows()}
+        conditions = list(dict.fromkeys(t.condition for t in self.trials))
+        return _markdown(["condition", *[f"mask {r:g}" for r in rates]],
+                         [[c, *[(by.get((c, r)) or {}).get("success_rate") for r in rates]]
+                          for c in conditions])
+
+    def cost_table(self) -> str:
+        """Time, calls, updates and the change ratio (Flow's Table 5 and its update figures)."""
+        return _markdown(["condition", "mask", "trials", "time s", "calls", "updates", "change ratio"],
+                         [[r["condition"], r["mask_rate"], r["trials"], r["mean_time_s"],
+                           r["mean_calls"], r["mean_updates"], r["change_ratio"]] for r in self.rows()])
+
+    def correlations(self) -> dict[str, float | None]:
+        """Pearson correlation of the answer score with each plan score, over all trials
+        (None when either side does not vary)."""
+        scored = [t for t in self.trials if t.answer_score is not None and t.plan_scores]
+        out: dict[str, float | None] = {}
+        for key in sorted({k for t in scored for k in t.plan_scores}):
+            xs = [t.plan_scores[key] for t in scored if t.plan_scores.get(key) is not None]
+            ys = [t.answer_score for t in scored if t.plan_scores.get(key) is not None]
+            try:
+                out[key] = statistics.correlation(xs, ys) if len(xs) >= 2 else None
+            except statistics.StatisticsError:   # a constant column
+                out[key] = None
+        return out
+
+    def answer_table(self) -> str:
+        """Each trial's answer score beside its plan scores (CARIAD's end-to-end check)."""
+        keys = sorted({k for t in self.trials for k in t.plan_scores})
+        return _markdown(["condition", "mask", "trial", "answer", *keys],
+                         [[t.condition, t.mask_rate, t.index, t.answer_score,
+                           *[t.plan_scores.get(k) for k in keys]] for t in self.trials])
+
+    def text(self) -> str:
+        parts = [f"{len(self.trials)} trials", "Success rate", self.success_table(),
+                 "Time, calls and updates", self.cost_table()]
+        if any(t.answer_score is not None for t in self.trials):
+            parts += ["Answers and plans", self.answer_table()]
+            corr = self.correlations()
+            if corr:
+                parts.append("correlation with the answer score: " + ", ".join(
+                    f"{k} {_fmt(v)}" for k, v in corr.items()))
+        errors = [t for t in self.trials if t.error]
+        if errors:
+            parts.append(f"{len(errors)} trial(s) failed to run, e.g. {errors[0].error}")
+        return "\n\n".join(parts)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_markdown_(self) -> str:
+        return self.text()
+
+    def to_dict(self) -> dict:
+        return {"settings": self.settings, "rows": self.rows(),
+                "trials": [{**asdict(t), "change_ratio": t.change_ratio} for t in self.trials],
+                "correlations": self.correlations()}
+
+
+# -- success ---------------------------------------------------------------------------------------
+def template_checks(name: str) -> list[str]:
+    """The `checks` a template declares in its metadata (flowmagic.template.checks)."""
+    import nbformat
+
+    from .nbrun import template_path
+
+    nb = nbformat.read(str(template_path(name)), as_version=4)
+    checks = ((nb.metadata.get("flowmagic") or {}).get("template") or {}).get("checks")
+    if not checks:
+        raise ConfigError(f"template {name!r} declares no checks; pass success= or checks=")
+    return [str(c) for c in checks]
+
+
+def _success_fn(success: Callable | None, checks: list[str] | None) -> Callable:
+    if success is not None and checks:
+        raise ConfigError("give success= or checks=, not both")
+    if success is not None:
+        if not callable(success):
+            raise ConfigError("success must be a function flow -> bool or a number in [0, 1]")
+        return success
+    if checks:
+        wanted = [c.lower() for c in checks]
+        return lambda flow: all(w in (flow.result or _outputs(flow)).lower() for w in wanted)
+    return lambda flow: flow.status == "done"
+
+
+def _outputs(flow) -> str:
+    return "\n".join(n.output or "" for n in flow.workflow.nodes.values() if n.status == "done")
+
+
+# -- running ------------------------------------------------------------------------------------
+def _conditions(conditions: Any) -> dict[str, dict]:
+    conditions = CONDITIONS if conditions is None else conditions
+    if isinstance(conditions, (list, tuple)):   # ["on-failure", "off"]: update strategies
+        conditions = {f"update={c}": {"update": c} for c in conditions}
+    if not isinstance(conditions, dict) or not conditions:
+        raise ConfigError("conditions maps a name to Flow settings, e.g. "
+                          "{'with updates': {'update': 'on-failure'}, 'without': {'update': 'off'}}")
+    return {str(k): dict(v or {}) for k, v in conditions.items()}
+
+
+async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, expected,
+               scorer, plan_score) -> Trial:
+    from ..errors import FlowError
+    from ..flow import Flow, aplan
+    from ..model.graph import Workflow
+    from . import batch
+
+    started = time.perf_counter()
+    name = f"trial_{trial.index}"
+    try:
+        if isinstance(source, str):
+            flow = await aplan(source, llm=llm, name=name, **settings)
+        else:
+            wf = source.workflow if hasattr(source, "workflow") else source
+            wf = batch.fresh_copy(wf if isinstance(wf, Workflow) else Workflow.from_dict(wf))
+            flow = Flow(wf, name=name, llm=llm, **settings)
+        await flow.arun()
+    except FlowError as exc:   # a trial that cannot run is a failed trial, not a crashed study
+        trial.error, trial.status = str(exc), "error"
+        trial.duration_s = time.perf_counter() - started
+        return trial
+    trial.duration_s = time.perf_counter() - started
+    trial.run_id, trial.status = flow.run_id, flow.status
+    value = judge(flow)
+    trial.success = float(value) if not isinstance(value, bool) else (1.0 if value else 0.0)
+    replans = [e for e in flow.update_log if not e.get("no_change")]
+    trial.updates = len(flow.update_log)
+    trial.initial_tasks = max((e.get("stats") or {}).get("initial_tasks", 0) for e in flow.update_log) \
+        if flow.update_log else flow.total()
+    trial.changed_tasks = sum((e.get("stats") or {}).get("changed_tasks", 0) for e in replans)
+    cost = flow.cost()["total"]
+    trial.calls, trial.cost_usd = cost["calls"], cost["cost_usd"]
+    if expected is not None:
+        trial.answer_score = await batch.score(scorer, flow.result or _outputs(flow),
+                                               {"expected": expected})
+    if plan_score is not None:
+        scores = plan_score(flow.workflow)
+        scores = scores.as_dict() if hasattr(scores, "as_dict") else dict(scores)
+        trial.plan_scores = {k: float(v) for k, v in scores.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return trial
+
+
+async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
+                  mask_rates: Any = (0.0,), success: Callable | None = None,
+                  checks: list[str] | None = None, template: str | None = None,
+                  expected: Any = None, scorer: Any = "contains",
+                  plan_score: Callable | None = None,
+                  seed: int = 0, concurrency: int = 2, llm: Any = None,
+                  progress: Callable[[Trial], None] | None = None, **settings: Any) -> TrialReport:
+    """Run `n` trials of `source` (a task, a plan dict, a Workflow or a Flow) for every
+    condition and masking rate; trial i of every condition has seed `seed + i`.
+
+    `settings` are Flow settings shared by every trial (model, k, validate, ...); each
+    condition's settings go on top, then `mask_rate`. Success: `success(flow)`, else the
+    `checks` (or the template's) found in the result, else the run finished. With
+    `expected` the result is scored by `scorer` (batch's "contains", "exact", "judge" or a
+    function); `plan_score(workflow) -> dict of numbers` scores each trial's plan, e.g.
+    `lambda wf: flowmagic.evaluate.compare(wf, gold)` (its Scores are read as a dict).
+    """
+    from ..flow import DEFAULTS
+    from .batch import get_scorer
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n is the number of trials per condition, a whole number >= 1, not {n!r}")
+    if isinstance(mask_rates, (int, float)):
+        mask_rates = (mask_rates,)
+    rates = [float(r) for r in mask_rates]
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ConfigError("mask_rates are numbers between 0 and 1, e.g. (0.0, 0.2, 0.5)")
+    if template is not None:
+        checks = template_checks(template)
+    judge = _success_fn(success, checks)
+    conds = _conditions(conditions)
+    given = sorted({k for c in conds.values() for k in c} | set(settings))
+    unknown = [k for k in given if k not in DEFAULTS]
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    if llm is None:
+        from ..llm.client import get_llm
+        llm = get_llm()
+    score_fn = get_scorer(scorer)
+    limit = asyncio.Semaphore(max(1, int(concurrency)))
+    plan = [(name, cond, rate, i) for name, cond in conds.items() for rate in rates for i in range(n)]
+
+    async def one(name, cond, rate, i):
+        trial = Trial(condition=name, mask_rate=rate, index=i, seed=seed + i)
+        merged = {**settings, **cond, "mask_rate": rate, "seed": seed + i}
+        async with limit:
+            out = await _one(source, trial, merged, llm=llm, judge=judge, expected=expected,
+                             scorer=score_fn, plan_score=plan_score)
+        if progress is not None:
+            progress(out)
+        return out
+
+    done = await asyncio.gather(*(one(*p) for p in plan))
+    return TrialReport(list(done), {"n": n, "conditions": conds, "mask_rates": rates,
+                                    "seed": seed, "checks": checks, "settings": settings})
+
+
+def trials(source: Any, **options: Any) -> TrialReport:
+    """`atrials` for scripts; in a notebook use `await flowmagic.atrials(...)`."""
+    from .._internal.aio import run_blocking
+
+    llm = options.pop("llm", None)
+    if llm is None:
+        from ..llm.client import get_llm
+        llm = get_llm()
+    return run_blocking(lambda: atrials(source, llm=llm, **options), llm=llm)
