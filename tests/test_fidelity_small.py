@@ -10,7 +10,7 @@ import flowmagic
 from flowmagic.errors import PlanError
 from flowmagic.evaluate import compare
 from flowmagic.flow import Flow, aplan
-from flowmagic.graph import parse_plan
+from flowmagic.model.graph import parse_plan
 from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
 

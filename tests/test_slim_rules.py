@@ -50,7 +50,7 @@ def responder(body):
 
 @pytest.fixture
 def server(monkeypatch):
-    from flowmagic import endpoints
+    from flowmagic.llm import endpoints
     monkeypatch.setattr(endpoints, "PRICES", dict(endpoints.PRICES))
     with LoopbackServer(responder=responder) as srv:
         flowmagic.configure(base_url=srv.base_url, model="m")

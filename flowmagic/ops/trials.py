@@ -312,4 +312,5 @@ def trials(source: Any, **options: Any) -> TrialReport:
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
-    return run_blocking(lambda: atrials(source, llm=llm, **options), llm=llm)
+    return run_blocking(lambda: atrials(source, llm=llm, **options), close=llm.aclose,
+                        name="flowmagic-trials")
