@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
     # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
-    "tool_similarity": "tfidf",
+    "tool_similarity": "auto",
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
@@ -383,9 +383,20 @@ class Flow:
     def tools_for(self, node_id: str) -> list:
         """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
         from .engine.tools import select_tools
+        similarity = self.settings["tool_similarity"]
+        similarity = "tfidf" if similarity in ("auto", "embeddings") else similarity
         return select_tools(self.workflow.node(node_id).requirement, self.tools,
                             top_n=self.settings["tools_top_n"],
-                            similarity=self.settings["tool_similarity"])
+                            similarity=similarity)
+
+    async def atools_for(self, node_id: str) -> list:
+        """The tools offered to a node, by meaning when the endpoint embeds (see
+        flowmagic.engine.tools.aselect_tools; `tool_similarity` "auto" by default)."""
+        from .engine.tools import aselect_tools
+        node = self.workflow.node(node_id)
+        return await aselect_tools(node.requirement, self.tools, top_n=self.settings["tools_top_n"],
+                                   similarity=self.settings["tool_similarity"], llm=self.llm,
+                                   model=node.model or self.settings["model"])
 
     def tool_calls(self, node_id: str | None = None) -> list[dict]:
         """Every tool call of this run (or of one node): tool, arguments, result, duration, error."""

@@ -123,7 +123,7 @@ class NodeRunner:
                       temperature=settings["temperature"], max_tokens=settings["max_tokens"],
                       run_id=flow.run_id, node_id=node.id, purpose="node",
                       on_text=flow._text_sink(node.id))
-        offered = flow.tools_for(node.id) if flow.tools else []
+        offered = await flow.atools_for(node.id) if flow.tools else []
         if not offered:
             return await flow.llm.complete_whole(
                 messages, continuations=int(settings["continuations"]), **kwargs), []

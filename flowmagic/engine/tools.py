@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import ConfigError
 
 __all__ = ["Tool", "ToolCall", "tool", "registry", "unregister", "as_tool", "as_tools",
-           "schema_of", "resolve_tools", "select_tools", "call_tool"]
+           "schema_of", "resolve_tools", "select_tools", "aselect_tools", "call_tool"]
 
 _REGISTRY: dict[str, "Tool"] = {}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
@@ -315,6 +315,36 @@ def select_tools(requirement: str, tools: Any, top_n: int | None = 3,
     scores = sim([requirement or ""], [t.text() for t in tools])[0]
     order = sorted(range(len(tools)), key=lambda i: (-float(scores[i]), i))
     return [tools[i] for i in order[:top_n]]
+
+
+async def aselect_tools(requirement: str, tools: Any, top_n: int | None = 3,
+                        similarity: Any = "auto", *, llm: Any = None,
+                        model: str | None = None) -> list[Tool]:
+    """`select_tools` by meaning: "auto" (the default) and "embeddings" rank the tools by the
+    cosine of the endpoint's `/embeddings` vectors (of `model`'s endpoint; see
+    `flowmagic.llm.endpoints.embedding_model`), so "will I need an umbrella" finds the
+    weather tool that shares no word with it. "auto" falls back to TF-IDF when the endpoint
+    cannot embed (remembered per endpoint, so it is asked once); "embeddings" raises then.
+    Any other `similarity` is `select_tools`'."""
+    tools = as_tools(tools)
+    if not tools or top_n is None or len(tools) <= top_n or top_n <= 0 or llm is None \
+            or similarity not in ("auto", "embeddings"):
+        fallback = "tfidf" if similarity in ("auto", "embeddings") else similarity
+        return select_tools(requirement, tools, top_n, fallback)
+    from ..errors import EndpointError
+    from ..llm.endpoints import embedding_model
+    from ..model.similarity import EmbeddingSimilarity
+
+    try:
+        vectors = await llm.embed([requirement or "-", *[t.text() for t in tools]],
+                                  model=embedding_model(model), purpose="tool-filter")
+    except EndpointError:
+        if similarity == "embeddings":
+            raise
+        return select_tools(requirement, tools, top_n, "tfidf")
+    table = dict(zip([requirement or "-", *[t.text() for t in tools]], vectors))
+    return select_tools(requirement or "-", tools, top_n,
+                        EmbeddingSimilarity(lambda texts: [table[t] for t in texts]))
 
 
 # ---------------------------------------------------------------------------- calling

@@ -65,18 +65,9 @@ def _offline(name: str, why: str | None) -> tuple[Any, str]:
 
 
 def _embedding_model(model: str | None, embed_model: str | None) -> str | None:
-    """The model asked for vectors: `embed_model`, else $FLOWMAGIC_EMBED_MODEL, else OpenAI's
-    small embedding model on api.openai.com, else the planning model (llama.cpp, vLLM and
-    the loopback embed with the model they serve)."""
-    chosen = embed_model or os.environ.get("FLOWMAGIC_EMBED_MODEL")
-    if chosen:
-        return chosen
-    from ..llm.endpoints import OPENAI_URL, resolve
-
-    endpoint, _ = resolve(model)
-    if endpoint.base_url.rstrip("/") == OPENAI_URL:
-        return ("" if endpoint.name == "default" else f"{endpoint.name}:") + "text-embedding-3-small"
-    return model
+    """The model asked for vectors (see `flowmagic.llm.endpoints.embedding_model`)."""
+    from ..llm.endpoints import embedding_model
+    return embedding_model(model, embed_model)
 
 
 async def aresolve_similarity(name: str = "auto", *, model: str | None = None, llm=None,

@@ -20,6 +20,7 @@ __all__ = [
     "configure",
     "reset",
     "resolve",
+    "embedding_model",
     "endpoints",
     "price_of",
     "set_prices",
@@ -198,3 +199,18 @@ def price_of(model: str | None, *, local: bool = False) -> tuple[float, float] |
     name = model.rsplit("/", 1)[-1].lower()
     best = max((k for k in PRICES if name.startswith(k.lower())), key=len, default=None)
     return PRICES[best] if best else None
+
+
+def embedding_model(model: str | None, embed_model: str | None = None) -> str | None:
+    """The model asked for vectors: `embed_model`, else $FLOWMAGIC_EMBED_MODEL, else OpenAI's
+    small embedding model on api.openai.com, else `model` itself (llama.cpp, vLLM and the
+    loopback embed with the model they serve)."""
+    import os
+
+    chosen = embed_model or os.environ.get("FLOWMAGIC_EMBED_MODEL")
+    if chosen:
+        return chosen
+    endpoint, _ = resolve(model)
+    if endpoint.base_url.rstrip("/") == OPENAI_URL:
+        return ("" if endpoint.name == "default" else f"{endpoint.name}:") + "text-embedding-3-small"
+    return model

@@ -70,6 +70,7 @@ class Orchestrator:
                  name: str = "orchestration", seed: int = 0, temperature: float | None = None,
                  max_tokens: int | None = None, reply_chars: int = 3000, protocol: str = "auto",
                  tool_rounds: int = 3, tool_timeout_s: float = 30.0, tools_top_n: int = 3,
+                 tool_similarity: Any = "auto",
                  replay: dict | None = None, on_event: Callable[[dict], None] | None = None):
         if not isinstance(task, str) or not task.strip():
             raise ConfigError("the task is empty; write what the agents should do")
@@ -98,7 +99,8 @@ class Orchestrator:
         self.protocol = protocol if protocol != "auto" else self.llm.tool_mode(model)
         self.opts = dict(seed=seed, temperature=temperature, max_tokens=max_tokens)
         self.reply_chars = reply_chars
-        self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n)
+        self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n,
+                              similarity=tool_similarity)
         settings = {"mode": "orchestrate", "model": model, "endpoint": _where(endpoint),
                     "budget_s": self._said_budget, "max_turns": self._said_turns,
                     "replayed": replay is not None, "protocol": protocol,
@@ -402,7 +404,7 @@ class Orchestrator:
 
     async def _with_tools(self, agent: Agent, content: str, messages: list[dict], kwargs: dict):
         from ..engine.toolloop import run_with_tools
-        from ..engine.tools import select_tools
+        from ..engine.tools import aselect_tools
 
         def called(call) -> None:
             self.store.add_tool_call(self.result.run_id, agent.name, tool=call.tool,
@@ -411,7 +413,9 @@ class Orchestrator:
                                      round=call.round, protocol=call.protocol)
             self._emit("tool", agent=agent.name, call=call.to_dict())
 
-        offered = select_tools(content, agent.tools, top_n=self.tool_opts["top_n"])
+        offered = await aselect_tools(content, agent.tools, top_n=self.tool_opts["top_n"],
+                                      similarity=self.tool_opts["similarity"], llm=self.llm,
+                                      model=agent.model or self.model)
         result = await run_with_tools(self.llm, messages, offered, on_call=called,
                                       max_rounds=self.tool_opts["max_rounds"],
                                       timeout_s=self.tool_opts["timeout_s"], **kwargs)

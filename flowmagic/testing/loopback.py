@@ -156,8 +156,10 @@ class LoopbackServer:
                  latency: Any = 0.0, seed: int = 0, faults: dict | None = None, fail_first: int = 0,
                  fail_kind: str = "500", reject_json_schema: bool = False, retry_after: float = 0.05,
                  hang_s: float = 30.0,
-                 dims: int = 64, model: str = "loopback", port: int = 0) -> None:
+                 dims: int = 64, model: str = "loopback", port: int = 0,
+                 embedder: Callable[[str], list[float]] | None = None) -> None:
         self.responder = responder or default_responder
+        self.embedder = embedder   # text -> vector for /embeddings (default: hashed bag of words)
         self.latency = _parse_latency(latency)
         self.faults = _parse_faults(faults)
         self.fail_kind = str(fail_kind)
@@ -420,7 +422,7 @@ class LoopbackServer:
         if not self._delay(body, rec):
             h.close_connection = True
             return 0
-        return self._send_json(h, 200, _embeddings_reply(body, self.dims, self.model))
+        return self._send_json(h, 200, _embeddings_reply(body, self.dims, self.model, self.embedder))
 
     # -- another process ---------------------------------------------------------------------
     @classmethod

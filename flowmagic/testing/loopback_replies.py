@@ -120,7 +120,7 @@ def embed_text(text: str, dims: int = 64) -> list[float]:
     return [v / norm for v in vec]
 
 
-def _embeddings_reply(body: dict, dims: int, model: str) -> dict:
+def _embeddings_reply(body: dict, dims: int, model: str, embedder=None) -> dict:
     """The /embeddings answer: one `embed_text` vector per input, as floats or base64."""
     inputs = body.get("input", "")
     if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
@@ -129,9 +129,9 @@ def _embeddings_reply(body: dict, dims: int, model: str) -> dict:
     dims = int(body.get("dimensions") or dims)
     data = []
     for i, text in enumerate(texts):
-        vec: Any = embed_text(text, dims)
+        vec: Any = embed_text(text, dims) if embedder is None else [float(v) for v in embedder(text)]
         if body.get("encoding_format") == "base64":  # what the openai SDK asks for by default
-            vec = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode()
+            vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
         data.append({"object": "embedding", "index": i, "embedding": vec})
     tokens = sum(_count_tokens(t) for t in texts)
     return {"object": "list", "data": data, "model": body.get("model") or model,
