@@ -329,3 +329,12 @@ def test_every_node_field_has_a_json_type_check():
     from flowmagic.model.graph import _FIELD_TYPES
 
     assert set(_FIELD_TYPES) == {f.name for f in fields(Node)} - {"id", "requirement"}
+
+
+def test_an_id_longer_than_40_characters_is_shortened_with_a_word():
+    long_id = "summarise_every_column_of_the_sales_table"   # 41 characters
+    wf = Workflow.from_dict({"subtasks": [{"id": long_id, "requirement": "summarise"}]})
+    (node_id,) = wf.nodes
+    assert len(long_id) == 41 and node_id == long_id[:40]
+    assert any(w.startswith(f"shortened the id {long_id!r}") and "at most 40 characters" in w
+               for w in wf.warnings), wf.warnings

@@ -48,6 +48,8 @@ def model_choices() -> list[tuple[str, str]]:
         where = "embedded" if ep.local else ep.name
         out.append((f"{value} ({where})", value))
     for name, (p_in, p_out) in sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0])):
+        if "embed" in name:   # embedding models cannot run a node
+            continue
         out.append((f"{name} (${p_in:g} / ${p_out:g} per 1M)", name))
     seen: set[str] = set()
     return [(label, value) for label, value in out if not (value in seen or seen.add(value))]

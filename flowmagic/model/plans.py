@@ -277,6 +277,9 @@ def _assign_ids(items: list[_Item], r: _Repair) -> list[_Item]:
             base, unnamed = f"task_{it.pos}", unnamed + (not it.textual)
         elif base != it.raw_id:
             renamed[f"{_short(it.raw_id, 30)} -> {base}"] = None
+            if len(re.sub(r"[^a-z0-9]+", "_", str(it.raw_id).lower()).strip("_")) > SLUG_MAX:
+                r.warn(f"shortened the id {_short(it.raw_id, 60)} to {base}: ids are at most "
+                       f"{SLUG_MAX} characters")
         first = kept.get(base)
         if first is not None and first.requirement.strip() == it.requirement.strip():
             first.deps += it.deps
