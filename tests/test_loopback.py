@@ -146,7 +146,7 @@ def test_schema_example(schema, expected):
 
 
 def _observe(kind, **options):
-    with LoopbackServer(faults={kind: 1.0}, hang_s=30, **options) as srv:
+    with LoopbackServer(faults={kind: 1.0}, hang_s=30, trickle_s=0.1, **options) as srv:
         started = time.monotonic()
         try:
             outcome = chat(srv, timeout=0.5)
@@ -173,10 +173,15 @@ def test_each_fault_kind(kind):
         assert isinstance(outcome, json.JSONDecodeError)
     elif kind == "401":
         assert isinstance(outcome, openai.AuthenticationError)
+    elif kind == "echo":   # the key is in the message: flowmagic must scrub it
+        assert isinstance(outcome, openai.BadRequestError) and "sk-test" in str(outcome)
+    elif kind == "trickle":   # a whole answer, slower than the 0.5 s timeout of any one read
+        assert outcome.choices[0].message.content.startswith(ECHO)
+        assert time.monotonic() - started > 1.0
     else:
         assert outcome.choices[0].finish_reason == "length"
         assert outcome.choices[0].message.content == ECHO[: len(ECHO) // 2]
-    assert stats["calls"] == (1 if kind == "length" else 0)
+    assert stats["calls"] == (1 if kind in ("length", "trickle") else 0)
 
 
 @pytest.mark.parametrize("kind", ["truncated", "garbage", "length"])

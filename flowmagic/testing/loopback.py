@@ -26,7 +26,10 @@ Faults (chat completions only): "429" (with Retry-After), "500", "hang" (no answ
 than the bytes sent, then close; a stream stops without its terminator), "garbage" (HTTP 200
 whose body is not JSON), "length" (a valid completion with finish_reason "length" and half
 the text), "401" (the key was refused). ``fail_first=N`` gives the first N attempts of each body
-the fault ``fail_kind`` (default "500"). Authorization headers are recorded as "REDACTED", never as the key.
+the fault ``fail_kind`` (default "500"). Hostile ones: "trickle" (a valid answer sent in 20 pieces
+``trickle_s`` apart, so no single read waits long), "echo" (HTTP 400 whose message repeats the
+request's headers, the key included, as some proxies do). Authorization headers are recorded
+as "REDACTED", never as the key.
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ __all__ = [
     "schema_example",
 ]
 
-FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401")
+FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401", "trickle", "echo")
+_TRICKLE_PIECES = 20
 _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
 # Options that survive a trip through the command line (callables cannot).
 _CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
-              "retry_after": "--retry-after", "hang_s": "--hang-s", "dims": "--dims", "model": "--model",
+              "retry_after": "--retry-after", "hang_s": "--hang-s", "trickle_s": "--trickle-s", "dims": "--dims", "model": "--model",
               "port": "--port"}
 
 
@@ -155,7 +159,7 @@ class LoopbackServer:
     def __init__(self, *, responder: Callable[[dict], str | dict] | None = None,
                  latency: Any = 0.0, seed: int = 0, faults: dict | None = None, fail_first: int = 0,
                  fail_kind: str = "500", reject_json_schema: bool = False, retry_after: float = 0.05,
-                 hang_s: float = 30.0,
+                 hang_s: float = 30.0, trickle_s: float = 0.5,
                  dims: int = 64, model: str = "loopback", port: int = 0,
                  embedder: Callable[[str], list[float]] | None = None) -> None:
         self.responder = responder or default_responder
@@ -167,6 +171,7 @@ class LoopbackServer:
             raise ConfigError(f"fail_kind {fail_kind!r} is not one of {list(FAULT_KINDS)}")
         self.seed, self.fail_first, self.reject_json_schema = seed, int(fail_first), reject_json_schema
         self.retry_after, self.hang_s, self.dims = retry_after, hang_s, dims
+        self.trickle_s = float(trickle_s)
         self.model, self.port = model, port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -293,7 +298,8 @@ class LoopbackServer:
                 self.calls += answered
 
     def _send_bytes(self, h: _Handler, status: int, payload: bytes, ctype: str = "application/json",
-                    headers: dict | None = None, truncated: bool = False, answered: bool = False) -> int:
+                    headers: dict | None = None, truncated: bool = False, answered: bool = False,
+                    trickle: bool = False) -> int:
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         # "truncated" promises more bytes than it sends, then closes: the client sees a short read.
@@ -302,10 +308,24 @@ class LoopbackServer:
             h.send_header(key, value)
         h.end_headers()
         self._settle(h, status, answered)
-        h.wfile.write(payload)
+        if trickle:
+            self._trickle(h, [payload])
+        else:
+            h.wfile.write(payload)
         if truncated:
             h.close_connection = True
         return status
+
+    def _trickle(self, h: _Handler, parts: list[bytes]) -> None:
+        """The bytes in _TRICKLE_PIECES pieces, `trickle_s` apart (stop() cuts it short)."""
+        data = b"".join(parts)
+        size = max(1, -(-len(data) // _TRICKLE_PIECES))
+        for i in range(0, len(data), size):
+            if i and self._stopping.wait(self.trickle_s):
+                h.close_connection = True
+                return
+            h.wfile.write(data[i:i + size])
+            h.wfile.flush()
 
     def _send_json(self, h: _Handler, status: int, obj: Any, **kw: Any) -> int:
         return self._send_bytes(h, status, json.dumps(obj).encode(), **kw)
@@ -315,7 +335,8 @@ class LoopbackServer:
         err = {"error": {"message": message, "type": code, "code": code, "param": None}}
         return self._send_json(h, status, err, headers=headers)
 
-    def _send_stream(self, h: _Handler, chunks: list[dict], truncated: bool) -> None:
+    def _send_stream(self, h: _Handler, chunks: list[dict], truncated: bool,
+                     trickle: bool = False) -> None:
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.send_header("Cache-Control", "no-cache")
@@ -327,7 +348,12 @@ class LoopbackServer:
         for i, data in enumerate(events):
             if i == len(events) - 1:
                 self._settle(h, 200, answered=not truncated)
+            if trickle and i and self._stopping.wait(self.trickle_s):
+                h.close_connection = True
+                return
             h.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+            if trickle:
+                h.wfile.flush()
         if not truncated:
             h.wfile.write(b"0\r\n\r\n")
 
@@ -378,6 +404,9 @@ class LoopbackServer:
             return self._send_error(h, 500, "internal error (loopback fault injection)", "server_error")
         if fault == "401":
             return self._send_error(h, 401, "incorrect API key (loopback fault injection)", "invalid_api_key")
+        if fault == "echo":   # a proxy that quotes the request back, secrets and all
+            seen = "; ".join(f"{k}: {v}" for k, v in h.headers.items())
+            return self._send_error(h, 400, f"bad request; headers were: {seen}", "invalid_request")
         if fault == "hang":
             self._stopping.wait(self.hang_s)
             h.close_connection = True
@@ -407,11 +436,13 @@ class LoopbackServer:
                 "system_fingerprint": "loopback"}
         if stream:
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._send_stream(h, _stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated")
+            self._send_stream(h, _stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated",
+                              trickle=fault == "trickle")
         else:
             reply = {**base, "object": "chat.completion", "usage": usage,
                      "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}]}
-            self._send_json(h, 200, reply, truncated=fault == "truncated", answered=fault != "truncated")
+            self._send_json(h, 200, reply, truncated=fault == "truncated", answered=fault != "truncated",
+                            trickle=fault == "trickle")
         return 200
 
     def _models(self, h: _Handler, body: dict, rec: dict) -> int:
@@ -463,6 +494,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="HTTP 500 on json_schema, like llama-cpp-python")
     p.add_argument("--retry-after", type=float, default=0.05)
     p.add_argument("--hang-s", type=float, default=30.0)
+    p.add_argument("--trickle-s", type=float, default=0.5, help="seconds between the pieces of a trickle")
     p.add_argument("--dims", type=int, default=64)
     p.add_argument("--model", default="loopback")
     p.add_argument("--port", type=int, default=0)
@@ -479,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     server = LoopbackServer(latency=args.latency, seed=args.seed, faults=args.faults or None,
                             fail_first=args.fail_first, fail_kind=args.fail_kind,
                             reject_json_schema=args.reject_json_schema,
-                            retry_after=args.retry_after, hang_s=args.hang_s, dims=args.dims,
+                            retry_after=args.retry_after, hang_s=args.hang_s,
+                            trickle_s=args.trickle_s, dims=args.dims,
                             model=args.model, port=args.port).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
