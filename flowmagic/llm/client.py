@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import random
 import re
 import threading
@@ -105,6 +106,22 @@ def _valid_unicode(value: Any) -> Any:
     except UnicodeEncodeError:   # in JSON text they can only be inside strings
         text = _SURROGATE.sub("\ufffd", text)
         return text if isinstance(value, str) else json.loads(text)
+
+
+_MAX_TOKENS_REPORTED = 10**9   # more than any context window; beyond it the count is a lie
+
+
+def _token_count(value: Any) -> int:
+    """A usage count as the endpoint reported it, made safe: a number of tokens is a whole
+    number from 0 to 10**9. Negative, NaN, text and absurd values count as 0 (unknown),
+    so a hostile endpoint can neither lower the spent budget nor abort the run."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    if not math.isfinite(number) or number < 0 or number > _MAX_TOKENS_REPORTED:
+        return 0
+    return int(number)
 
 
 def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float:
@@ -463,9 +480,11 @@ class LLM:
 
         client = await self._client(endpoint)
         try:
-            async with self._slot(endpoint):
+            async with self._slot(endpoint), asyncio.timeout(self.timeout):
                 response = await client.embeddings.create(model=model, input=texts,
                                                           encoding_format="float")
+        except TimeoutError:
+            raise _Retryable(f"no whole answer within {self.timeout:g} s") from None
         except openai.APIStatusError as exc:
             status = exc.status_code
             if status in _NO_EMBEDDINGS and not self._embeds.get(endpoint.identity):
@@ -482,7 +501,7 @@ class LLM:
         data = sorted(getattr(response, "data", None) or [], key=lambda d: d.index)
         if len(data) != len(texts):
             raise _Retryable(f"{len(data)} vectors for {len(texts)} texts")
-        used = getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
+        used = _token_count(getattr(getattr(response, "usage", None), "prompt_tokens", 0))
         return [[float(x) for x in d.embedding] for d in data], used
 
     async def _first_model(self, endpoint: Endpoint) -> str:
@@ -545,7 +564,12 @@ class LLM:
                 kwargs["tools"] = tools
             try:
                 async with self._slot(endpoint):
-                    return await self._send(client, kwargs, on_text)
+                    # The SDK's timeout bounds each read; this bounds the whole answer, so
+                    # an endpoint trickling bytes cannot hold a call past `timeout`.
+                    async with asyncio.timeout(self.timeout):
+                        return await self._send(client, kwargs, on_text)
+            except TimeoutError:
+                raise _Retryable(f"no whole answer within {self.timeout:g} s") from None
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if tools and status in (400, 422, 500, 501):
@@ -619,7 +643,7 @@ class LLM:
 def _tokens(usage: Any) -> tuple[int, int]:
     if not isinstance(usage, dict):
         return 0, 0
-    return usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    return _token_count(usage.get("prompt_tokens")), _token_count(usage.get("completion_tokens"))
 
 
 def _completion(body: Any) -> tuple[str, str | None, int, int, list]:
