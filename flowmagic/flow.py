@@ -9,6 +9,7 @@ an asyncio task on the kernel's loop and returns at once; in a script it blocks.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import sys
 import time
@@ -72,7 +73,19 @@ def _check_settings(settings: dict) -> dict:
     for key in ("mask_rate", "fail_rate"):
         if not 0.0 <= float(merged[key]) <= 1.0:
             raise ConfigError(f"{key} must be between 0 and 1")
+    budget = merged["budget_usd"]
+    if budget is not None and not _finite_at_least_zero(budget):
+        raise ConfigError(f"budget_usd must be a number of USD, 0 or more, not {budget!r} "
+                          "(leave it out for no budget)")
     return merged
+
+
+def _finite_at_least_zero(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool) and math.isfinite(number) and number >= 0
 
 
 def _new_run_id() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import keyword
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -99,6 +100,8 @@ def _positive(kind: type, what: str, minimum: float):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+        if not math.isfinite(value):   # NaN compares false with everything: it would pass
+            raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, not {text}")
         return value

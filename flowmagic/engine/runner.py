@@ -96,8 +96,13 @@ class NodeRunner:
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
         return random.Random(f"{self.flow.settings['seed']}:{node_id}:{what}:{attempt}").random()
 
-    async def _verdict(self, node, text: str, code_ran: bool = False):
+    async def _verdict(self, node, text: str, code_ran: bool = False,
+                       finish_reason: str | None = None):
         mode = self.flow.settings["validate"]
+        if finish_reason == "content_filter":   # what there is was cut by the endpoint's filter
+            return False, "the endpoint's content filter stopped the answer; rephrase the subtask"
+        if not (text or "").strip():   # under every mode: an empty answer did not do the work
+            return False, "empty answer"
         if mode == "none":
             return True, ""
         from .validation import validate
@@ -198,7 +203,8 @@ class NodeRunner:
                 if report(ex):
                     output = f"{reply.text.rstrip()}\n\n{report(ex)}"
             try:
-                passed, feedback = await self._verdict(node, output, bool(ex and ex.ran))
+                passed, feedback = await self._verdict(node, output, bool(ex and ex.ran),
+                                                      reply.finish_reason)
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
                 record.update(end=time.time(), passed=True,
                               feedback=f"validator unavailable: {exc}")

@@ -185,7 +185,8 @@ def resolve(model: str | None = None) -> tuple[Endpoint, str | None]:
 def set_prices(prices: dict[str, tuple[float, float]]) -> None:
     """Add or change prices: {model name or prefix: (USD per 1M input, per 1M output)}."""
     for name, pair in prices.items():
-        if len(pair) != 2 or any(not isinstance(p, (int, float)) or p < 0 for p in pair):
+        if len(pair) != 2 or any(not isinstance(p, (int, float)) or not 0 <= p < float("inf")
+                                 for p in pair):
             raise ConfigError(f"price for {name!r} must be (input, output) USD per million tokens")
         PRICES[name] = (float(pair[0]), float(pair[1]))
 
