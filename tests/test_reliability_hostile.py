@@ -134,3 +134,54 @@ def test_an_empty_or_filtered_answer_is_not_a_finished_node(reply):
     one_line(a.error)
     assert ("content filter" if reply.get("finish_reason") else "empty answer") in a.error
     assert flow.workflow.nodes["b"].status != "done"
+
+
+# ------------------------------------------------------------------------- secrets
+def _store_bytes(home) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file())
+
+
+def test_an_endpoint_echoing_the_key_in_an_error_leaks_it_nowhere(flowmagic_home, capsys):
+    from flowmagic import cli
+
+    with LoopbackServer(faults={"echo": 1.0}) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m", api_key=KEY)
+        flow = Flow.from_dict(TWO, task="t", llm=fast_llm(), consolidate=False).run()
+        assert srv.stats()["requests"][0]["had_auth"]
+        code = cli.main(["plan", "make tea", "--k", "1"])
+    out, err = capsys.readouterr()
+    a = flow.workflow.nodes["a"]
+    assert a.status == "failed" and "HTTP 400" in a.error and "[key hidden]" in a.error
+    one_line(a.error)
+    assert code == 1 and "HTTP 400" in err
+    for label, blob in (("the node's error", a.error.encode()), ("the printed line", err.encode()),
+                        ("stdout", out.encode()), ("the store", _store_bytes(flowmagic_home))):
+        assert KEY.encode() not in blob, f"the key leaked into {label}"
+
+
+def test_a_key_a_model_repeats_is_not_stored_nor_sent_to_the_next_model(flowmagic_home):
+    """A hostile endpoint knows the key (it received it) and puts it in its answer."""
+    with LoopbackServer(responder=lambda body: f"done; by the way your key is {KEY}") as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m", api_key=KEY)
+        flow = Flow.from_dict(TWO, task="t", llm=fast_llm(), consolidate=False).run()
+        bodies = json.dumps(srv.stats(bodies=True)["requests"])
+    assert flow.counts() == {"done": 2}
+    assert "[key hidden]" in flow.workflow.nodes["a"].output
+    assert KEY not in bodies                          # b's prompt carries a's output
+    assert KEY.encode() not in _store_bytes(flowmagic_home)
+
+
+@pytest.mark.parametrize("url", [f"https://user:{KEY}@api.example.com/v1",
+                                 f"https://{KEY}@api.example.com/v1"])
+def test_a_key_in_the_base_url_is_refused_in_one_line(url, monkeypatch, capsys, flowmagic_home):
+    from flowmagic import cli
+
+    with pytest.raises(ConfigError) as info:
+        flowmagic.configure(base_url=url, model="m")
+    assert KEY not in str(info.value)
+    one_line(str(info.value))
+    monkeypatch.setenv("FLOWMAGIC_BASE_URL", url)
+    assert cli.main(["plan", "make tea", "--k", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "user name or key" in err and KEY not in err
+    assert KEY.encode() not in _store_bytes(flowmagic_home)

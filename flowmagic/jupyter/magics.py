@@ -65,8 +65,10 @@ def pyproject_settings(start: Path | None = None) -> tuple[dict, Path | None]:
 
 
 def _fail(exc: FlowError) -> UsageError:
-    """The one line a user error shows; as a UsageError it also fails the cell."""
-    return UsageError(f"flowmagic: {exc}")
+    """The one line a user error shows (no API key in it); as a UsageError it also fails
+    the cell."""
+    from ..llm.endpoints import scrub
+    return UsageError(f"flowmagic: {scrub(str(exc))}")
 
 
 def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
@@ -107,7 +109,7 @@ class FlowMagics(Magics):
             configured = set(self.config.get("FlowMagics", {})) if self.config else set()
             self._apply(given, skip=configured, source=f"[tool.flowmagic] in {self.pyproject}")
         except FlowError as exc:   # a broken pyproject.toml must not stop the notebook
-            print(f"flowmagic: {exc}", file=sys.stderr)
+            print(_fail(exc), file=sys.stderr)
 
     # -- the entry point ---------------------------------------------------------------
     @line_cell_magic
@@ -477,7 +479,9 @@ class FlowMagics(Magics):
         try:
             count = int(n)
         except ValueError:
-            raise ConfigError(f"%flow log takes a number of calls, not {n!r}") from None
+            count = 0
+        if count < 1:
+            raise ConfigError(f"%flow log takes a number of calls, 1 or more, not {n[:20]!r}")
         return log_report(get_store().recent_calls(count))
 
 

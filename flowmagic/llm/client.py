@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from . import endpoints as _endpoints
 from . import transport as _transport
-from .endpoints import Endpoint, configure, price_of
+from .endpoints import Endpoint, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
 from ..extract import extract_json
@@ -72,7 +72,7 @@ class Reply:
 
 def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
     blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()   # lone ones too
 
 
 class ToolsUnsupportedError(EndpointError):
@@ -160,8 +160,8 @@ def _retryable(exc: Exception, timeout: float) -> "_Retryable | None":
         return _Retryable(f"no answer within {timeout:g} s")
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
-        return _Retryable(f"cannot connect: {type(cause).__name__}: {cause}")
-    return _Retryable(f"malformed response: {exc}")
+        return _Retryable(scrub(f"cannot connect: {type(cause).__name__}: {cause}"))
+    return _Retryable(scrub(f"malformed response: {exc}"))
 
 
 def _output_error(error: str, call_id, tokens_in: int, tokens_out: int, cost: float,
@@ -311,6 +311,7 @@ class LLM:
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        messages = _valid_unicode(messages)   # a lone surrogate cannot go over HTTP as UTF-8
         endpoint, model_name = _endpoints.resolve(model)
         if not model_name:
             model_name = await self._first_model(endpoint)
@@ -352,7 +353,7 @@ class LLM:
             raise
         latency = time.perf_counter() - started
         text, finish, tokens_in, tokens_out, tool_calls = raw
-        text = _valid_unicode(text)
+        text = scrub(_valid_unicode(text))   # an endpoint echoing the key: not kept, not passed on
         cost = _cost(endpoint, model_name, tokens_in, tokens_out)
         data, error = None, None
         if schema is not None:
@@ -492,7 +493,7 @@ class LLM:
                 where = "the embedded model" if endpoint.local else endpoint.base_url
                 raise EmbeddingsUnsupportedError(
                     f"{where} cannot embed with {model!r} (HTTP {status}: "
-                    f"{' '.join(str(exc).split())[:120]}); use TF-IDF similarity") from None
+                    f"{' '.join(scrub(str(exc)).split())[:120]}); use TF-IDF similarity") from None
             raise _retryable(exc, self.timeout) or EndpointError(
                 self._status_message(endpoint, model, exc)) from None
         except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError,
@@ -511,7 +512,8 @@ class LLM:
             ids = [m.id for m in page.data]
         except Exception as exc:  # any failure here means: tell the user to name one
             raise ConfigError(
-                f"no model named for {endpoint.base_url} and listing its models failed ({exc}); "
+                f"no model named for {endpoint.base_url} and listing its models failed "
+                f"({scrub(str(exc))}); "
                 "set FLOWMAGIC_MODEL or configure(model=...)") from None
         if not ids:
             raise ConfigError(f"{endpoint.base_url} lists no models; set FLOWMAGIC_MODEL")
@@ -596,7 +598,9 @@ class LLM:
         if exc.status_code == 404:
             return (f"{where} has no model {model!r} (HTTP 404); "
                     "check the model name with `%flow models` or FLOWMAGIC_MODEL")
-        return f"{where} rejected the request (HTTP {exc.status_code}): {str(exc)[:200]}"
+        # Some endpoints and proxies quote the request's headers back: the key leaves here.
+        said = " ".join(scrub(str(exc)).split())
+        return f"{where} rejected the request (HTTP {exc.status_code}): {said[:200]}"
 
     @staticmethod
     def _request(model, messages, schema, mode, temperature, seed, max_tokens) -> dict:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
+from ..store import add_secret_source
 
 __all__ = [
     "Endpoint",
@@ -26,6 +27,8 @@ __all__ = [
     "set_prices",
     "PRICES",
     "LOCAL_MODEL",
+    "api_keys",
+    "scrub",
 ]
 
 LOCAL_MODEL = "smollm2-135m-instruct"
@@ -87,10 +90,53 @@ def _check_url(url: str, source: str) -> str:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(
-            f"{source} {url!r} is not an http(s) URL; use something like "
+            f"{source} {_without_userinfo(url)!r} is not an http(s) URL; use something like "
             "http://localhost:11434/v1 (Ollama) or https://api.openai.com/v1"
         )
+    if "@" in parsed.netloc:   # user:password@host: a key there would be stored and logged
+        host = parsed.netloc.rpartition("@")[2]
+        raise ConfigError(
+            f"{source} carries a user name or key before {host!r}; give the key as an API key "
+            "(FLOWMAGIC_API_KEY, or configure(api_key=...)) and the URL without it"
+        )
     return url.rstrip("/")
+
+
+def _without_userinfo(url: str) -> str:
+    head, sep, rest = url.partition("://")
+    return f"{head}{sep}{rest.split('/', 1)[0].rpartition('@')[2]}" if sep else "(not a URL)"
+
+
+# Shorter "keys" are placeholders ("ollama", "not-needed", "sk-test"): hiding them would
+# garble ordinary text, and they guard nothing.
+_MIN_SECRET = 12
+_KEY_ENV = ("FLOWMAGIC_API_KEY", "OPENAI_API_KEY")
+
+
+def api_keys() -> list[str]:
+    """Every API key flowmagic knows of (configured endpoints and the key variables)."""
+    keys = {os.environ.get(var, "") for var in _KEY_ENV}
+    with _lock:
+        keys.update(e.api_key for e in _configured.values())
+    return sorted((k.strip() for k in keys if len(k.strip()) >= _MIN_SECRET), key=len,
+                  reverse=True)
+
+
+def scrub(text: str) -> str:
+    """`text` with every configured API key replaced by "[key hidden]".
+
+    Used for what flowmagic stores, prints or sends back to a model: endpoint error
+    bodies (some quote the request's headers), replies, messages; the store applies it to
+    every string it writes (see store.add_secret_source)."""
+    if not isinstance(text, str):
+        return text
+    for key in api_keys():
+        if key in text:
+            text = text.replace(key, "[key hidden]")
+    return text
+
+
+add_secret_source(api_keys)
 
 
 def configure(base_url: str | None = None, api_key: str | None = None,
