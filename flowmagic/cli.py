@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import ConfigError, FlowError
+from .errors import ConfigError, FlowError, write_error
 
 __all__ = ["main", "build_parser"]
 
@@ -99,6 +99,31 @@ def _settings(pairs: list[str] | None) -> dict:
         raise ConfigError(f"--set takes key=value, not {' '.join(pairs)!r}") from None
 
 
+def _writable_folder(folder: Path) -> Path:
+    """`folder`, made if need be, or one line now: before any paid planning call."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(folder, exc) from None
+    if not os.access(folder, os.W_OK):
+        raise write_error(folder, PermissionError(13, "Permission denied"))
+    return folder
+
+
+def _writable_file(path: str | None) -> None:
+    if path:
+        if Path(path).is_dir():
+            raise write_error(path, IsADirectoryError(21, "it is a folder"))
+        _writable_folder(Path(path).parent)
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise write_error(path, exc) from None
+
+
 def _name_from(task: str) -> str:
     words = [w for w in re.findall(r"[a-z0-9]+", task.lower()) if w not in _STOP]
     name = "_".join(words[:3]) or "flow"
@@ -111,6 +136,8 @@ def _plan(args, progress: Progress):
     settings = _settings(getattr(args, "set", None))
     if getattr(args, "max_tokens", None):
         settings["max_tokens"] = args.max_tokens
+    if getattr(args, "max_k", None):
+        settings["max_k"] = args.max_k
     name = args.name or _name_from(args.task)
     progress.doing = "planning"
     progress.say(f"planning {args.task!r}: {args.k} candidate plan(s) on {args.model or 'the default model'}")
@@ -125,24 +152,27 @@ def _plan(args, progress: Progress):
 
 
 def _describe(flow) -> str:
-    wf = flow.workflow
-    lines = []
-    for node_id in wf.order():
-        node = wf.nodes[node_id]
-        after = ", ".join(wf.parents(node_id))
-        lines.append(f"  {node_id} [{node.agent}]{' after ' + after if after else ''}: "
-                     f"{_truncate(node.requirement, 90)}")
-    return "\n".join(lines)
+    from .display import node_lines
+
+    def line(node_id, node, parents):
+        after = _truncate(", ".join(parents), 200)
+        return (f"  {node_id} [{node.agent}]{' after ' + after if after else ''}: "
+                f"{_truncate(node.requirement, 90)}")
+
+    return "\n".join(node_lines(flow.workflow, flow.workflow.order(), line))
 
 
 def _drawings(flow, folder: Path, name: str) -> list[Path]:
     from .view import render
 
     written = [folder / f"{name}.svg"]
-    written[0].write_text(render.svg(flow), encoding="utf-8")
+    _write_text(written[0], render.svg(flow))
     if render.have_dot():
         written.append(folder / f"{name}.png")
-        written[-1].write_bytes(render.png(flow))
+        try:
+            written[-1].write_bytes(render.png(flow))
+        except OSError as exc:
+            raise write_error(written[-1], exc) from None
     return written
 
 
@@ -164,6 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("-p fills a notebook's parameters; for a task use --set key=value")
     from .ops.export import export
 
+    out = _writable_folder(Path(args.out))
     started = time.perf_counter()
     with Progress() as progress:
         flow = _plan(args, progress)
@@ -173,8 +204,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         flow.run()
         unsubscribe()
         progress.doing = ""
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         path = export(flow, out / f"{flow.name}.ipynb")
         files = [path, *_drawings(flow, out, flow.name)]
         seconds = time.perf_counter() - started
@@ -218,6 +247,7 @@ def _run_notebook(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    _writable_file(args.svg)
     with Progress() as progress:
         flow = _plan(args, progress)
     if args.json:
@@ -231,12 +261,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for c in flow.candidates:
         print(candidate_line(c, flow.chosen))
     print(_describe(flow))
-    for warning in flow.workflow.warnings:
+    for warning in flow.workflow.warnings[:60]:
         print(f"  warning: {warning}")
     if args.svg:
         from .view.render import svg
 
-        Path(args.svg).write_text(svg(flow), encoding="utf-8")
+        _write_text(Path(args.svg), svg(flow))
         print(f"wrote {args.svg}")
     print(f"run {flow.run_id}: `flowmagic export {flow.run_id} {flow.name}.ipynb` writes a "
           "notebook whose cells run it node by node")
@@ -295,6 +325,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from .store import get_store
 
+    if args.n < 1:
+        raise ConfigError(f"log -n takes a number of calls, 1 or more, not {args.n}")
     rows = get_store().recent_calls(args.n)
     if args.json:
         print(json.dumps(rows, indent=2, ensure_ascii=False, default=str))
@@ -415,7 +447,9 @@ def _trials_parser(sub) -> None:
 
 
 def _planning_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=3, help="candidate plans (default 3)")
+    p.add_argument("--k", type=int, default=3, help="candidate plans (default 3, at most --max-k)")
+    p.add_argument("--max-k", type=int, help="allow more than 10 candidate plans (paid calls), "
+                   "up to this many")
     p.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
     p.add_argument("--strategy", default="balanced",
                    help="balanced, coarse, fine or critical-path (default balanced)")
@@ -494,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     except FlowError as exc:
         if args.debug:
             raise
-        print(f"flowmagic: {exc}", file=sys.stderr)
+        from .endpoints import scrub
+
+        print(f"flowmagic: {scrub(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("flowmagic: interrupted; everything finished so far is in the store", file=sys.stderr)

@@ -16,6 +16,7 @@ __all__ = [
     "BudgetError",
     "StoreError",
     "SandboxError",
+    "write_error",
 ]
 
 
@@ -57,3 +58,10 @@ class StoreError(FlowError):
 
 class SandboxError(FlowError):
     """Generated code could not be run in the sandbox."""
+
+
+def write_error(path, exc: OSError) -> ConfigError:
+    """The one line for a file flowmagic could not write (a folder, no permission, full)."""
+    why = exc.strerror or type(exc).__name__
+    return ConfigError(f"cannot write {path} ({why}); choose another path, or make its folder "
+                       "writable")

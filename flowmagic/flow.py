@@ -23,6 +23,7 @@ from .engine.execution import made_files
 from .engine.executor import Executor
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
+from .engine.planner import HARD_MAX_K
 from .engine.runner import NodeRunner, cut, shares
 from .store import Store, get_store
 
@@ -41,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
     "tool_similarity": "auto",
+    # candidate plans are paid calls: k (and update_k) above max_k needs max_k raised on purpose
+    "max_k": 10,
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
@@ -73,11 +76,31 @@ def _check_settings(settings: dict) -> dict:
     for key in ("mask_rate", "fail_rate"):
         if not 0.0 <= float(merged[key]) <= 1.0:
             raise ConfigError(f"{key} must be between 0 and 1")
+    _check_k(merged)
     budget = merged["budget_usd"]
     if budget is not None and not _finite_at_least_zero(budget):
         raise ConfigError(f"budget_usd must be a number of USD, 0 or more, not {budget!r} "
                           "(leave it out for no budget)")
     return merged
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_k(merged: dict) -> None:
+    limit = merged["max_k"]
+    if not _whole(limit) or not 1 <= limit <= HARD_MAX_K:
+        raise ConfigError(f"max_k must be a whole number from 1 to {HARD_MAX_K}, not {limit!r}")
+    for key in ("k", "update_k"):
+        value = merged[key]
+        if not _whole(value) or value < 1:
+            raise ConfigError(f"{key} is a number of candidate plans, a whole number >= 1, "
+                              f"not {value!r}")
+        if value > limit:
+            raise ConfigError(f"{key}={value} would send {value} paid planning calls at once; "
+                              f"the limit is max_k={limit}: lower {key}, or raise the limit on "
+                              f"purpose (--max-k {min(value, HARD_MAX_K)}, at most {HARD_MAX_K})")
 
 
 def _finite_at_least_zero(value: Any) -> bool:

@@ -51,7 +51,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 
-FLOW_USAGE = ("%%flow [NAME] [--k K] [--model M] [--strategy S] [--update STRATEGY] "
+FLOW_USAGE = ("%%flow [NAME] [--k K [--max-k N]] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
               "[--budget-usd B] [--update-k K] [--max-updates N] [--mask-rate R] "
               "[--fail-rate R] [--seed S] [--no-interpolate] [--plan-only | --run | --step] [--force] "
@@ -126,6 +126,7 @@ def _flow_parser() -> _Parser:
     p = _Parser(prog="%%flow", add_help=False, allow_abbrev=False)
     p.add_argument("name", nargs="?", default="flow")
     p.add_argument("--k", type=_positive(int, "--k", 1))
+    p.add_argument("--max-k", dest="max_k", type=_positive(int, "--max-k", 1))
     p.add_argument("--model")
     p.add_argument("--strategy")
     p.add_argument("--update")
@@ -174,7 +175,7 @@ def parse_flow_line(line: str) -> FlowArgs:
     """The options of a `%%flow` cell; settings hold only the options given."""
     ns = _flow_parser().parse_args(_split(line, "%%flow"))
     settings = {key: getattr(ns, key) for key in
-                ("k", "model", "strategy", "update", "validate", "concurrency", "context",
+                ("k", "max_k", "model", "strategy", "update", "validate", "concurrency", "context",
                  "budget_usd", "execute", "update_k", "max_updates", "mask_rate", "fail_rate",
                  "seed") if getattr(ns, key) is not None}
     orchestrate = {key: getattr(ns, key) for key in ("agents", "budget_s", "max_turns")
@@ -290,17 +291,46 @@ def _lookup(node: ast.AST, ns: Mapping[str, Any], source: str) -> Any:
                       "value in a variable first, or use --no-interpolate")
 
 
+_MAX_EXPRESSION = 300   # longer is not a variable reference; deep nesting would recurse
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _evaluate(source: str, ns: Mapping[str, Any]) -> Any:
+    """The value of one `{{...}}`; any failure, whatever the user's objects raise, is one
+    ConfigError line (a slice step of 0, a property that raises, deep nesting)."""
+    expr = source.strip()
+    shown = "{{" + _short(expr, 60) + "}}"
+    if len(expr) > _MAX_EXPRESSION:
+        raise ConfigError(f"{shown} in the cell is {len(expr):,} characters long, not a name or "
+                          "index; put the value in a variable, or use --no-interpolate")
     try:
-        tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError:
-        raise ConfigError(f"{{{{{source}}}}} in the cell is not a Python name or index; "
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ConfigError(f"{shown} in the cell is not a Python name or index; "
                           "use --no-interpolate to keep {{...}} as text") from None
     try:
-        return _lookup(tree.body, ns, source.strip())
-    except (LookupError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"{{{{{source.strip()}}}}} in the cell: {type(exc).__name__}: "
-                          f"{exc}") from None
+        return _lookup(tree.body, ns, _short(expr, 60))
+    except ConfigError:
+        raise
+    except Exception as exc:   # the user's objects may raise anything; the cell says which
+        raise _value_error(shown, exc) from None
+
+
+def _text(value: Any, source: str) -> str:
+    """str(value) for the task; a huge int or a __str__ that raises is one line too."""
+    try:
+        return str(value)
+    except Exception as exc:
+        raise _value_error("{{" + _short(source.strip(), 60) + "}}", exc) from None
+
+
+def _value_error(shown: str, exc: Exception) -> ConfigError:
+    return ConfigError(f"{shown} in the cell: {type(exc).__name__}: {_short(exc)}; fix the "
+                       "value, or use --no-interpolate to keep {{...}} as text")
 
 
 _TABLES = ("pandas.DataFrame", "pandas.Series")
@@ -322,7 +352,7 @@ def interpolate(text: str, ns: Mapping[str, Any], tables: dict[str, Any] | None 
             name = re.sub(r"\W+", "_", m.group(1).strip()).strip("_") or "table"
             tables[name] = value
             return f"the {kind.split('.')[1]} `{name}` (input file {name}.csv)"
-        return str(value)
+        return _text(value, m.group(1))
 
     return _TEMPLATE.sub(fill, text)
 

@@ -42,14 +42,16 @@ def _secrets() -> list[str]:
 
 
 def _scrub_args(args: tuple, secrets: list[str]) -> tuple:
-    if not secrets:
-        return args
+    """The arguments of one write: no secret in any text, and no lone surrogate (a task
+    typed with one would make SQLite refuse the whole write)."""
     out = []
     for value in args:
         if isinstance(value, str):
             for secret in secrets:
                 if secret in value:
                     value = value.replace(secret, "[key hidden]")
+            if not value.isascii():
+                value = value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         out.append(value)
     return tuple(out)
 

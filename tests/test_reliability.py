@@ -452,3 +452,76 @@ def test_a_run_of_updates_keeps_every_finished_output(wf, sequence, seed):
             node = wf.nodes[node_id]
             assert node.output == text or any(a.get("output") == text for a in node.attempts)
         progress(wf, rng)
+
+
+# ------------------------------------------------------------------------------ {{...}} in a cell
+# issue 19: the magic fills `{{...}}` from the notebook; whatever the expression and whatever
+# the user's objects do (raise from a property, __str__ or __getitem__, hold a huge int), the
+# result is the filled text or one ConfigError line.
+class _Hostile:
+    @property
+    def boom(self):
+        raise RuntimeError("a property that raises\nover two lines")
+
+    def __getitem__(self, key):
+        raise KeyError(key) if key == "k" else ZeroDivisionError("division by zero")
+
+    def __str__(self):
+        raise ValueError("no text for you")
+
+    ok = "fine"
+
+
+NAMESPACE = {"s": "abcdef", "n": 10**5000, "d": {"a": [1, 2, {"b": "c"}]}, "h": _Hostile(),
+             "xs": list(range(10)), "none": None, "Out": {3: "three"}}
+ATOMS = st.sampled_from(["s", "n", "d", "h", "xs", "none", "Out", "missing", "0", "-1", "'a'",
+                         "1" * 5000, "10**9", "None", "h.ok", "'\ud800'"])
+
+
+@st.composite
+def template_expressions(draw):
+    expr = draw(ATOMS)
+    for _ in range(draw(st.integers(0, 4))):
+        op = draw(st.sampled_from(["attr", "index", "slice", "nest", "junk"]))
+        if op == "attr":
+            expr += "." + draw(st.sampled_from(["boom", "ok", "upper", "__class__", "real", "x"]))
+        elif op == "index":
+            expr += "[" + draw(ATOMS | st.sampled_from(["'a'", "2", "'b'", "'k'", "5"])) + "]"
+        elif op == "slice":
+            expr += "[" + draw(st.sampled_from(["::0", "1:3", "::-1", ":'x'", "::10**400"])) + "]"
+        elif op == "nest":
+            expr = "[" * draw(st.sampled_from([1, 50, 5000])) + expr
+        else:
+            expr += draw(st.sampled_from(["(", ")", " + 1", "()", "\n", "}}", "{{"]))
+    return expr
+
+
+@fuzz(400)
+@given(st.lists(template_expressions(), min_size=1, max_size=3), st.text(max_size=20))
+def test_cell_interpolation_fills_or_is_one_line(expressions, filler):
+    from flowmagic.errors import ConfigError
+    from flowmagic.parsers import interpolate
+
+    text = filler.join("{{" + e + "}}" for e in expressions)
+    try:
+        out = interpolate(text, NAMESPACE)
+    except ConfigError as err:
+        one_line(str(err))
+        assert len(str(err)) < 400
+        return
+    assert isinstance(out, str)
+
+
+@pytest.mark.parametrize("expr", ["s[::0]", "n", "h.boom", "h", "h[0]", "[" * 5000 + "s",
+                                  "s" + "[0]" * 5000, "1" * 5000])
+def test_the_magic_prints_one_line_for_hostile_interpolations(expr, capsys):
+    from conftest import ipython_shell
+
+    with ipython_shell() as ip:
+        ip.user_ns.update(NAMESPACE)
+        ip.run_cell_magic("flow", "report --plan-only", "Summarise {{" + expr + "}} please")
+        assert "report" not in ip.user_ns
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("flowmagic: "), err
+    assert "Traceback" not in out + err

@@ -46,6 +46,7 @@ STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
                       "dependency only when a result is really needed. Give each subtask "
                       "\"estimate_s\", its estimated duration in seconds.", None),
 }
+HARD_MAX_K = 1000   # candidate plans per call, whatever max_k says (each one is a paid call)
 _EXAMPLE_TASK = "Write a blog post about tea with a photo"
 _EXAMPLE = [("facts", "List five facts about tea.", "researcher", [], 60),
             ("photo", "Describe a photo of a teacup.", "designer", [], 30),
@@ -275,8 +276,9 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     """
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; describe what the workflow should achieve")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"k is the number of candidate plans, a whole number >= 1, not {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= HARD_MAX_K:
+        raise ConfigError(f"k is the number of candidate plans, a whole number from 1 to "
+                          f"{HARD_MAX_K}, not {k!r}")
     _check_strategy(strategy)
     _check_cap("max_subtasks", max_subtasks)
     _check_cap("max_agents", max_agents)

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
                         handle_flow_code, is_code_node)
-from ..errors import ConfigError, NodeError
+from ..errors import ConfigError, NodeError, write_error
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
                      plan_summary, result_bundle, setting_value, settle, show_result,
@@ -381,10 +381,13 @@ def export(flow, path: str | Path, *, name: str | None = None) -> Path:
     files_dir = files_dir_for(path) if flow.files() else None
     nb = build(flow, name=name, files_dir=files_dir)
     nbformat.validate(nb)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(path))
-    if files_dir:   # the run's files next to the notebook: what its code cells read and wrote
-        flow.workspace.copy_to(path.parent / files_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(path))
+        if files_dir:   # the run's files next to the notebook: what its code cells read and wrote
+            flow.workspace.copy_to(path.parent / files_dir)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     return path
 
 

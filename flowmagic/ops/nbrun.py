@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ConfigError, FlowError
+from ..errors import ConfigError, FlowError, write_error
 
 __all__ = ["TEMPLATES", "templates", "template_path", "parameters_of", "parse_params",
            "fill", "new", "execute", "NOTICE", "sample_data"]
@@ -170,8 +170,11 @@ def new(template: str, out: str | Path, params: list[str] | dict | None = None, 
     fill(nb, given)
     nb.metadata.setdefault("flowmagic", {}).setdefault("template", {})["parameters"] = \
         {**defaults, **given}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(out))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(out))
+    except OSError as exc:
+        raise write_error(out, exc) from None
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import FlowError
 
@@ -76,21 +76,38 @@ def html_table(header: list[str], rows: list[list[Any]], css_class: str = "") ->
 
 
 # -- a flow and the notebook's flows ---------------------------------------------------------------
+MAX_NODE_LINES = 60   # a plan printout stays readable (and fast) for any size of plan
+
+
+def node_lines(wf, ids: list[str], line: Callable[[str, Any, list[str]], str],
+               limit: int = MAX_NODE_LINES) -> list[str]:
+    """`line(id, node, parents)` for the first `limit` of `ids`, then one line saying how many
+    more there are; linear in the plan's size (the parents are sorted with one index)."""
+    pos = {k: i for i, k in enumerate(wf.nodes)}
+    out = [line(i, wf.nodes[i], sorted(wf.graph.predecessors(i), key=pos.__getitem__))
+           for i in ids[:limit]]
+    if len(ids) > limit:
+        out.append(f"  … and {len(ids) - limit:,} more subtasks (all of them: "
+                   "flow.workflow.to_dict(), or flowmagic plan --json)")
+    return out
+
+
 def describe(flow) -> str:
     """A few lines for a terminal: the summary, each node, the estimate, the warnings."""
     from .render import summary
 
     wf = flow.workflow
-    lines = [summary(flow)]
-    for node_id in wf.nodes:
-        node = wf.nodes[node_id]
-        after = ", ".join(wf.parents(node_id)) if node.status != "pruned" else ""
-        lines.append(f"  {node_id} [{node.agent}, {node.status}]"
-                     f"{' after ' + after if after else ''}: {node.requirement}")
+
+    def line(node_id, node, parents):
+        after = ", ".join(parents) if node.status != "pruned" else ""
+        return (f"  {node_id} [{node.agent}, {node.status}]"
+                f"{' after ' + after if after else ''}: {node.requirement}")
+
+    lines = [summary(flow), *node_lines(wf, list(wf.nodes), line)]
     est = flow.estimate()
     lines.append(f"estimate of a run: {est['calls']} calls, ~{est['input_tokens']:,} tokens in, "
                  f"~{est['output_tokens']:,} out, ~${est['cost_usd']:.4f}")
-    lines += [f"warning: {w}" for w in wf.warnings]
+    lines += [f"warning: {w}" for w in wf.warnings[:MAX_NODE_LINES]]
     return "\n".join(lines)
 
 
