@@ -517,11 +517,14 @@ def test_cell_interpolation_fills_or_is_one_line(expressions, filler):
 def test_the_magic_prints_one_line_for_hostile_interpolations(expr, capsys):
     from conftest import ipython_shell
 
+    from IPython.core.error import UsageError
+
     with ipython_shell() as ip:
         ip.user_ns.update(NAMESPACE)
-        ip.run_cell_magic("flow", "report --plan-only", "Summarise {{" + expr + "}} please")
+        result = ip.run_cell("%%flow report --plan-only\nSummarise {{" + expr + "}} please")
         assert "report" not in ip.user_ns
     out, err = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError)   # the cell fails, in one line
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("flowmagic: "), err
+    assert len(lines) == 1 and lines[0].startswith("UsageError: flowmagic: "), err
     assert "Traceback" not in out + err

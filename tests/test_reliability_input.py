@@ -125,9 +125,10 @@ def test_k_above_ten_with_the_flag_plans_that_many(server, capsys):
 
 def test_the_magic_asks_for_the_flag_too(server, capsys):
     with ipython_shell() as ip:
-        ip.run_cell_magic("flow", "tea --k 1000", "make tea")
-        assert "tea" not in ip.user_ns
-    assert "max-k" in one_line(capsys.readouterr().err)
+        result = ip.run_cell("%%flow tea --k 1000\nmake tea")
+        assert "tea" not in ip.user_ns and result.error_in_exec is not None
+    err = capsys.readouterr().err
+    assert err.startswith("UsageError: flowmagic: ") and "max-k" in err and err.count("\n") == 1
     assert server.stats()["calls"] == 0
 
 
