@@ -217,7 +217,9 @@ def test_a_failed_node_replays_as_failed(server, tmp_path):
 
 
 def test_no_api_key_in_any_exported_file(tea, tmp_path):
-    flowmagic.configure(name="cheap", base_url="https://user:pw@example.com/v1?key=abc",
+    with pytest.raises(flowmagic.ConfigError, match="user name or key"):   # never stored
+        flowmagic.configure(name="cheap", base_url="https://user:pw@example.com/v1")
+    flowmagic.configure(name="cheap", base_url="https://example.com/v1?key=abc",
                         api_key=SECRET, model="small")
     tea.downgrade("serve", "cheap:small")
     path = export(tea, tmp_path / "tea.ipynb")
