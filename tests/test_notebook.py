@@ -76,6 +76,11 @@ def outputs(cell):
     return seen
 
 
+def shown(cell) -> str:
+    """The text of a cell's display (a cell that calls a model prints why first)."""
+    return next(o for o in cell.outputs if o.output_type == "display_data").data["text/plain"]
+
+
 def node_cell(nb, node_id):
     return next(i for i, c in enumerate(nb.cells)
                 if c.cell_type == "code" and c.source.startswith(f"%%flow_node tea {node_id} "))
@@ -169,36 +174,36 @@ def test_editing_one_node_reruns_only_it_and_marks_descendants_stale(tea, tmp_pa
                                                                 "Steep for two minutes.")
         client.execute_cell(nb.cells[steep], steep)
         assert uncached() == before + 1, "an edit must re-execute exactly that node"
-        text = nb.cells[steep].outputs[0].data["text/plain"]
+        text = shown(nb.cells[steep])
         assert text == "**steep** done: Steep for two minutes."
         assert "stale now: serve" in nb.cells[steep].outputs[-1]["text"]
         # The descendant's and the result's cells were updated in place.
-        assert "stale" in nb.cells[serve].outputs[0].data["text/plain"]
-        assert "stale" in nb.cells[result].outputs[0].data["text/plain"]
+        assert "stale" in shown(nb.cells[serve])
+        assert "stale" in shown(nb.cells[result])
         # Running the stale cell brings it up to date: one call for it, one for the write-up.
         client.execute_cell(nb.cells[serve], serve)
         client.execute_cell(nb.cells[result], result)
         assert uncached() == before + 3
-        assert "stale" not in nb.cells[serve].outputs[0].data["text/plain"]
+        assert "stale" not in shown(nb.cells[serve])
         # Unchanged cells run again show the same output and call nothing.
         client.execute_cell(nb.cells[steep], steep)
         assert uncached() == before + 3
     # The edited notebook, run top to bottom in a new kernel, comes from the cache.
     nb2 = execute(nb, tmp_path)
     assert uncached() == before + 3
-    assert nb2.cells[steep].outputs[0].data["text/plain"] == text
+    assert shown(nb2.cells[steep]) == text
 
 
 def test_an_unfinished_flow_exports_and_its_cells_run_the_nodes(server, tmp_path):
     flow = Flow.from_dict(PLAN, name="tea", max_tokens=64)
     path = export(flow, tmp_path / "plan.ipynb")
     nb = nbformat.read(path, as_version=4)
-    assert nb.cells[node_cell(nb, "steep")].outputs[0].data["text/plain"] == \
+    assert shown(nb.cells[node_cell(nb, "steep")]) == \
         "*not run: waits for leaves, water*"
     before = uncached()
     nb = execute(nb, tmp_path)
     assert uncached() == before + 5   # four nodes and the final write-up
-    assert nb.cells[node_cell(nb, "serve")].outputs[0].data["text/plain"] == \
+    assert shown(nb.cells[node_cell(nb, "serve")]) == \
         "**serve** done: Serve it."
 
 
@@ -309,3 +314,64 @@ def test_a_function_validator_is_exported_by_name_and_replays(server, tmp_path, 
     finally:
         ip.run_line_magic("unload_ext", "flowmagic")
         InteractiveShell.clear_instance()
+
+
+# ------------------------------------------------------------------ the signed record (issue 19)
+def _record_cell(nb) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%flow_record"))
+
+
+def _run_each(nb, cwd) -> list:
+    """Every cell in one kernel, failures kept: the outputs of each cell, in order."""
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(cwd)}})
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+    return nb
+
+
+def _errors(cell) -> list[str]:
+    """The failures a cell shows (IPython prints a UsageError as one line on stderr)."""
+    return ([f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
+            + [line for o in cell.outputs if o.get("name") == "stderr"
+               for line in o.text.splitlines() if line.startswith("UsageError: ")])
+
+
+def test_an_edited_record_is_refused_in_one_line_and_calls_nothing(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    i = _record_cell(nb)
+    head, body = nb.cells[i].source.split("\n", 1)
+    record = json.loads(body)
+    assert record["format"] == 2 and record["signature"].startswith("sha256:")
+    record["nodes"]["serve"]["output"] = "Serve it cold, with ketchup."   # the sink's output
+    record["nodes"]["serve"]["cost_usd"] = 0.0
+    nb.cells[i].source = head + "\n" + json.dumps(record, indent=1)
+    before = uncached()
+    nb = _run_each(nb, tmp_path)
+    assert uncached() == before, "a replay with a broken record called the model"
+    [error] = _errors(nb.cells[i])
+    assert error.startswith("UsageError: flowmagic: the record of 'tea' does not match its "
+                            "signature") and "\n" not in error
+    first = nb.cells[node_cell(nb, "leaves")]
+    [error] = _errors(first)
+    assert "no trusted record" in error and "--allow-calls" in error
+    assert "ketchup" not in json.dumps([c.get("outputs") for c in nb.cells])
+
+
+def test_a_deleted_record_calls_only_when_allowed_and_says_so_first(tea, tmp_path):
+    path = export(tea, tmp_path / "tea.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    del nb.cells[_record_cell(nb)]
+    before = uncached()
+    refused = _run_each(nbformat.reads(nbformat.writes(nb), as_version=4), tmp_path)
+    assert uncached() == before
+    assert "no trusted record" in _errors(refused.cells[node_cell(refused, "leaves")])[0]
+    plan = next(c for c in nb.cells if c.source.startswith("%%flow_plan"))
+    plan.source = plan.source.replace("%%flow_plan tea", "%%flow_plan tea --allow-calls", 1)
+    allowed = execute(nb, tmp_path)
+    leaves = allowed.cells[node_cell(allowed, "leaves")]
+    assert leaves.outputs[0].output_type == "stream"          # the notice comes first
+    assert leaves.outputs[0].text.startswith("leaves: no record of it; calling m")
+    assert shown(leaves) == "**leaves** done: Pick the leaves."

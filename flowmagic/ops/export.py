@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
                         handle_flow_code, is_code_node)
 from ..errors import ConfigError, NodeError, write_error
-from .replay import (apply_record, attach_record, fingerprint, flow_from_plan,
+from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, record_signature,
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
                      plan_summary, result_bundle, setting_value, settle, show_result,
                      tables)
@@ -46,7 +46,7 @@ __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "sh
 
 MAGICS = ("flow_plan", "flow_record", "flow_node", "flow_code")
 NBVAL_IGNORE = "nbval-ignore-output"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2   # 2: signed (replay.record_signature)
 _ATTEMPT_KEYS = ("attempt", "start", "end", "passed", "feedback", "error", "call_id",
                  "cache_key", "model", "cached", "tokens_in", "tokens_out", "cost_usd",
                  "seed", "masked", "cut", "continuations", "execution")
@@ -208,6 +208,8 @@ def _replica(flow, name: str, files_dir: str | None = None):
     record = {"format": RECORD_FORMAT, "flowmagic": __version__, "run": flow.run_id,
               "result": flow.result, "overhead": _overhead(flow), "nodes": nodes,
               "files_dir": files_dir, "files": flow.files()}
+    record = json.loads(json.dumps(record))   # as the record cell will read it back
+    record["signature"] = record_signature(record)
     attach_record(replica, record)
     if settle(replica):
         replica.result = flow.result

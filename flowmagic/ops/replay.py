@@ -6,7 +6,13 @@ requirements), the model as named (not the endpoint's URL, so another machine re
 too), the seed, temperature, token limit and validation settings.
 
 A `%%flow_node` cell whose fingerprint equals the one in the `%%flow_record` cell takes
-the recorded output: no model call, not even a cache lookup. Otherwise the node runs
+the recorded output: no model call, not even a cache lookup. The record is signed: a hash
+over everything it holds, checked when its cell runs. A record that does not match (edited
+outputs, result, status or cost) fails its cell in one line and is not used. A node cell
+that would call its model says so first; with no trusted record (the cell was edited,
+deleted or not run) it refuses unless allowed with `--allow-calls` (on the node cell, or on
+`%%flow_plan NAME` / `%%flow_record NAME` for every node). The hash finds edits and
+damage; it is no defence against someone who recomputes it. Otherwise the node runs
 (through the cache, so a call made before on this machine is still free); its finished
 descendants and the result are marked stale, and their cells, if shown in this kernel
 session, change to "stale — re-run this cell to update". Running a cell again with
@@ -31,7 +37,7 @@ from typing import Any, Callable
 from ..errors import ConfigError, NodeError, PlanError
 from .._internal.aio import run_blocking
 
-__all__ = ["fingerprint", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
+__all__ = ["fingerprint", "record_signature", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
            "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS",
            "node_parser", "user_flow", "session", "split_line"]
@@ -51,6 +57,8 @@ class _Replay:
         self.executed: set[str] = set()
         self.shown: dict[str, str] = {}  # node (or "result") -> id of its latest display
         self.count = 0
+        self.allow_calls = False         # --allow-calls on the plan or record cell
+        self.rejected: str | None = None  # why the record cell's record was not used
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, _Replay]" = weakref.WeakKeyDictionary()
@@ -60,6 +68,13 @@ def _state(flow) -> _Replay:
     if flow not in _STATES:
         _STATES[flow] = _Replay()
     return _STATES[flow]
+
+
+def record_signature(record: dict) -> str:
+    """The hash over everything a record holds but its signature (see the module docstring)."""
+    body = {k: v for k, v in record.items() if k != "signature"}
+    blob = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def setting_value(value: Any) -> Any:
@@ -216,7 +231,17 @@ def _node_parser() -> _Parser:
     p.add_argument("--after", default="")
     p.add_argument("--agent", default=None)
     p.add_argument("--model", default=None)
+    p.add_argument("--allow-calls", dest="allow_calls", action="store_true")
     return p
+
+
+def _name_and_allow(line: str, magic: str, body: str) -> tuple[str, bool]:
+    args = _split(line)
+    allow = "--allow-calls" in args
+    args = [a for a in args if a != "--allow-calls"]
+    if len(args) != 1:
+        raise ConfigError(f"usage: %%{magic} NAME [--allow-calls], then {body} in the cell")
+    return args[0], allow
 
 
 def _split(line: str) -> list[str]:
@@ -273,12 +298,11 @@ def handle_flow_plan(shell, line: str, cell: str | None) -> None:
     """`%%flow_plan NAME`: make the Flow from the JSON body and bind it to NAME."""
     from ..parsers import check_name
 
-    args = _split(line)
-    if len(args) != 1:
-        raise ConfigError("usage: %%flow_plan NAME, then the plan as JSON in the cell")
-    name = check_name(args[0]) or args[0]
+    name, allow = _name_and_allow(line, "flow_plan", "the plan as JSON")
+    name = check_name(name) or name
     flow = flow_from_plan(_json_body(cell, "flow_plan"), name, shell.user_ns)
     shell.user_ns[name] = flow
+    _state(flow).allow_calls = allow
     print(plan_summary(flow))
 
 
@@ -300,14 +324,24 @@ def plan_summary(flow) -> str:
 
 def handle_flow_record(shell, line: str, cell: str | None) -> None:
     """`%%flow_record NAME`: what every node of NAME produced when it was exported."""
-    args = _split(line)
-    if len(args) != 1:
-        raise ConfigError("usage: %%flow_record NAME, then the record as JSON in the cell")
-    flow = _user_flow(shell, args[0])
+    name, allow = _name_and_allow(line, "flow_record", "the record as JSON")
+    flow = _user_flow(shell, name)
+    state = _state(flow)
+    state.allow_calls = state.allow_calls or allow
+    state.record, state.rejected = {}, "its %%flow_record cell did not give a usable record"
     record = _json_body(cell, "flow_record")
     if not isinstance(record, dict) or not isinstance(record.get("nodes"), dict):
         raise PlanError('a %%flow_record body is {"run": ..., "nodes": {...}}; export again')
+    signed = record.get("signature")
+    # Records before format 2 carry no signature; they replay as they always did.
+    if (signed is not None or record.get("format", 1) >= 2) and signed != record_signature(record):
+        state.rejected = "its record was changed after export"
+        raise PlanError(
+            f"the record of {name!r} does not match its signature (it was changed after "
+            "export), so nothing is replayed from it; export the notebook again, or add "
+            "--allow-calls to let its node cells call the model")
     attach_record(flow, record)
+    state.rejected = None
 
 
 def attach_record(flow, record: dict) -> None:
@@ -395,13 +429,42 @@ def handle_flow_node(shell, line: str, cell: str | None) -> None:
             return   # it never ran when exported, and cannot run now: same output as then
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
     changed = _edit(flow, args.node, requirement, args.agent or node.agent, args.model)
-    replayed, stale = _replay_or_run(flow, args.node, rec, changed)
+    replayed, stale = _replay_or_run(flow, args.node, rec, changed, args.allow_calls)
     _show(flow, args.node, node_bundle(flow, args.node, replayed=replayed))
     if stale:
         print(f"{args.node} ran again; stale now: {', '.join(stale)} (re-run their cells to update)")
 
 
-def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool) -> tuple[bool, list[str]]:
+def _before_call(flow, node_id: str, rec: dict | None, allow: bool) -> None:
+    """Say that a replay is about to call a model, or refuse when there is no trusted record."""
+    state = _state(flow)
+    if not state.record and not (allow or state.allow_calls):
+        why = state.rejected or f"no %%flow_record {flow.name} cell has run"
+        raise NodeError(
+            f"node {node_id!r} has no trusted record to replay ({why}), so this cell would "
+            f"call the model; run the record cell, export again, or add --allow-calls to "
+            "this cell to call it")
+    node = flow.workflow.nodes[node_id]
+    if rec is None or not state.record:
+        why = "no record of it"
+    elif rec.get("status") not in ("done", "failed"):
+        why = "it had not run when the notebook was exported"
+    else:
+        why = "its requirement or inputs changed since the export"
+    print(f"{node_id}: {why}; calling {_model_named(node.model or flow.settings.get('model'))}")
+
+
+def _model_named(model: str | None) -> str:
+    """The model a call will go to, as a user would name it."""
+    from .endpoints import resolve
+
+    endpoint, name = resolve(model)
+    where = "the embedded model" if endpoint.local else endpoint.base_url
+    return f"{name} at {where}" if name else where
+
+
+def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
+                   allow: bool = False) -> tuple[bool, list[str]]:
     """(replayed, descendants now stale): the replay rule of the module docstring."""
     state = _state(flow)
     node = flow.workflow.nodes[node_id]
@@ -417,6 +480,7 @@ def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool) -> tuple
         settle(flow)
         flow._emit("replayed", node_id, {"source_run": state.record.get("run")})
     else:
+        _before_call(flow, node_id, rec, allow)
         if node.status in ("done", "failed"):
             flow.edit(node_id, node.requirement)   # an input changed: run it again
         _run_one(flow, node_id)
@@ -439,6 +503,13 @@ def show_result(flow) -> None:
         if recorded is not None and not state.executed and state.replayed >= set(active):
             flow.result = recorded
         elif flow.settings.get("consolidate"):
+            if not (state.record or state.allow_calls or state.executed):
+                raise NodeError(
+                    f"the result of {flow.name!r} has no trusted record to replay "
+                    f"({state.rejected or 'no record cell has run'}), so this cell would call "
+                    f"the model; export again, or add --allow-calls to %%flow_plan {flow.name}")
+            print(f"result: the nodes are not all as exported; calling "
+                  f"{_model_named(flow.settings.get('model'))} for the final write-up")
             _block(flow, flow.arun)   # nothing left to run: only the final write-up
     _show(flow, "result", result_bundle(flow))
 
