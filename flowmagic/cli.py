@@ -152,7 +152,7 @@ def _plan(args, progress: Progress):
 
 
 def _describe(flow) -> str:
-    from .display import node_lines
+    from .view.display import node_lines
 
     def line(node_id, node, parents):
         after = _truncate(", ".join(parents), 200)
@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     except FlowError as exc:
         if args.debug:
             raise
-        from .endpoints import scrub
+        from .llm.endpoints import scrub
 
         print(f"flowmagic: {scrub(str(exc))}", file=sys.stderr)
         return 1

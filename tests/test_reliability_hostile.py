@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import flowmagic
 from flowmagic.errors import ConfigError, EndpointError, FlowError
 from flowmagic.flow import Flow
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm, run
 

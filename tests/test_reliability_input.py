@@ -16,7 +16,7 @@ import flowmagic
 from flowmagic import cli
 from flowmagic.errors import ConfigError
 from flowmagic.flow import Flow
-from flowmagic.loopback import LoopbackServer
+from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm, ipython_shell
 
@@ -134,7 +134,7 @@ def test_the_magic_asks_for_the_flag_too(server, capsys):
 
 # ------------------------------------------------------------------------------ big plans
 def test_a_huge_plan_prints_a_bounded_summary():
-    from flowmagic.display import describe
+    from flowmagic.view.display import describe
 
     n = 3000
     nodes = [{"id": f"t{i}", "requirement": f"do part {i}", "agent": "w"} for i in range(n)]

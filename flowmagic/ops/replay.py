@@ -456,7 +456,7 @@ def _before_call(flow, node_id: str, rec: dict | None, allow: bool) -> None:
 
 def _model_named(model: str | None) -> str:
     """The model a call will go to, as a user would name it."""
-    from .endpoints import resolve
+    from ..llm.endpoints import resolve
 
     endpoint, name = resolve(model)
     where = "the embedded model" if endpoint.local else endpoint.base_url
