@@ -221,7 +221,8 @@ def _in_kernel() -> bool:
 # ----------------------------------------------------------------------------- the magics
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):   # argparse would exit the kernel's process
-        raise ConfigError(f"{self.prog}: {message}; usage: {self.format_usage().strip()}")
+        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")   # one line
+        raise ConfigError(f"{self.prog}: {message}; usage: {usage}")
 
 
 def _node_parser() -> _Parser:
