@@ -481,7 +481,8 @@ class LLM:
 
         client = await self._client(endpoint)
         try:
-            async with self._slot(endpoint), asyncio.timeout(self.timeout):
+            async with self._slot(endpoint), asyncio.timeout(
+                    None if endpoint.local else self.timeout):
                 response = await client.embeddings.create(model=model, input=texts,
                                                           encoding_format="float")
         except TimeoutError:
@@ -567,8 +568,9 @@ class LLM:
             try:
                 async with self._slot(endpoint):
                     # The SDK's timeout bounds each read; this bounds the whole answer, so
-                    # an endpoint trickling bytes cannot hold a call past `timeout`.
-                    async with asyncio.timeout(self.timeout):
+                    # an endpoint trickling bytes cannot hold a call past `timeout`. The
+                    # embedded server is ours: slow there is a busy machine, not a trick.
+                    async with asyncio.timeout(None if endpoint.local else self.timeout):
                         return await self._send(client, kwargs, on_text)
             except TimeoutError:
                 raise _Retryable(f"no whole answer within {self.timeout:g} s") from None
