@@ -486,7 +486,7 @@ class LLM:
                 response = await client.embeddings.create(model=model, input=texts,
                                                           encoding_format="float")
         except TimeoutError:
-            raise _Retryable(f"no whole answer within {self.timeout:g} s") from None
+            raise _Retryable(f"no answer within {self.timeout:g} s") from None
         except openai.APIStatusError as exc:
             status = exc.status_code
             if status in _NO_EMBEDDINGS and not self._embeds.get(endpoint.identity):
@@ -573,7 +573,7 @@ class LLM:
                     async with asyncio.timeout(None if endpoint.local else self.timeout):
                         return await self._send(client, kwargs, on_text)
             except TimeoutError:
-                raise _Retryable(f"no whole answer within {self.timeout:g} s") from None
+                raise _Retryable(f"no answer within {self.timeout:g} s") from None
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if tools and status in (400, 422, 500, 501):
