@@ -141,6 +141,19 @@ def test_agents_statuses_and_task_are_carried_over():
     assert parse_plan({"task": "ignored", "subtasks": ["x"]}, task="given").task == "given"
 
 
+@pytest.mark.parametrize("agent, requirement, expected", [
+    ("writer,", "Write the post.", "writer"),             # the demo's agent, from SmolLM2
+    ("  Data Analyst ", "Summarise it.", "data_analyst"),
+    ("", "Plot sales by month.", "designer"),
+    ("<role>", "Load sales.csv with pandas.", "coder"),   # a copied placeholder
+    ("agent", "Write three findings.", "writer"),
+    ("123", "Do something nice.", "assistant"),
+])
+def test_agent_names_are_cleaned_like_ids_and_junk_gets_a_role(agent, requirement, expected):
+    wf = parse_plan({"subtasks": [{"id": "a", "requirement": requirement, "agent": agent}]})
+    assert wf.nodes["a"].agent == expected
+
+
 @pytest.mark.parametrize("order, dropped", [
     # The one edge against the written order is the one that goes.
     (["a", "b", "c"], "dropped the edge c -> a: it closed a cycle (a already leads to c)"),

@@ -22,7 +22,7 @@ import networkx as nx
 from ..errors import FlowError, PlanError, TruncatedError
 from .graph import _FIELD_TYPES, SLUG_MAX, STATUSES, Node, Workflow, _node_fields, slugify
 
-__all__ = ["parse_plan"]
+__all__ = ["parse_plan", "clean_agent", "role_for"]
 
 # Spellings small models use, matched after slugging the key ("Depends On" -> depends_on).
 _WRAP_KEYS = ("subtasks", "sub_tasks", "tasks", "steps", "nodes", "plan", "workflow", "graph",
@@ -45,6 +45,17 @@ _STATUS_WORDS = {"completed": "done", "complete": "done", "finished": "done", "s
                  "not_started": "pending", "waiting": "pending", "error": "failed"}
 _INDEX_REF = re.compile(r"(?:sub)?(?:task|step|node|t|s)?[\s_#.-]*(\d{1,6})")
 _MAX_NEST = 4
+# Role names that say nothing (or a prompt's placeholder copied), and words that suggest one.
+_JUNK_ROLES = {"", "agent", "role", "name", "none", "null", "n_a", "na", "unknown", "tbd", "todo",
+               "x", "string", "the_role", "agent_name", "role_name"}
+_ROLE_CUES = (("tester", ("test", "verify", "check", "validate", "review")),
+              ("designer", ("plot", "chart", "draw", "design", "visual", "photo", "image", "ui")),
+              ("coder", ("code", "implement", "script", "program", "function", "train", "fit",
+                         "load", "clean", "compute", "build", "model")),
+              ("analyst", ("analy", "summar", "statistic", "compare", "measure", "forecast",
+                           "estimate", "explore", "evaluat")),
+              ("researcher", ("research", "find", "search", "collect", "gather", "list", "read")),
+              ("writer", ("write", "report", "draft", "explain", "document", "guide", "post")))
 
 
 @dataclass
@@ -88,6 +99,25 @@ def _scalar(v: Any) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**18:
         return str(v)
     return None
+
+
+def role_for(requirement: str) -> str:
+    """A role suggested by the first word of a requirement that is a cue (usually its verb),
+    else "assistant"."""
+    for word in re.findall(r"[a-z]+", requirement.lower()):
+        for role, cues in _ROLE_CUES:
+            if any(word.startswith(c) for c in cues):
+                return role
+    return "assistant"
+
+
+def clean_agent(agent: str, requirement: str = "") -> str:
+    """An agent name cleaned like an id ("writer," -> "writer"); an empty, placeholder or
+    junk one ("<role>", "agent", "123") becomes a role derived from the requirement."""
+    slug = slugify(agent)
+    if slug in _JUNK_ROLES or not re.search(r"[a-z]{2}", slug):
+        return role_for(requirement)
+    return slug
 
 
 def _text(v: Any, depth: int = 0) -> str:
@@ -219,8 +249,8 @@ def _item(pos: int, key: Any, value: Any, r: _Repair) -> _Item | None:
     if not text:
         r.warn(f"dropped subtask {_short(raw or pos)}: it has no usable requirement")
         return None
-    agent = next((a.strip() for a in (f.get(k) for k in _AGENT_KEYS)
-                  if isinstance(a, str) and a.strip()), "assistant")
+    agent = clean_agent(next((a for a in (f.get(k) for k in _AGENT_KEYS)
+                              if isinstance(a, str) and a.strip()), ""), text)
     it = _Item(pos, raw, text, agent, [a.lower() for a in [raw] + ids + names if a])
     for k in _DEP_KEYS:
         it.deps += _as_list(f.get(k))
