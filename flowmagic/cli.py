@@ -322,6 +322,13 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from .view.display import models_report
+
+    print(models_report(("OPENAI_API_KEY", "FLOWMAGIC_API_KEY")).text)
+    return 0
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     from .store import get_store
 
@@ -501,6 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("-n", type=int, default=10, help="how many calls (default 10)")
     log.add_argument("--json", action="store_true", help="print JSON")
     log.set_defaults(func=cmd_log)
+
+    models = sub.add_parser("models", help="the endpoints, the local servers found running, "
+                                          "and the model prices")
+    models.set_defaults(func=cmd_models)
 
     tpl = sub.add_parser("templates", help="list the notebook templates")
     tpl.add_argument("--json", action="store_true", help="print JSON")

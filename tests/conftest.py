@@ -1,4 +1,6 @@
-"""Every test gets its own FLOWMAGIC_HOME and no endpoint from the developer's shell."""
+"""Every test gets its own FLOWMAGIC_HOME, no endpoint from the developer's shell, and no
+discovery of local servers (a developer's Ollama or CI's service on 8000 must not change a
+test; tests/test_discovery.py turns it on against its own loopback server)."""
 
 import contextlib
 import os
@@ -20,8 +22,11 @@ def flowmagic_home(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
     for var in _ENDPOINT_VARS:
         monkeypatch.delenv(var, raising=False)
-    from flowmagic.llm import endpoints
+    monkeypatch.setenv("FLOWMAGIC_DISCOVER", "0")
+    monkeypatch.delenv("FLOWMAGIC_DISCOVER_PORTS", raising=False)
+    from flowmagic.llm import discovery, endpoints
     endpoints.reset()
+    discovery.forget()
     prices = dict(endpoints.PRICES)
     yield home
     endpoints.reset()

@@ -2,7 +2,8 @@
 
 Resolution of the default endpoint, first match wins: `configure(...)`;
 FLOWMAGIC_BASE_URL / FLOWMAGIC_API_KEY / FLOWMAGIC_MODEL; the openai SDK's own
-OPENAI_BASE_URL / OPENAI_API_KEY; else the embedded model (see local.py).
+OPENAI_BASE_URL / OPENAI_API_KEY; a local server the user already runs (Ollama, LM Studio,
+llama.cpp, vLLM on their usual ports, see discovery.py); else the embedded model (local.py).
 Keys are held in memory only; `Endpoint.__repr__` and `describe()` never show them.
 """
 
@@ -195,7 +196,15 @@ def resolve_default(*, ignore_configured: bool = False) -> Endpoint:
         return Endpoint("default", _check_url(url, "OPENAI_BASE_URL"), model,
                         env.get("OPENAI_API_KEY", ""),
                         "OPENAI_API_KEY" if env.get("OPENAI_API_KEY") else None)
-    return _local()
+    return _discovered() or _local()
+
+
+def _discovered() -> Endpoint | None:
+    """The first local server found running with a chat model (said once per process)."""
+    from . import discovery
+
+    server = discovery.chosen()
+    return Endpoint("default", server.base_url, server.model) if server else None
 
 
 def endpoints() -> list[Endpoint]:

@@ -171,7 +171,25 @@ def models_report(key_vars: tuple[str, ...]) -> Report:
     prices = [[name, f"{p[0]:g}", f"{p[1]:g}"] for name, p in
               sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0]))]
     p_text, p_html = table(["model", "USD/1M in", "USD/1M out"], prices)
-    return Report(f"{text}\n\n{e_text}\n\n{p_text}", html=page + e_html + p_html)
+    s_text, s_html = _servers_table()
+    return Report(f"{text}\n\n{s_text}\n\n{e_text}\n\n{p_text}",
+                  html=page + s_html + e_html + p_html)
+
+
+def _servers_table() -> tuple[str, str]:
+    from ..llm import discovery
+
+    if not discovery.enabled():
+        line = "local servers: not looked for (FLOWMAGIC_DISCOVER=0)"
+        return line, no_math(f"<p>{html.escape(line)}</p>")
+    servers = discovery.found()
+    if not servers:
+        line = ("local servers: none found on 127.0.0.1 ports "
+                + ", ".join(f"{p} ({k})" for p, k in discovery.ports()))
+        return line, no_math(f"<p>{html.escape(line)}</p>")
+    rows = [[s.kind, s.base_url, s.model or "(no chat model)",
+             ", ".join(s.models[:6]) + (" ..." if len(s.models) > 6 else "")] for s in servers]
+    return table(["local server", "base URL", "chat model used", "models listed"], rows)
 
 
 def log_report(calls: list[dict]) -> Report:
