@@ -81,6 +81,7 @@ def main(args: list[str]) -> None:
     names = [a for a in args if a != "--fresh"]
     for var in ENDPOINT_VARS:
         os.environ.pop(var, None)
+    os.environ["FLOWMAGIC_DISCOVER"] = "0"   # the embedded model, not a server found running
     paths = [HERE / f"{Path(n).stem}.ipynb" for n in names] or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
     for path in paths:
         record(path, fresh)
