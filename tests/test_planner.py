@@ -320,7 +320,7 @@ def test_critical_path_strategy_carries_estimates():
 def test_caps_cut_subtasks_and_map_agent_roles_with_warnings():
     # f is dropped by the cap, but b depended on it and f on a: b must still come after a.
     big = {"subtasks": [sub("a", agent="coder"), sub("b", ["f"], agent="coder"),
-                        sub("c", agent="writer"), sub("d", ["c"], agent="Coder"),
+                        sub("c", agent="writer,"), sub("d", ["c"], agent="Data Analyst"),
                         sub("e", agent="designer"), sub("f", ["a"], agent="tester")]}
     llm = fast_llm()
     with LoopbackServer(responder=by_seed({0: big})) as server:
@@ -336,7 +336,7 @@ def test_caps_cut_subtasks_and_map_agent_roles_with_warnings():
     cap_warnings = [w for w in cand.warnings if "max_" in w]
     assert len(cap_warnings) == 2
     assert "kept the first 4 of 6 subtasks (max_subtasks=4); dropped e, f" in cap_warnings[0]
-    assert "Coder -> coder" in cap_warnings[1] and "max_agents=2" in cap_warnings[1]
+    assert "data_analyst -> coder" in cap_warnings[1] and "max_agents=2" in cap_warnings[1]
     assert cand.scores["nodes"] == 4 and cand.warnings == wf.warnings
 
 
