@@ -18,11 +18,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) system-deps
 
-# graphviz's `dot` draws the plans; Debian's package when it is missing.
+# graphviz's `dot` draws the plans, bubblewrap isolates model-written code: Debian's packages when missing.
 system-deps:
 	@if ! command -v dot >/dev/null; then \
 	  if [ -n "$(APT)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz; \
 	  else echo "graphviz is missing: install it (apt-get install graphviz / brew install graphviz / conda install graphviz)"; fi; \
+	fi
+	@# bubblewrap isolates model-written code; without it flowmagic runs no such code.
+	@if ! command -v bwrap >/dev/null; then \
+	  if [ -n "$(APT)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; \
+	  else echo "bubblewrap is missing: install it (apt-get install bubblewrap / dnf install bubblewrap); until then flowmagic runs no model-written code"; fi; \
 	fi
 
 # Debian's chromium for the browser test (Playwright drives /usr/bin/chromium; it never downloads a browser).

@@ -138,6 +138,8 @@ def _plan(args, progress: Progress):
         settings["max_tokens"] = args.max_tokens
     if getattr(args, "max_k", None):
         settings["max_k"] = args.max_k
+    if getattr(args, "sandbox", None):
+        settings["sandbox"] = args.sandbox
     name = args.name or _name_from(args.task)
     progress.doing = "planning"
     progress.say(f"planning {args.task!r}: {args.k} candidate plan(s) on {args.model or 'the default model'}")
@@ -462,6 +464,9 @@ def _planning_options(p: argparse.ArgumentParser) -> None:
                    help="balanced, coarse, fine or critical-path (default balanced)")
     p.add_argument("--name", help="the flow's name (default: from the task's words)")
     p.add_argument("--max-tokens", type=int, help="token limit of each node's answer")
+    p.add_argument("--sandbox", choices=("bwrap", "none"),
+                   help="how model-written code runs: bwrap (isolated, the default) or none "
+                        "(no isolation, warned on every run)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any other flow setting, e.g. --set validate=llm (repeatable)")
 

@@ -25,6 +25,7 @@ from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.planner import HARD_MAX_K
 from .engine.runner import NodeRunner, cut, shares
+from .engine.sandbox import check_sandbox
 from .store import Store, get_store
 
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS"]
@@ -44,6 +45,9 @@ DEFAULTS: dict[str, Any] = {
     "tool_similarity": "auto",
     # candidate plans are paid calls: k (and update_k) above max_k needs max_k raised on purpose
     "max_k": 10,
+    # where model-written code runs: "bwrap" (isolated by bubblewrap) or "none" (no
+    # isolation, warned on every run)
+    "sandbox": "bwrap",
 }
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
@@ -81,6 +85,7 @@ def _check_settings(settings: dict) -> dict:
     if budget is not None and not _finite_at_least_zero(budget):
         raise ConfigError(f"budget_usd must be a number of USD, 0 or more, not {budget!r} "
                           "(leave it out for no budget)")
+    check_sandbox(merged["sandbox"])
     return merged
 
 

@@ -54,7 +54,8 @@ _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 FLOW_USAGE = ("%%flow [NAME] [--k K [--max-k N]] [--model M] [--strategy S] [--update STRATEGY] "
               "[--validate V] [--concurrency N] [--context parents|ancestors] "
               "[--budget-usd B] [--update-k K] [--max-updates N] [--mask-rate R] "
-              "[--fail-rate R] [--seed S] [--no-interpolate] [--plan-only | --run | --step] [--force] "
+              "[--fail-rate R] [--seed S] [--sandbox bwrap|none] [--no-interpolate] "
+              "[--plan-only | --run | --step] [--force] "
               "[--debug] [--tools FN1,FN2] [--inputs FILE1,FILE2] [--execute auto|off] "
               "[--mode aov|orchestrate [--agents A,B] [--budget-s S] "
               "[--max-turns N]]")
@@ -139,6 +140,7 @@ def _flow_parser() -> _Parser:
     p.add_argument("--mask-rate", dest="mask_rate", type=_rate("--mask-rate"))
     p.add_argument("--fail-rate", dest="fail_rate", type=_rate("--fail-rate"))
     p.add_argument("--seed", type=_positive(int, "--seed", 0))
+    p.add_argument("--sandbox", choices=("bwrap", "none"))
     p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
     p.add_argument("--tools")
     p.add_argument("--inputs")
@@ -177,7 +179,7 @@ def parse_flow_line(line: str) -> FlowArgs:
     settings = {key: getattr(ns, key) for key in
                 ("k", "max_k", "model", "strategy", "update", "validate", "concurrency", "context",
                  "budget_usd", "execute", "update_k", "max_updates", "mask_rate", "fail_rate",
-                 "seed") if getattr(ns, key) is not None}
+                 "seed", "sandbox") if getattr(ns, key) is not None}
     orchestrate = {key: getattr(ns, key) for key in ("agents", "budget_s", "max_turns")
                    if getattr(ns, key) is not None}
     if orchestrate and ns.kind != "orchestrate":
@@ -246,6 +248,9 @@ def parse_slim_options(words: list[str]) -> dict[str, Any]:
     return {"cheaper": parse_cheaper(ns.cheaper), "tau": ns.tau}
 
 
+_WORD_SETTINGS = frozenset(("sandbox", "validate"))
+
+
 def _value(text: str) -> Any:
     if text.lower() in ("none", "null"):
         return None
@@ -265,7 +270,9 @@ def parse_assignments(words: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"%flow config takes key=value pairs, not {word!r}; "
                               "e.g. %flow config k=2 model=gpt-4o-mini")
-        out[key.strip()] = _value(value.strip())
+        key = key.strip()
+        # "none" is a word of these settings (sandbox=none opts out of isolation), not None
+        out[key] = value.strip() if key in _WORD_SETTINGS else _value(value.strip())
     return out
 
 

@@ -1,12 +1,12 @@
 """Reliability, part 4 (issue 9): model-written code that misbehaves is contained and reported.
 
 First through the whole path: a node's answer holds a fenced Python block, the LLM judge
-(on a loopback server) says "pass", and still the sandbox catches the network attempt, the
-write outside its work dir and the endless loop, fails the node and says why in one line.
-Then `run_code` directly, with the ways around the fences that tests/test_sandbox.py does
-not try: directory descriptors (dir_fd=, fwalk), a changed working directory, symlinks to
-outside, fifos and device nodes, another process's /proc files (the parent's environment
-holds the API key), and loops that ignore signals and swallow exceptions.
+(on a loopback server) says "pass", and still the sandbox stops the network attempt, the
+write outside its workdir and the endless loop, fails the node and says why in one line.
+Then `run_code` directly, with ways around a fence written in Python (the sandbox before
+bubblewrap): directory descriptors (dir_fd=, fwalk), a changed working directory, symlinks
+to outside, fifos and device nodes, another process's /proc files. Under bubblewrap none of
+those paths exists in the sandbox. The attacks of issue 13 are in test_sandbox_attacks.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import flowmagic
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
-from flowmagic.engine.sandbox import run_code
+from flowmagic.cli import build_parser
+from flowmagic.engine.sandbox import NONE_WARNING, run_code, sandbox_status
+from flowmagic.errors import ConfigError
+from flowmagic.parsers import parse_assignments, parse_flow_line
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,15 +65,15 @@ def test_misbehaving_code_fails_its_node_even_when_the_judge_passes_it(outside):
         with LoopbackServer(responder=responder) as server:
             flowmagic.configure(base_url=server.base_url, model="m")
             flow = Flow.from_dict(plan, task="write four small programs", validate="llm", execute="off",
-                                  max_attempts=1, update="off", consolidate=False,
+                                  max_attempts=1, update="off", consolidate=False, code_timeout=5,
                                   llm=LLM(backoff_base=0.01)).run()
         with pytest.raises(socket.timeout):
             listener.accept()   # no connection ever arrived
     nodes = flow.workflow.nodes
     assert nodes["add"].status == "done"   # the fences do not get in the way of good code
-    reasons = {"fetch": "network access is not allowed",
-               "save": "writing outside the work dir is not allowed",
-               "poll": "did not finish within 10.0 s and was killed"}
+    reasons = {"fetch": "Connection refused",   # no network: not even the host's loopback
+               "save": "No such file or directory",   # the host's folders are not there
+               "poll": "did not finish within 5"}
     for node_id, reason in reasons.items():
         node = nodes[node_id]
         assert node.status == "failed", node_id
@@ -80,6 +83,67 @@ def test_misbehaving_code_fails_its_node_even_when_the_judge_passes_it(outside):
     assert flow.status == "incomplete"
     # the endless loop was killed at the timeout, not waited for
     assert nodes["poll"].duration < 30
+
+
+def _code_flow(server, marker, **settings) -> Flow:
+    flowmagic.configure(base_url=server.base_url, model="m")
+    plan = {"nodes": [{"id": "code", "requirement": "write Python"},
+                      {"id": "text", "requirement": "write a sentence"}], "edges": []}
+    return Flow.from_dict(plan, task="t", validate="llm", max_attempts=3, update="off",
+                          consolidate=False, llm=LLM(backoff_base=0.01), **settings)
+
+
+def _code_responder(marker):
+    def responder(body):
+        if "strict reviewer" in body["messages"][0]["content"]:
+            return json.dumps({"verdict": "pass", "feedback": "fine"})
+        if "Your subtask (code)" in body["messages"][-1]["content"]:
+            return f"```python\nopen({str(marker)!r}, 'w').write('ran')\n```"
+        return "A sentence."
+    return responder
+
+
+def test_without_bubblewrap_a_code_node_fails_in_one_line_and_its_code_never_runs(
+        tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("PATH", str(tmp_path))   # no bwrap on it
+    try:
+        sandbox_status(refresh=True)
+        with LoopbackServer(responder=_code_responder(marker)) as server:
+            flow = _code_flow(server, marker).run()
+    finally:
+        monkeypatch.undo()
+        sandbox_status(refresh=True)
+    node = flow.workflow.nodes["code"]
+    assert node.status == "failed" and not marker.exists()
+    assert len(node.attempts) == 1   # a machine without bubblewrap is not fixed by retrying
+    assert "\n" not in node.error and "bubblewrap is not installed" in node.error
+    assert "sandbox='none'" in node.error
+    assert flow.workflow.nodes["text"].status == "done"   # nodes without code are unaffected
+
+
+def test_sandbox_none_is_a_setting_that_warns_on_every_run(tmp_path, capfd):
+    marker = tmp_path / "ran"
+    with LoopbackServer(responder=_code_responder(marker)) as server:
+        flow = _code_flow(server, marker, sandbox="none").run()
+    assert flow.workflow.nodes["code"].status == "done" and marker.read_text() == "ran"
+    assert capfd.readouterr().err.count(NONE_WARNING) == 1
+    with pytest.raises(ConfigError, match="'bwrap'.*'none'"):
+        Flow.from_dict({"nodes": [{"id": "a", "requirement": "r"}]}, sandbox="docker")
+    with pytest.raises(ConfigError, match="code_timeout"):
+        Flow.from_dict({"nodes": [{"id": "a", "requirement": "r"}]}, code_timeout=0)
+
+
+def test_the_sandbox_setting_is_reachable_from_the_cell_and_the_command_line():
+    assert parse_flow_line("demo --sandbox none").settings["sandbox"] == "none"
+    assert "sandbox" not in parse_flow_line("demo").settings
+    with pytest.raises(ConfigError):
+        parse_flow_line("demo --sandbox docker")
+    args = build_parser().parse_args(["run", "a task", "--sandbox", "none"])
+    assert args.sandbox == "none"
+    # `%flow config sandbox=none` and `--set sandbox=none` read the word, not Python's None
+    assert parse_assignments(["sandbox=none", "validate=none", "seed=none"]) == {
+        "sandbox": "none", "validate": "none", "seed": None}
 
 
 # ------------------------------------------------------------------------------ run_code directly
@@ -108,7 +172,7 @@ def test_ways_around_the_write_fence_are_refused(name, outside):
     # from work/a/b "../../" is the work dir again, while from the work dir it is <tempdir>
     rel = "../../" + os.path.relpath(outside / "x", tempfile.gettempdir())
     result = run_code(ESCAPES[name].format(out=str(outside), rel=rel), timeout=5)
-    assert not result.ok and "not allowed" in result.stderr, (name, result.stderr[-400:])
+    assert not result.ok, (name, result.stdout[-400:])
 
 
 def test_the_parents_environment_cannot_be_read(monkeypatch):
@@ -116,9 +180,9 @@ def test_the_parents_environment_cannot_be_read(monkeypatch):
     monkeypatch.setenv("FLOWMAGIC_API_KEY", "sk-" + "reliability-PARENT-KEY")
     code = ("import os\n"
             "data = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
-            "print(b'PARENT-KEY' in data)\n")
+            "assert b'PARENT-KEY' in data\n")
     result = run_code(code, timeout=5)
-    assert not result.ok and "not allowed" in result.stderr, result.stdout + result.stderr
+    assert not result.ok, result.stdout + result.stderr
     assert "PARENT-KEY" not in result.stdout + result.stderr
 
 
@@ -147,7 +211,7 @@ def test_ordinary_file_work_inside_the_work_dir_still_works():
             "    open(os.path.join(tmp, 't'), 'w').write('t')\n"
             "os.symlink('copy/raw/a.csv', 'link.csv')\n"
             "print(open('link.csv').read().split()[1], sorted(os.listdir('.')))\n"
-            "print(len(open('/etc/hostname').read()) > 0, len(os.listdir('/')) > 0)\n"
+            "print(len(open('/etc/passwd').read()) > 0, len(os.listdir('/')) > 0)\n"
             "os.chdir('.')\n")
     result = run_code(code, timeout=10)
     assert result.ok, result.stderr

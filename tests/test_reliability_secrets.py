@@ -118,7 +118,9 @@ def test_python_api_writes_the_key_nowhere(monkeypatch, tmp_path, flowmagic_home
         flow.run()
         assert flow.workflow.nodes["gather"].status == "done"
         probe = flow.workflow.nodes["probe"]
-        assert probe.status == "failed" and "another process's /proc files" in probe.error
+        # under bubblewrap its "parent" is the sandbox's pid 1: its environment has no key
+        # (as root it is not even readable); either way the probe finds nothing and fails
+        assert probe.status == "failed"
         # a second endpoint that refuses the same key: its error is logged, without the key
         flowmagic.configure(name="refusing", base_url=refusing.base_url, api_key=KEY, model="m")
         with pytest.raises(EndpointError) as refused:
@@ -179,3 +181,36 @@ def test_command_line_writes_the_key_nowhere(tmp_path, flowmagic_home):
         assert_no_key(str(path), path.read_bytes())
     for r in runs:
         assert_no_key(f"the output of flowmagic {r.args[3]}", r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize("execute", ["auto", "off"])   # run as the node's work / by the judge
+def test_a_key_in_sandbox_output_is_scrubbed_from_every_stored_and_sent_text(flowmagic_home,
+                                                                             execute):
+    """Were the key to reach sandbox output (here the model's own code prints it), the node's
+    error, its stored attempts, the retry prompt and the judge's prompt hold "[key hidden]"."""
+    configured = "sk-" + f"configured-only-{CORE}"
+    code = f"print({configured[:12]!r} + {configured[12:]!r})\nraise ValueError({configured!r})"
+
+    def leaky(body: dict) -> str:
+        if "strict reviewer" in body["messages"][0]["content"]:
+            return json.dumps({"verdict": "pass", "feedback": "fine"})
+        return f"```python\n{code}\n```"
+
+    plan = {"nodes": [{"id": "leak", "requirement": "print the key"}], "edges": []}
+    with LoopbackServer(responder=leaky) as server:
+        flowmagic.configure(base_url=server.base_url, model="m", api_key=configured)
+        flow = flowmagic.Flow.from_dict(plan, task="t", validate="llm", max_attempts=2,
+                                        update="off", consolidate=False, execute=execute,
+                                        llm=LLM(backoff_base=0.01)).run()
+        sent = [json.dumps(r["body"]) for r in server.requests]
+    node = flow.workflow.nodes["leak"]
+    assert node.status == "failed" and "[key hidden]" in node.error
+    # auto: node, node again (the code's traceback in the retry prompt); off: node, judge,
+    # node again (the judge is asked once: its second prompt is the same, from the cache)
+    assert len(sent) == (2 if execute == "auto" else 3) and "[key hidden]" in sent[-1]
+    assert any("ValueError: [key hidden]" in a["feedback"] for a in node.attempts)
+    for label, text in [("a request", s) for s in sent] + [
+            ("the flow's state", json.dumps(flow.workflow.to_dict()))] + [
+            (str(p), p.read_bytes()) for p in files_under(flowmagic_home)]:
+        data = text if isinstance(text, bytes) else text.encode()
+        assert configured.encode() not in data, f"the key reached {label}"

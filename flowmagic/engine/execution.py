@@ -154,27 +154,28 @@ def _clean_traceback(stderr: str) -> str:
 
 
 def execute(workspace, node_id: str, answer: str, *, mode: str = "auto", timeout: float = 60.0,
-            memory_mb: int = 2048) -> Execution:
+            memory_mb: int = 2048, sandbox: str = "bwrap") -> Execution:
     """Save the answer's named files, run its unnamed Python in the sandbox; see the module."""
     blocks, files = split_answer(answer)
     saved = [workspace.write(rel, content) for rel, content in files.items()]
     if not wants_execution(mode, blocks):
         return Execution(saved=saved)
     result = run_python(workspace, node_id, "\n\n".join(blocks), timeout=timeout,
-                        memory_mb=memory_mb)
+                        memory_mb=memory_mb, sandbox=sandbox)
     result.saved = saved
     return result
 
 
 def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
-               memory_mb: int = 2048) -> Execution:
-    """Run `code` in the sandbox with the workspace as its working directory."""
+               memory_mb: int = 2048, sandbox: str = "bwrap") -> Execution:
+    """Run `code` in the sandbox with the workspace as its working directory (SandboxError,
+    one line, when the sandbox cannot run here: the code is never run another way)."""
     result = Execution(code=code, ran=True)
     workspace.write(f".flowmagic/{node_id}.py", code)
     before = workspace.snapshot()
     started = time.monotonic()
     run = run_code(_program(code, node_id), workdir=str(workspace.root), timeout=timeout,
-                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64)
+                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64, sandbox=sandbox)
     result.duration_s = round(time.monotonic() - started, 3)
     result.ok = run.ok
     result.stdout = _clip(run.stdout)

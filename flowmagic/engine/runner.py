@@ -12,7 +12,8 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import EndpointError
+from ..errors import EndpointError, SandboxError
+from ..llm.endpoints import scrub
 from .execution import about_files_or_code, aexecute, instructions, made_files, report
 from .executor import Outcome
 from .validation import retry_prompt
@@ -110,8 +111,10 @@ class NodeRunner:
                                  llm=self.flow.llm, model=self.flow.settings["validator_model"]
                                  or self.flow.settings["model"], run_id=self.flow.run_id,
                                  max_tokens=self.flow.settings["max_tokens"],
-                                 run_output_code=not code_ran)
-        return verdict.passed, verdict.feedback
+                                 run_output_code=not code_ran,
+                                 sandbox=self.flow.settings["sandbox"],
+                                 code_timeout=float(self.flow.settings["code_timeout"]))
+        return verdict.passed, scrub(verdict.feedback)
 
     async def _execute(self, node_id: str, answer: str):
         """Save the answer's named files and run its Python in the sandbox (None when off)."""
@@ -119,7 +122,7 @@ class NodeRunner:
         if settings["execute"] == "off":
             return None
         return await aexecute(self.flow.workspace, node_id, answer, mode=settings["execute"],
-                              timeout=float(settings["code_timeout"]))
+                              timeout=float(settings["code_timeout"]), sandbox=settings["sandbox"])
 
     async def _reply(self, node, messages: list[dict], seed: int):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
@@ -176,7 +179,8 @@ class NodeRunner:
             outcome.tokens_in += reply.input_tokens
             outcome.tokens_out += reply.output_tokens
             outcome.cost_usd += reply.cost_usd
-            record.update(output=reply.text, call_id=reply.call_id, cache_key=reply.cache_key,
+            text = scrub(reply.text)   # a key that reached a model's answer is stored nowhere
+            record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
                           cost_usd=reply.cost_usd, seed=settings["seed"] + history + attempt)
@@ -191,8 +195,14 @@ class NodeRunner:
                 record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
                 attempts.append(record)
                 continue
-            ex = await self._execute(node_id, reply.text)
-            output = reply.text
+            try:
+                ex = await self._execute(node_id, text)
+            except SandboxError as exc:   # code must run and cannot here: retrying won't help
+                record.update(end=time.time(), passed=False, error=str(exc))
+                attempts.append(record)
+                outcome.error = str(exc)
+                break
+            output = text
             if ex is not None:
                 record["execution"] = ex.to_dict()
                 if ex.ran and not ex.ok:   # the traceback goes back to the next attempt
@@ -201,7 +211,7 @@ class NodeRunner:
                     attempts.append(record)
                     continue
                 if report(ex):
-                    output = f"{reply.text.rstrip()}\n\n{report(ex)}"
+                    output = f"{text.rstrip()}\n\n{report(ex)}"
             try:
                 passed, feedback = await self._verdict(node, output, bool(ex and ex.ran),
                                                       reply.finish_reason)
@@ -211,6 +221,11 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.ok, outcome.output = True, output
                 outcome.execution = record.get("execution")
+                break
+            except SandboxError as exc:   # code must run and cannot here: retrying won't help
+                record.update(end=time.time(), passed=False, error=str(exc))
+                attempts.append(record)
+                outcome.error = str(exc)
                 break
             record.update(end=time.time(), passed=passed, feedback=feedback)
             attempts.append(record)

@@ -1,177 +1,75 @@
-"""Run model-written Python in a separate, fenced-in process; pull code out of model output.
+"""Run model-written Python isolated by the operating system; pull code out of model output.
 
-`run_code` never executes anything in the calling process. The code runs in a new
-interpreter (`python -I -B -X utf8`, plus `-S` unless `site_packages=True`) in its own
-session, with a fresh temporary working directory (deleted afterwards), a minimal
-environment (PATH, LANG, HOME and TMPDIR pointing at the work dir: no API keys), stdin
-closed, and a wall-clock timeout after which the whole process group is killed.
+The contract
+------------
+`run_code(code, *, workdir=None, inputs=(), timeout=10.0, memory_mb=512, max_processes=64,
+file_limit_mb=64, output_limit=20_000, site_packages=False, tests=None, sandbox="bwrap")`
+runs `code`, then `tests` in the same namespace (asserts and/or `test*` functions, called in
+order), in a new Python interpreter, never in the calling process, and returns a
+`SandboxResult`: ok, returncode, stdout and stderr (each clipped to `output_limit`
+characters and scrubbed of the configured API keys), timed_out, duration_s, stage (None when
+ok, else "code", "tests" or "timeout"), isolation ("bwrap" or "none"), workdir, and `files`:
+the regular files (paths relative to workdir) the code created or changed there.
+`arun_code` is the same in a worker thread, for an event loop.
 
-The fences are set up by a prelude that runs inside the child before the model's code:
-- resource limits (address space, CPU seconds, file size, open files);
-- an empty network namespace (`unshare(CLONE_NEWNET)` through libc: this works when the
-  child may create namespaces, e.g. as root; `SandboxResult.network` says which fence held);
-- an audit hook (`sys.addaudithook`, which cannot be removed) that refuses network
-  connections and name lookups, writes and renames outside the work dir, starting
-  processes, raising limits, and calling C functions through ctypes.
-The prelude, not a `preexec_fn`, does this because `preexec_fn` is unsafe when the caller
-has threads (the executor does). Audit hooks are a Python-level fence: the namespace, the
-limits, the separate process and the empty environment are the ones the OS enforces.
+- `workdir`: the code's working directory and the only host path it can write. None: a
+  fresh temporary directory, deleted afterwards. Given: kept, with what the code left there,
+  except symlinks it made that point outside it (on the host they would lead to your files;
+  they are deleted and named in `removed_links`).
+- `inputs`: host files or directories the code may read, bound read-only at their own paths.
+- `site_packages=True`: the calling interpreter's site-packages are importable (read-only).
+- limits: `timeout` seconds of wall clock, after which the whole sandbox is killed,
+  grandchildren and setsid daemons included; CPU seconds (timeout + 1) and `memory_mb` of
+  address space per process; `max_processes` processes and threads in all; `file_limit_mb`
+  per file written (stdout and stderr included); a private /tmp of memory_mb / 2.
+
+`sandbox="bwrap"` (the default) runs it under bubblewrap (see `bwrap.py` for the exact
+view): new user, pid, network, ipc, uts and cgroup namespaces, the system read-only, no
+network, an empty home, no view of the host's processes or of the user's files beyond the
+workdir and the inputs, no API key in its environment, and `--die-with-parent`. As root the
+code runs as an unused uid with no capabilities (see `bwrap.py`). `sandbox_status()` says
+whether bubblewrap can run here and, if not, why and what to do, in one line; `run_code`
+raises SandboxError with that line rather than running the code any other way.
+
+`sandbox="none"` is the documented opt-out for machines without bubblewrap: the code runs in
+a plain child process with the same limits and an environment without keys, but with the
+user's rights (it can read and write the user's files). It prints a warning on every run.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import math
 import os
 import re
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
-import time
 import textwrap
-from dataclasses import asdict, dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, SandboxError
+from ..llm.endpoints import scrub
+from . import bwrap, seccomp
 
-__all__ = ["SandboxResult", "run_code", "arun_code", "extract_code", "TESTS_FAILED"]
+__all__ = ["SandboxResult", "SandboxStatus", "run_code", "arun_code", "sandbox_status",
+           "check_sandbox", "extract_code", "TESTS_FAILED", "SANDBOXES"]
 
-TESTS_FAILED = 97  # the child's exit status when the code ran but a test failed
-
-# Runs as `python -c _PRELUDE solution.py tests.py isolation_file limits...`.
-_PRELUDE = r'''
-import os, sys
-def _fm_setup(argv):
-    sol, tests, report, mem_mb, cpu_s, fsize_mb, nofile = argv
-    try:
-        import resource, signal
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full file is an OSError, not a kill
-        for lim, val in ((resource.RLIMIT_AS, int(mem_mb) << 20), (resource.RLIMIT_CPU, int(cpu_s)),
-                         (resource.RLIMIT_FSIZE, int(fsize_mb) << 20),
-                         (resource.RLIMIT_NOFILE, int(nofile)), (resource.RLIMIT_CORE, 0)):
-            hard = resource.getrlimit(lim)[1]
-            val = val if hard == resource.RLIM_INFINITY else min(val, hard)
-            resource.setrlimit(lim, (val, val))
-    except ImportError:
-        pass
-    network = "guard"
-    try:
-        import ctypes
-        if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0:  # CLONE_NEWNET
-            network = "namespace"
-    except (ImportError, OSError, AttributeError):
-        pass
-    with open(report, "w") as fh:
-        fh.write(network)
-    work = os.path.realpath(os.getcwd())
-    writes = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-    path_events = {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown",
-                   "os.link", "os.symlink", "os.truncate", "os.utime", "shutil.rmtree",
-                   "shutil.move", "sqlite3.connect"}
-    deny = {"socket.connect": "network access", "socket.sendto": "network access",
-            "socket.sendmsg": "network access", "socket.getaddrinfo": "network access",
-            "socket.gethostbyname": "network access", "socket.gethostbyaddr": "network access",
-            "subprocess.Popen": "starting processes", "os.system": "starting processes",
-            "os.exec": "starting processes", "os.posix_spawn": "starting processes",
-            "os.spawn": "starting processes", "os.fork": "starting processes",
-            "os.forkpty": "starting processes", "resource.setrlimit": "changing limits",
-            "resource.prlimit": "changing limits", "ctypes.dlsym": "calling C through ctypes",
-            "ctypes.dlsym/handle": "calling C through ctypes",
-            "ctypes.call_function": "calling C through ctypes"}
-    def inside(p):
-        if isinstance(p, int) or p in (":memory:", "", b""):
-            return True
-        full = os.path.realpath(os.fsdecode(p))
-        return full == work or full.startswith(work + os.sep) or full == os.devnull
-    me = str(os.getpid())
-    def other_process(p):
-        # /proc/<pid>/environ of the parent holds the API keys this child's env was cleared of
-        if isinstance(p, int):
-            return False
-        parts = os.path.realpath(os.fsdecode(p)).split(os.sep)
-        return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != me
-    def refuse(what, detail=""):
-        raise PermissionError(f"flowmagic sandbox: {what} is not allowed{detail}")
-    def hook(event, args):
-        if event == "open":
-            if isinstance(args[2], int) and args[2] & writes and not inside(args[0]):
-                refuse("writing outside the work dir", f" ({args[0]!r})")
-            if other_process(args[0]):
-                refuse("reading another process's /proc files", f" ({args[0]!r})")
-            if not inside(args[0]) and os.path.isdir(args[0]):
-                # its descriptor would let dir_fd= calls (unseen by this hook) write there
-                refuse("opening a directory outside the work dir", f" ({args[0]!r})")
-        elif event == "os.chdir":
-            # relative paths are checked from the work dir, so it stays the cwd (else a
-            # dir_fd of the work dir plus "../" from a subdirectory would reach outside)
-            if isinstance(args[0], int) or os.path.realpath(os.fsdecode(args[0])) != work:
-                refuse("changing the working directory")
-        elif event in path_events:
-            paths = args[1:2] if event == "os.symlink" else args
-            for p in paths:
-                if isinstance(p, (str, bytes, os.PathLike)) and not inside(p):
-                    refuse(f"{event} outside the work dir", f" ({p!r})")
-        elif event in deny:
-            refuse(deny[event])
-        elif event in ("os.kill", "os.killpg") and args[0] != os.getpid():
-            refuse("signalling other processes")
-    sys.addaudithook(hook)
-    import posix
-    def no_nodes(*a, **k):
-        refuse("creating fifos and device nodes")
-    # No audit event covers these: a fifo outside, or (as root) a disk's device node inside.
-    os.mkfifo = os.mknod = posix.mkfifo = posix.mknod = no_nodes
-    import socket
-    def no_connection(*a, **k):
-        refuse("network access")
-    socket.create_connection = no_connection  # belt and braces: fail before any syscall
-    return sol, tests
-def _fm_print_tb(exc):
-    import traceback
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
-    text = "".join(traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc))
-    print("Traceback (most recent call last):\n" + text, end="", file=sys.stderr)  # no prelude frames
-def _fm_run(path, name, ns):
-    with open(path, encoding="utf-8") as fh:
-        src = fh.read()
-    import linecache
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)  # source in tracebacks
-    try:
-        exec(compile(src, name, "exec"), ns)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
-    except BaseException as exc:
-        _fm_print_tb(exc)
-        return False
-    return True
-def _fm_main():
-    sol, tests = _fm_setup(sys.argv[1:])
-    sys.argv = ["solution.py"]
-    ns = {"__name__": "__main__", "__builtins__": __builtins__}
-    if not _fm_run(sol, "solution.py", ns):
-        sys.exit(1)
-    if not tests:
-        return
-    before = set(ns)
-    failed = [] if _fm_run(tests, "tests.py", ns) else ["tests.py"]
-    names = [k for k in ns if k not in before and k.startswith("test") and callable(ns[k])
-             and getattr(getattr(ns[k], "__code__", None), "co_filename", "") == "tests.py"]
-    for name in names:
-        try:
-            ns[name]()
-        except BaseException as exc:
-            print(f"FAILED {name}:", file=sys.stderr)
-            _fm_print_tb(exc)
-            failed.append(name)
-    if failed:
-        print(f"flowmagic sandbox: {len(failed)} test(s) failed: {', '.join(failed)}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.exit(97)  # TESTS_FAILED
-_fm_main()
-'''
+TESTS_FAILED = 97      # the child's exit status when the code ran but a test failed
+SANDBOXES = ("bwrap", "none")
+NONE_WARNING = ("flowmagic: sandbox='none': model-written code runs WITHOUT isolation, with "
+                "your rights over your files; install bubblewrap and use sandbox='bwrap'")
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+_HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}   # bwrap's own: no keys
+_MAX_ENTRIES = 50_000   # files looked at when listing what the code changed
 
 
 @dataclass
@@ -182,8 +80,11 @@ class SandboxResult:
     stderr: str
     timed_out: bool
     duration_s: float
-    stage: str | None = None   # None when ok; else "code", "tests" or "timeout"
-    network: str = "guard"     # "namespace" when the code ran with no network interfaces
+    stage: str | None = None      # None when ok; else "code", "tests" or "timeout"
+    isolation: str = "bwrap"      # "bwrap", or "none" when the user opted out
+    workdir: str | None = None    # None when it was a temporary one, now deleted
+    files: list[str] = field(default_factory=list)          # created or changed, relative
+    removed_links: list[str] = field(default_factory=list)  # symlinks out of workdir, deleted
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,10 +95,30 @@ class SandboxResult:
             return ""
         if self.timed_out:
             return f"the code did not finish within {self.duration_s:.1f} s and was killed"
-        tail = self.stderr.strip()[-limit:] or f"exit status {self.returncode} with no error output"
-        return tail
+        tail = self.stderr.strip()[-limit:]
+        if tail:
+            return tail
+        code = self.returncode or 0
+        if code < 0 or code > 128:
+            number = -code if code < 0 else code - 128
+            try:
+                return f"the code was killed by {signal.Signals(number).name} (a limit was hit)"
+            except ValueError:
+                pass
+        return f"exit status {code} with no error output"
 
 
+@dataclass(frozen=True)
+class SandboxStatus:
+    available: bool
+    reason: str   # one line: why code cannot run here and what to do ("" when it can)
+    mode: str     # "user namespace", "root, as an unused uid", or "" when unavailable
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+# ------------------------------------------------------------------------------ helpers
 def _clip(text: str, limit: int) -> str:
     """Head and tail of `text` within `limit` characters; the middle is marked as cut."""
     if len(text) <= limit:
@@ -220,91 +141,344 @@ def _read_clipped(path: str, limit: int) -> str:
     return f"{text[:half]}\n[... {size - limit} bytes cut ...]\n{text[-half:]}"
 
 
-def _check(name: str, value: object, low: float) -> float:
+def _number(name: str, value: object, low: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
         raise ConfigError(f"sandbox {name} must be a number >= {low}, not {value!r}")
     return float(value)
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait for the child; kill its process group on timeout. True when it timed out.
-
-    The child is left unreaped (WNOWAIT) until its group is killed, so the group id
-    cannot have been reused by an unrelated process when we signal it.
-    """
-    deadline = time.monotonic() + timeout
-    delay, timed_out = 0.002, False
-    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
+def _snapshot(root: str) -> dict[str, tuple]:
+    """relative path -> (type, size, mtime, inode) of what is under `root` (no symlink followed)."""
+    seen: dict[str, tuple] = {}
+    for path in bwrap._walk(root):
+        if path == root:
+            continue
+        if len(seen) >= _MAX_ENTRIES:
             break
-        time.sleep(min(delay, left))
-        delay = min(delay * 2, 0.05)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        seen[os.path.relpath(path, root)] = (stat.S_IFMT(st.st_mode), st.st_size,
+                                             st.st_mtime_ns, st.st_ino)
+    return seen
+
+
+def _changes(root: str, before: dict[str, tuple]) -> tuple[list[str], list[str]]:
+    """(files created or changed, symlinks pointing out of root that were deleted)."""
+    files, removed = [], []
+    real_root = os.path.realpath(root)
+    for rel, info in sorted(_snapshot(root).items()):
+        if before.get(rel) == info:
+            continue
+        path = os.path.join(root, rel)
+        if info[0] == stat.S_IFREG:
+            files.append(rel)
+        elif info[0] == stat.S_IFLNK and not bwrap._inside(os.path.realpath(path), real_root):
+            try:
+                os.unlink(path)
+                removed.append(rel)
+            except OSError:
+                pass
+    return files, removed
+
+
+# ------------------------------------------------------------------------------ status
+_status: SandboxStatus | None = None
+_status_lock = threading.Lock()
+
+
+def _unavailable(why: str) -> SandboxStatus:
+    return SandboxStatus(False, f"code execution is off: {why}; or opt out of isolation with "
+                                "sandbox='none' (unsafe, see the README)", "")
+
+
+def _probe() -> SandboxStatus:
+    if not sys.platform.startswith("linux"):
+        return _unavailable(f"model-written code runs only under bubblewrap, which needs Linux "
+                            f"(this is {sys.platform}): run flowmagic on Linux or in WSL2")
+    if shutil.which("bwrap") is None:
+        return _unavailable("bubblewrap is not installed: install it (apt-get install "
+                            "bubblewrap, dnf install bubblewrap, pacman -S bubblewrap)")
+    root = os.geteuid() == 0
+    if root and shutil.which("setpriv") is None:
+        return _unavailable("as root the sandbox drops to an unused uid with setpriv, which is "
+                            "missing: install util-linux")
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers too, not only the leader
+        result = _run("import sys; print('ok', sys.version_info[0])", _Request(timeout=20.0),
+                      "bwrap")
+    except SandboxError as exc:
+        return _unavailable(str(exc))
+    if result.ok and result.stdout.strip() == "ok 3":
+        return SandboxStatus(True, "", "root, as an unused uid" if root else "user namespace")
+    line = (result.stderr.strip().splitlines() or [result.error()])[-1][:200]
+    return _unavailable(f"bubblewrap cannot start a sandbox here ({line}): allow unprivileged "
+                        "user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a "
+                        "container runtime that permits them)")
+
+
+def sandbox_status(*, refresh: bool = False) -> SandboxStatus:
+    """Whether bubblewrap can run code here (checked once by starting a sandbox, then cached)."""
+    global _status
+    with _status_lock:
+        if _status is None or refresh:
+            _status = _probe()
+        return _status
+
+
+def check_sandbox(sandbox: object) -> str:
+    """`sandbox` if it is a known setting, else a ConfigError saying which are."""
+    if sandbox not in SANDBOXES:
+        raise ConfigError(f"sandbox must be 'bwrap' (isolated, the default) or 'none' (no "
+                          f"isolation, unsafe), not {sandbox!r}")
+    return sandbox
+
+
+# ------------------------------------------------------------------------------ running
+@dataclass
+class _Request:
+    workdir: str | None = None
+    inputs: tuple = ()
+    timeout: float = 10.0
+    memory_mb: int = 512
+    max_processes: int = 64
+    file_limit_mb: int = 64
+    max_open_files: int = 256
+    output_limit: int = 20_000
+    site_packages: bool = False
+    tests: str | None = None
+
+
+def _inputs(paths) -> list[tuple[str, str]]:
+    """(real host path, path inside) of each declared input; one line for a missing one."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    pairs = []
+    for path in paths or ():
+        inside = os.path.abspath(os.fspath(path))
+        if not os.path.exists(inside):
+            raise SandboxError(f"input {inside} does not exist; declare only existing files "
+                               "or directories as inputs")
+        real = os.path.realpath(inside)
+        if os.geteuid() == 0 and not os.stat(real).st_mode & stat.S_IROTH:
+            raise SandboxError(f"input {inside} is not readable by others, and as root the "
+                               "sandbox reads it as an unused uid: chmod o+r it")
+        pairs.append((real, inside))
+    return pairs
+
+
+def _seccomp_file(scratch: str) -> int | None:
+    """A descriptor of the seccomp filter for bwrap to load, or None on other machines."""
+    program = seccomp.program()
+    if not program:
+        return None
+    path = os.path.join(scratch, "seccomp.bpf")
+    with open(path, "wb") as fh:
+        fh.write(program)
+    return os.open(path, os.O_RDONLY)
+
+
+def _write_share(share: str, code: str, req: _Request, workdir: str,
+                 ids: tuple[int, int] | None, inside: bool) -> dict:
+    """The child script, the code, its tests and the config, in the read-only share dir."""
+    os.makedirs(share, mode=0o755)
+    base = bwrap.SHARE if inside else share
+    for name, text in (("solution.py", code), ("tests.py", req.tests or "")):
+        with open(os.path.join(share, name), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    shutil.copyfile(_CHILD, os.path.join(share, "sandbox_child.py"))
+    uid, gid = ids or (os.getuid(), os.getgid())
+    bwrap.passwd_files(share, uid, gid)
+    config = {"workdir": workdir, "memory_mb": int(req.memory_mb),
+              "cpu_s": math.ceil(req.timeout) + 1, "file_limit_mb": int(req.file_limit_mb),
+              "max_open_files": int(req.max_open_files),
+              # outside a user namespace the count would include all of the user's processes
+              "max_processes": int(req.max_processes) if inside else None,
+              "site_dirs": bwrap.site_dirs() if req.site_packages else [],
+              "solution": f"{base}/solution.py",
+              "tests": f"{base}/tests.py" if req.tests and req.tests.strip() else ""}
+    with open(os.path.join(share, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(config, fh)
+    for name in os.listdir(share):
+        os.chmod(os.path.join(share, name), 0o644)
+    return config
+
+
+def _child_env(inside: bool, home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
+            "TMPDIR": "/tmp" if inside else os.path.dirname(home), "USER": "sandbox",
+            "LOGNAME": "sandbox", "MPLBACKEND": "Agg",
+            "MPLCONFIGDIR": os.path.join(os.path.dirname(home), "matplotlib"),
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _read_info(fd: int, proc: subprocess.Popen, buffer: bytearray) -> bool:
+    """Read what bwrap wrote on its info fd; True at end of file."""
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return True
+        buffer.extend(chunk)
+    return False
+
+
+def _namespace_init(info: bytes, proc: subprocess.Popen) -> int | None:
+    """A pidfd (or pid) of the sandbox's pid 1, checked to be bwrap's own child."""
+    try:
+        pid = int(json.loads(info.decode())["child-pid"])
+        with open(f"/proc/{pid}/stat") as fh:
+            parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (ValueError, KeyError, OSError, IndexError):
+        return None
+    if parent != proc.pid:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+def _kill_all(proc: subprocess.Popen, init_fd: int | None) -> None:
+    """Kill the sandbox: its pid 1 first (the kernel then kills every process of the
+    namespace, setsid ones too), then bwrap's process group."""
+    if init_fd is not None:
+        try:
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
+
+
+def _wait(proc: subprocess.Popen, info_fd: int | None, timeout: float) -> bool:
+    """Wait for the sandbox; kill all of it at the timeout. True when it timed out.
+
+    bwrap is left unreaped (WNOWAIT) until then, so neither its pid nor its process group
+    can have been reused when they are signalled.
+    """
+    deadline = time.monotonic() + timeout
+    delay, timed_out, info, init_fd, info_done = 0.002, False, bytearray(), None, info_fd is None
+    try:
+        while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            if not info_done:
+                info_done = _read_info(info_fd, proc, info)
+                if info_done:
+                    init_fd = _namespace_init(bytes(info), proc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.05)
+        _kill_all(proc, init_fd)
+        proc.wait()
+    finally:
+        if init_fd is not None:
+            os.close(init_fd)
     return timed_out
 
 
-def run_code(code: str, *, timeout: float = 10.0, tests: str | None = None,
-             memory_mb: int = 512, site_packages: bool = False, output_limit: int = 20_000,
-             file_limit_mb: int = 16, max_open_files: int = 64,
-             workdir: str | os.PathLike | None = None) -> SandboxResult:
-    """Run `code` (then `tests`, in the same namespace) in a fenced child process.
-
-    `tests` may be plain statements (asserts) and/or `test*` functions, which are called
-    in order after the file runs. `site_packages=True` lets the code import installed
-    packages such as numpy. stdout and stderr are each clipped to `output_limit` characters.
-    `workdir` (kept afterwards) is the working directory and the only writable place;
-    without it a fresh folder is made and deleted.
-    """
-    if not isinstance(code, str):
-        raise SandboxError(f"run_code takes the code as a str, not {type(code).__name__}")
-    timeout = _check("timeout", timeout, 0.01)
-    memory_mb = int(_check("memory_mb", memory_mb, 32))
-    root = tempfile.mkdtemp(prefix="flowmagic-sandbox-")
+def _run(code: str, req: _Request, sandbox: str) -> SandboxResult:
+    inside = sandbox == "bwrap"
+    scratch = tempfile.mkdtemp(prefix="flowmagic-sandbox-")
+    temporary = req.workdir is None
+    workdir = os.path.join(scratch, "work") if temporary else os.path.abspath(req.workdir)
+    ids = None
+    handed = False
+    info_r = info_w = filter_fd = None
     try:
-        work = os.path.realpath(workdir) if workdir is not None else os.path.join(root, "work")
-        if workdir is None:
-            os.mkdir(work)
-        paths = {k: os.path.join(root, k) for k in ("solution.py", "tests.py", "network",
-                                                   "stdout", "stderr")}
-        for key, text in (("solution.py", code), ("tests.py", tests or "")):
-            with open(paths[key], "w", encoding="utf-8") as fh:
-                fh.write(text)
-        env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-               "HOME": work, "TMPDIR": work, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
-        flags = ["-I", "-B", "-X", "utf8"] + ([] if site_packages else ["-S"])
-        argv = [sys.executable, *flags, "-c", _PRELUDE, paths["solution.py"],
-                paths["tests.py"] if tests and tests.strip() else "", paths["network"],
-                str(memory_mb), str(math.ceil(timeout) + 1), str(int(file_limit_mb)),
-                str(int(max_open_files))]
+        if temporary:
+            os.mkdir(workdir)
+        elif not os.path.isdir(workdir):
+            raise SandboxError(f"workdir {workdir} is not a directory; create it first")
+        inputs = _inputs(req.inputs)
+        if inside and os.geteuid() == 0:
+            ids = bwrap.sandbox_ids(workdir)
+        share = os.path.join(scratch, "share")
+        _write_share(share, code, req, workdir, ids, inside)
+        before = _snapshot(workdir)
+        python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        if inside:
+            info_r, info_w = os.pipe()
+            filter_fd = _seccomp_file(scratch)
+            argv = bwrap.command(
+                python=python, share_dir=share, workdir=workdir, inputs=inputs,
+                extra_ro=bwrap.runtime_dirs(python) + (bwrap.site_dirs() if req.site_packages
+                                                       else []),
+                tmp_mb=max(int(req.memory_mb) // 2, 16), info_fd=info_w,
+                env=_child_env(True, bwrap.HOME), ids=ids, seccomp_fd=filter_fd)
+            cwd, env = "/", _HOST_ENV
+            fds = (info_w,) if filter_fd is None else (info_w, filter_fd)
+        else:
+            print(NONE_WARNING, file=sys.stderr)
+            home = os.path.join(scratch, "tmp", "home")
+            os.makedirs(home)
+            argv = [python, "-I", "-S", "-B", "-X", "utf8", os.path.join(share, "sandbox_child.py"),
+                    os.path.join(share, "config.json")]
+            cwd, env, fds = workdir, _child_env(False, home), ()
+        if ids is not None:
+            bwrap.hand_over(workdir, ids)
+            handed = True
+        out_path, err_path = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
         started = time.monotonic()
-        with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, start_new_session=True)
+                proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=err, start_new_session=True,
+                                        pass_fds=fds)
             except OSError as exc:
-                raise SandboxError(f"could not start {sys.executable} for the sandbox ({exc}); "
-                                   "check that the interpreter still exists") from None
-            timed_out = _wait(proc, timeout)
+                raise SandboxError(f"could not start {argv[0]} for the sandbox ({exc}); check "
+                                   "that it is installed") from None
+            if info_w is not None:
+                os.close(info_w)
+                info_w = None
+            timed_out = _wait(proc, info_r, req.timeout)
         duration = time.monotonic() - started
-        network = "guard"
-        if os.path.exists(paths["network"]):
-            with open(paths["network"]) as fh:
-                network = fh.read().strip() or "guard"
+        if handed:
+            bwrap.hand_back(workdir)
+            handed = False
+        files, removed = _changes(workdir, before)
         rc = proc.returncode
         ok = rc == 0 and not timed_out
         stage = None if ok else "timeout" if timed_out else "tests" if rc == TESTS_FAILED else "code"
-        return SandboxResult(ok, rc, _read_clipped(paths["stdout"], output_limit),
-                             _read_clipped(paths["stderr"], output_limit), timed_out,
-                             duration, stage, network)
+        return SandboxResult(ok, rc, scrub(_read_clipped(out_path, req.output_limit)),
+                             scrub(_read_clipped(err_path, req.output_limit)), timed_out,
+                             duration, stage, sandbox, None if temporary else workdir,
+                             files, removed)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if handed:
+            bwrap.hand_back(workdir)
+        for fd in (info_r, info_w, filter_fd):
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_code(code: str, *, workdir: str | os.PathLike | None = None, inputs=(),
+             timeout: float = 10.0, memory_mb: int = 512, max_processes: int = 64,
+             file_limit_mb: int = 64, output_limit: int = 20_000, site_packages: bool = False,
+             tests: str | None = None, sandbox: str = "bwrap",
+             max_open_files: int = 256) -> SandboxResult:
+    """Run `code` (then `tests`) isolated from this process; see the module docstring."""
+    if not isinstance(code, str):
+        raise SandboxError(f"run_code takes the code as a str, not {type(code).__name__}")
+    check_sandbox(sandbox)
+    req = _Request(
+        workdir=os.fspath(workdir) if workdir is not None else None, inputs=inputs,
+        timeout=_number("timeout", timeout, 0.01),
+        memory_mb=int(_number("memory_mb", memory_mb, 32)),
+        max_processes=int(_number("max_processes", max_processes, 1)),
+        file_limit_mb=int(_number("file_limit_mb", file_limit_mb, 1)),
+        max_open_files=int(_number("max_open_files", max_open_files, 16)),
+        output_limit=int(_number("output_limit", output_limit, 100)),
+        site_packages=bool(site_packages), tests=tests)
+    if sandbox == "bwrap":
+        status = sandbox_status()
+        if not status.available:
+            raise SandboxError(status.reason)
+    return _run(code, req, sandbox)
 
 
 async def arun_code(code: str, **kwargs) -> SandboxResult:

@@ -6,7 +6,10 @@ Three validators:
   user (raising AssertionError is a fail with its message as feedback);
 - "llm": a judge call whose answer must be JSON `{"verdict": "pass"|"fail", "feedback",
   "tests"}`. When the output holds Python code, the code (then the judge's tests) runs in
-  `flowmagic.engine.sandbox`; a crash, a timeout or a failing test is a fail whatever the judge said.
+  `flowmagic.engine.sandbox` (under bubblewrap unless `sandbox="none"`); a crash, a timeout
+  or a failing test is a fail whatever the judge said. Where the sandbox cannot run,
+  `validate` raises SandboxError with the one line saying why and what to do: the code is
+  never run another way.
 
 Empty output, or the literal "none" (what a masked node leaves behind), fails in every mode.
 
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, ModelOutputError
+from ..llm.endpoints import scrub
 from .sandbox import arun_code, extract_code
 
 __all__ = ["Verdict", "JUDGE_SCHEMA", "validate", "retry_prompt", "judge_messages"]
@@ -71,7 +75,7 @@ def judge_messages(node: Any, output: str, task: str) -> list[dict]:
             f"{_clip(getattr(node, 'requirement', '') or '', 3000)}\n\n"
             f"Output to judge:\n{_clip(output, _OUTPUT_CHARS)}\n\n"
             "Does the output do the subtask? Reply with the JSON verdict.")
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": scrub(user)}]
 
 
 async def _call_user(fn: Callable, node: Any, output: str) -> Verdict:
@@ -132,12 +136,12 @@ def _tests_parse(tests: str | None) -> bool:
         return False
 
 
-async def _run_output_code(blocks: list[str], tests: str | None, timeout: float):
+async def _run_output_code(blocks: list[str], tests: str | None, timeout: float, sandbox: str):
     """(failure feedback or None, result dict, note) for the output's code blocks."""
     usable_tests = tests if _tests_parse(tests) else None
     note = "" if usable_tests == tests else " (the judge's tests did not parse and were skipped)"
     result = await arun_code("\n\n".join(blocks), tests=usable_tests, timeout=timeout,
-                             site_packages=True)
+                             site_packages=True, sandbox=sandbox)
     if result.ok:
         return None, result.to_dict(), note
     error = result.error()
@@ -155,7 +159,7 @@ async def _run_output_code(blocks: list[str], tests: str | None, timeout: float)
 
 async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str | None,
                         run_id: str | None, code_timeout: float, max_tokens: int | None,
-                        run_output_code: bool = True) -> Verdict:
+                        run_output_code: bool = True, sandbox: str = "bwrap") -> Verdict:
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
@@ -168,7 +172,7 @@ async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str 
                     "the output was not accepted without a review")
     blocks = extract_code(output) if run_output_code else []
     if blocks:
-        failure, result, note = await _run_output_code(blocks, tests, code_timeout)
+        failure, result, note = await _run_output_code(blocks, tests, code_timeout, sandbox)
         if failure is not None:
             judge_said = f"\nThe reviewer said: {_clip(feedback, 600)}" if feedback and not unreadable else ""
             return Verdict(False, failure + judge_said, "sandbox", tests, result)
@@ -182,14 +186,15 @@ async def _validate_llm(node: Any, output: str, task: str, llm: Any, model: str 
 async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm", llm: Any = None,
                    model: str | None = None, run_id: str | None = None,
                    code_timeout: float = 10.0, max_tokens: int | None = None,
-                   run_output_code: bool = True) -> Verdict:
+                   run_output_code: bool = True, sandbox: str = "bwrap") -> Verdict:
     """The verdict on `output` for `node` (see the module docstring for the modes).
 
     `run_output_code=False` when the output's code already ran in the run's workspace
     (flowmagic.execution): its report is part of the output the judge reads.
 
-    Raises ConfigError for an unknown mode or a broken user validator, and lets
-    EndpointError through when the judge's endpoint is down (the caller decides).
+    Raises ConfigError for an unknown mode or a broken user validator, SandboxError when
+    code must run and the sandbox cannot, and lets EndpointError through when the judge's
+    endpoint is down (the caller decides).
     """
     if _is_empty(output):
         return Verdict(False, "empty output", "empty")
@@ -199,7 +204,7 @@ async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm",
         return Verdict(True, "", "none")
     if mode == "llm":
         return await _validate_llm(node, output, task, llm, model, run_id, code_timeout,
-                                   max_tokens, run_output_code)
+                                   max_tokens, run_output_code, sandbox)
     raise ConfigError(f"validate must be 'llm', 'none' or a function (node, output) -> bool, "
                       f"not {mode!r}")
 
@@ -229,4 +234,4 @@ def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
         block = f"Attempt {n} was rejected because: {why}\nIts output was:\n{shown}"
         parts.append(block[:share])
         left -= len(parts[-1]) + 2
-    return "\n\n".join(parts)[:budget_chars]
+    return scrub("\n\n".join(parts)[:budget_chars])
