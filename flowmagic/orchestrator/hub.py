@@ -356,8 +356,8 @@ class Orchestrator:
                 return None
         fed = []
         for seq in ready:
-            task, agent, content, _ = self._inflight.pop(seq)
-            answer = task.result()
+            task, agent, content, sent_turn = self._inflight.pop(seq)
+            answer = self._said(task, agent, sent_turn)
             fed.append((seq, agent, content, answer))
             self._exchanges.append((agent, content, answer))
             memory = self._memory[agent]
@@ -368,6 +368,9 @@ class Orchestrator:
     async def _cut_inflight(self, turn: int, submitted: bool = False) -> None:
         """The run ends: replies still awaited are cancelled, each with a note."""
         waiting, self._inflight = self._inflight, {}
+        for seq, (task, agent, _, sent_turn) in sorted(waiting.items()):
+            if task is not None and task.done() and not task.cancelled():
+                self._said(task, agent, sent_turn)   # arrived, never fed: still in the transcript
         tasks = [t for t, *_ in waiting.values() if t is not None and not t.done()]
         for t in tasks:
             t.cancel()
@@ -378,7 +381,7 @@ class Orchestrator:
                       f"the answer was submitted before {agent} replied" if submitted
                       else f"no reply from {agent} within the budget")
 
-    async def _work(self, name: str, content: str, turn: int) -> str:
+    async def _work(self, name: str, content: str, turn: int) -> tuple:
         """One worker's reply to one message (a failure becomes the reply, never a crash)."""
         agent = self.by_name[name]
         messages = [{"role": "system", "content": f"{agent.role}\n\n{_WORKER_RULES}"}]
@@ -395,12 +398,19 @@ class Orchestrator:
             else:
                 reply = await self.llm.complete(messages, **kwargs)
         except FlowError as exc:
-            text = f"(the {name} agent failed: {exc})"
-            self._add(turn, name, "orchestrator", "error", text)
-            return text
+            return "error", f"(the {name} agent failed: {exc})", None
         self._count(reply)
-        self._add(turn, name, "orchestrator", "reply", reply.text, reply)
-        return reply.text
+        return "reply", reply.text, reply
+
+    def _said(self, task: asyncio.Task, agent: str, turn: int) -> str:
+        """Write a finished worker's reply (or failure) into the transcript; its text.
+
+        Replies enter the transcript when the orchestrator takes them, in send order, not
+        the moment they arrive: arrival order is a race between concurrent calls (a
+        replay from the cache would reorder them), what the orchestrator is fed is not."""
+        kind, text, reply = task.result()
+        self._add(turn, agent, "orchestrator", kind, text, reply)
+        return text
 
     async def _with_tools(self, agent: Agent, content: str, messages: list[dict], kwargs: dict):
         from ..engine.toolloop import run_with_tools
