@@ -137,11 +137,11 @@ def test_a_huge_plan_prints_a_bounded_summary():
     from flowmagic.view.display import describe
 
     n = 3000
-    nodes = [{"id": f"t{i}", "requirement": f"do part {i}", "agent": "w"} for i in range(n)]
+    nodes = [{"id": f"t{i}", "requirement": f"do part {i}", "agent": "writer"} for i in range(n)]
     edges = [[f"t{i}", f"t{i + 1}"] for i in range(n - 1)]
     flow = Flow.from_dict({"nodes": nodes, "edges": edges}, task="t", save=False)
     for text in (cli._describe(flow), describe(flow)):
         lines = text.splitlines()
         assert len(lines) < 70
         assert f"and {n - 60:,} more subtasks" in text
-        assert "t1 [w" in text and "after t0" in text
+        assert "t1 [writer" in text and "after t0" in text

@@ -405,7 +405,10 @@ class LoopbackServer:
         if fault == "401":
             return self._send_error(h, 401, "incorrect API key (loopback fault injection)", "invalid_api_key")
         if fault == "echo":   # a proxy that quotes the request back, secrets and all
-            seen = "; ".join(f"{k}: {v}" for k, v in h.headers.items())
+            # the credential first, as a proxy complaining about it would (and so that an
+            # error message cut at any length still holds the key for the scrub to hide)
+            items = sorted(h.headers.items(), key=lambda kv: kv[0].lower() != "authorization")
+            seen = "; ".join(f"{k}: {v}" for k, v in items)
             return self._send_error(h, 400, f"bad request; headers were: {seen}", "invalid_request")
         if fault == "hang":
             self._stopping.wait(self.hang_s)
