@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	@echo "installing flowmagic with its extras (llama-cpp-python compiles from source: ~6 min on 2 cores)"
-	$(PIP) install --quiet -e '.[local,test,data]'
+	$(PIP) install --quiet -e '.[local,test,data,dask]'
 	touch $(STAMP)
 
 setup: $(STAMP) system-deps

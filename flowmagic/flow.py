@@ -706,8 +706,18 @@ class Flow:
                 "cost_usd": round(cost, 6)}
 
     # -- batch runs and slimming (flowmagic.ops.batch, flowmagic.ops.slimming) --------------
-    def map(self, inputs, concurrency: int | None = 4, scorer: Any = None):
-        """This workflow once per input ({{input}}/{{field}} filled in); a BatchRun in input order."""
+    def map(self, inputs, concurrency: int | None = 4, scorer: Any = None,
+            engine: Any = "inprocess"):
+        """This workflow once per input ({{input}}/{{field}} filled in); a BatchRun in input order.
+
+        `engine="dask"` (or a dask.distributed.Client) runs the inputs on Dask and returns a
+        pandas DataFrame in input order (see flowmagic.ops.distributed)."""
+        if engine != "inprocess":
+            if scorer is not None:
+                raise ConfigError("map(engine='dask') does not score yet; use the in-process "
+                                  "engine (engine='inprocess') with a scorer")
+            from .ops import distributed
+            return distributed.dask_map(self, inputs, engine=engine, concurrency=concurrency)
         from .ops import batch
         return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
 

@@ -115,6 +115,7 @@ class Item:
     paid_usd: float = 0.0        # what was actually spent (cache hits are free)
     duration_s: float = 0.0
     nodes: dict[str, dict] = field(default_factory=dict)   # node -> tokens, cost, models
+    outputs: dict[str, str | None] = field(default_factory=dict)   # node -> its output
     unpriced: list[str] = field(default_factory=list)      # model ids with no price
 
     def to_dict(self) -> dict:
@@ -182,6 +183,7 @@ async def run_one(flow: "Flow", workflow: Workflow, example: Any, index: int,
     except FlowError as exc:
         item.state, item.error = "failed", str(exc)
     item.duration_s = time.perf_counter() - started
+    item.outputs = {n.id: n.output for n in wf.nodes.values() if n.status != "pruned"}
     if item.state == "done":
         item.result = _final_result(child, ends, consolidated)
     elif item.error is None:
