@@ -189,9 +189,21 @@ def _summary(flow, seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- commands
+def _template_named(task: str) -> str | None:
+    """The template a one-word TASK names (`flowmagic run csv_eda`), else None."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", task.strip()):
+        return None
+    from .ops.nbrun import TEMPLATES
+
+    return task.strip() if (TEMPLATES / f"{task.strip()}.ipynb").is_file() else None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.task.endswith(".ipynb"):
         return _run_notebook(args)
+    template = _template_named(args.task)
+    if template:
+        return _run_template(args, template)
     if args.params:
         raise ConfigError("-p fills a notebook's parameters; for a task use --set key=value")
     from .ops.export import export
@@ -246,6 +258,17 @@ def _run_notebook(args: argparse.Namespace) -> int:
     for line in stats["errors"]:
         print(f"flowmagic error in {line}")
     return 1 if stats["errors"] else 0
+
+
+def _run_template(args: argparse.Namespace, template: str) -> int:
+    """A template by name: made into OUT/TEMPLATE.ipynb (its -p parameters filled), then run."""
+    from .ops.nbrun import new
+
+    out = _writable_folder(Path(args.out))
+    path = new(template, out / f"{template}.ipynb", args.params, force=True)
+    print(f"made {path} from the template {template!r}; running it")
+    args.task, args.out_given = str(path), False
+    return _run_notebook(args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -478,16 +501,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="plan and run a task, or run a notebook headless",
+    run = sub.add_parser("run", help="plan and run a task, or run a notebook or template headless",
                          description="TASK: plan, run, write OUT/NAME.ipynb (replayed in a "
-                         "kernel) and OUT/NAME.svg/.png. NOTEBOOK.ipynb: run it top to bottom.")
-    run.add_argument("task", metavar="TASK|NOTEBOOK.ipynb")
+                         "kernel) and OUT/NAME.svg/.png. NOTEBOOK.ipynb: run it top to bottom. "
+                         "TEMPLATE (a name from `flowmagic templates`): write "
+                         "OUT/TEMPLATE.ipynb with the -p parameters and run it.")
+    run.add_argument("task", metavar="TASK|NOTEBOOK.ipynb|TEMPLATE")
     _planning_options(run)
     run.add_argument("--out", default="out",
                      help="folder for a task's files (default out); for a notebook, where to "
                      "write it (default: in place)")
     run.add_argument("-p", dest="params", action="append", metavar="KEY=VALUE",
-                     help="a notebook parameter (repeatable)")
+                     help="a notebook's or template's parameter (repeatable)")
     run.add_argument("--no-execute", action="store_true",
                      help="write the notebook without replaying it in a kernel")
     run.add_argument("--timeout", type=float, default=1800, help="seconds per notebook cell")

@@ -213,9 +213,9 @@ def test_flowmagic_run_of_the_csv_eda_template_writes_executed_code_cells(tmp_pa
     with LoopbackServer(responder=analyst) as server:
         monkeypatch.setenv("FLOWMAGIC_BASE_URL", server.base_url)   # the kernel finds it here
         monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
-        path = tmp_path / "eda.ipynb"
-        assert main(["new", "csv_eda", str(path), "-p", "k=1"]) == 0
-        assert main(["run", str(path), "--out", str(tmp_path / "ran.ipynb")]) == 0, capsys.readouterr()
+        # the template by name: made into OUT/csv_eda.ipynb and run, not planned as a word
+        assert main(["run", "csv_eda", "-p", "k=1", "--out", str(tmp_path)]) == 0, capsys.readouterr()
+    assert not any("csv_eda" in p for p in prompts(server))
     nb = nbformat.read(str(tmp_path / "eda_run.ipynb"), as_version=4)
     code = {c.metadata["flowmagic"]["node"]: c for c in nb.cells
             if c.cell_type == "code" and c.source.startswith("%%flow_code")}
@@ -227,7 +227,7 @@ def test_flowmagic_run_of_the_csv_eda_template_writes_executed_code_cells(tmp_pa
                              if c.source.startswith("%%flow_record")).split("\n", 1)[1])
     assert {n["status"] for n in record["nodes"].values()} == {"done"}
     assert not any(a.get("cut") for n in record["nodes"].values() for a in n["attempts"])
-    ran = nbformat.read(str(tmp_path / "ran.ipynb"), as_version=4)
+    ran = nbformat.read(str(tmp_path / "csv_eda.ipynb"), as_version=4)
     assert "plot_figure_1.png" in json.dumps(ran.cells[-3].outputs)   # the result lists the files
 
 
