@@ -11,6 +11,7 @@ import pytest
 import flowmagic
 from flowmagic.flow import Flow
 from flowmagic.llm import LLM
+from flowmagic.llm.client import CONTINUE_PROMPT
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.parsers import parse_flow_line
 
@@ -148,7 +149,7 @@ def test_an_update_cut_by_the_endpoint_is_continued():
     whole = json.dumps(_restructure())
 
     def answer(body):
-        if not is_update(body) and body["messages"][-1]["content"].startswith("Your answer was cut"):
+        if body["messages"][-1]["content"] == CONTINUE_PROMPT:   # the one continuation prompt
             sent = body["messages"][-2]["content"]          # what the endpoint already gave
             rest = whole[len(sent):]
             return {"content": rest[:1000], "finish_reason": "length" if len(rest) > 1000 else "stop"}
@@ -164,6 +165,31 @@ def test_an_update_cut_by_the_endpoint_is_continued():
                          max_updates=1)
         flow.run()
         assert len(flow.update_log[0]["diff"]["added"]) == 8
+
+
+def test_an_update_still_cut_after_its_continuations_is_a_failed_candidate_not_a_merge():
+    whole = json.dumps(_restructure())
+    continued = []
+
+    def answer(body):
+        if body["messages"][-1]["content"] == CONTINUE_PROMPT:
+            continued.append(body)
+            return {"content": " ", "finish_reason": "length"}   # never gets to the end
+        if not is_update(body):
+            return f"result for {node_of(body)}"
+        return {"content": whole[:300], "finish_reason": "length"}
+
+    with LoopbackServer(responder=answer) as server:
+        flow = make_flow(chain(2), server, mask_rate=1.0, update="on-failure", repairs=False,
+                         max_updates=1)
+        flow.run()
+    entry = flow.update_log[0]
+    assert len(continued) == 2                                   # the bound, one copy of it
+    assert continued[0]["messages"][-2] == {"role": "assistant", "content": whole[:300]}
+    assert "response_format" not in continued[0]                 # the rest is plain text
+    (error,) = entry["errors"]
+    assert "cut off" in error and "after 2 continuations" in error
+    assert entry["no_change"] and not entry["diff"]["added"]     # nothing half-read was merged
 
 
 # -- 4. settings visible ------------------------------------------------------------------------

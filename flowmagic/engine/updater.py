@@ -248,35 +248,12 @@ def _choose(candidates: list[UpdateCandidate], select: Callable | None, warn) ->
 
 async def _ask(llm, messages: list, **kwargs):
     """The reply's parsed update; an answer cut off by a length limit is continued (at most
-    _CONTINUATIONS times) instead of being lost. Returns (text, data, call_id, usage)."""
-    from ..errors import TruncatedError
-    from ..extract import extract_json
-
-    usage = [0, 0, 0.0]
-    try:
-        reply = await llm.complete(messages, schema=UPDATE_SCHEMA, **kwargs)
-        return reply.text, reply.data, reply.call_id, (reply.input_tokens, reply.output_tokens,
-                                                       reply.cost_usd)
-    except TruncatedError as exc:
-        text, call_id, last = exc.text, exc.call_id, exc
-        usage = [exc.input_tokens, exc.output_tokens, exc.cost_usd]
-    for _ in range(_CONTINUATIONS):
-        more = [*messages, {"role": "assistant", "content": text},
-                {"role": "user", "content": "Your answer was cut off. Continue it exactly where "
-                 "it stopped: write only the rest, nothing before it."}]
-        reply = await llm.complete(more, **kwargs)
-        usage = [usage[0] + reply.input_tokens, usage[1] + reply.output_tokens,
-                 usage[2] + reply.cost_usd]
-        text += reply.text
-        if reply.finish_reason != "length":
-            try:
-                return text, extract_json(text), call_id, tuple(usage)
-            except FlowError as exc:
-                last = exc
-                break
-    err = type(last)(f"{last} (after {_CONTINUATIONS} continuations)")
-    err.input_tokens, err.output_tokens, err.cost_usd = usage
-    raise err
+    _CONTINUATIONS times, by `LLM.complete_whole`) instead of being lost; one still cut
+    raises. Returns (text, data, call_id, usage)."""
+    reply = await llm.complete_whole(messages, continuations=_CONTINUATIONS,
+                                     schema=UPDATE_SCHEMA, **kwargs)
+    return reply.text, reply.data, reply.call_id, (reply.input_tokens, reply.output_tokens,
+                                                   reply.cost_usd)
 
 
 async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, model, seed: int,

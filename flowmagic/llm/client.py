@@ -380,17 +380,32 @@ class LLM:
         """`complete`, then up to `continuations` calls that continue an answer which
         stopped at the token limit (finish_reason "length"); the texts are joined and the
         usage summed. `Reply.cut` says the answer is still unfinished after them: callers
-        must never take such an answer as done."""
+        must never take such an answer as done.
+
+        With a `schema`, a JSON answer cut off is continued as text and the joined text is
+        parsed; if it still is not whole JSON, the error (`TruncatedError` when it is still
+        cut) carries the summed usage, the joined text and the first call's id."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        reply = await self.complete(messages, **kwargs)
-        text, total = reply.text, reply
+        schema = kwargs.get("schema")
+        try:
+            reply = await self.complete(messages, **kwargs)
+        except TruncatedError as exc:
+            if continuations <= 0:
+                raise
+            reply = Reply(exc.text, None, "", exc.input_tokens, exc.output_tokens, 0.0,
+                          exc.cost_usd, bool(getattr(exc, "cached", False)), exc.call_id,
+                          "length")
+        if schema is not None and reply.data is not None:
+            return reply   # whole JSON, even if the limit was reached right after it
+        first, text, total = reply.call_id, reply.text, reply
+        rest = {k: v for k, v in kwargs.items() if k != "schema"}   # the rest is plain text
         for n in range(1, max(0, int(continuations)) + 1):
             if reply.finish_reason != "length" or reply.tool_calls:
                 break
             more = [*messages, {"role": "assistant", "content": text},
                     {"role": "user", "content": CONTINUE_PROMPT}]
-            reply = await self.complete(more, **kwargs)
+            reply = await self.complete(more, **rest)
             text += reply.text
             total = Reply(text, None, reply.model, total.input_tokens + reply.input_tokens,
                           total.output_tokens + reply.output_tokens,
@@ -398,6 +413,13 @@ class LLM:
                           total.cached and reply.cached, reply.call_id, reply.finish_reason,
                           reply.cache_key, None, n)
         total.cut = total.finish_reason == "length"
+        if schema is not None:
+            try:
+                total.data = _valid_unicode(extract_json(text, finish_reason=total.finish_reason))
+            except ModelOutputError as exc:
+                after = f" (after {total.continuations} continuations)" if total.continuations else ""
+                raise _output_error(f"{exc}{after}", first, total.input_tokens,
+                                    total.output_tokens, total.cost_usd, text) from None
         return total
 
     def complete_sync(self, messages: list[dict] | str, **kwargs) -> Reply:
