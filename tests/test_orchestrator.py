@@ -225,6 +225,66 @@ def test_a_failing_final_call_submits_the_last_worker_reply_with_a_note():
         assert o.transcript[-1].kind == "submit" and o.transcript[-1].sender == "flowmagic"
 
 
+def test_replies_cut_at_the_token_limit_are_continued_or_say_they_were_cut():
+    """A worker's reply cut once is continued and joined; one that stays cut, and a forced
+    final answer that stays cut, say so where the orchestrator and the user read them."""
+    from flowmagic.llm.client import CONTINUE_PROMPT
+    from flowmagic.orchestrator.hub import CUT_MARK
+
+    def responder(body):
+        last = body["messages"][-1]["content"]
+        if last == CONTINUE_PROMPT:
+            said = body["messages"][-2]["content"]
+            if said.startswith("half"):
+                return "and the rest."
+            return {"content": " more", "finish_reason": "length"}   # never ends
+        if is_final(body):
+            return {"content": "the final answer, unfinished", "finish_reason": "length"}
+        if is_orchestrator(body):
+            got = replies_in(body)
+            if not got:
+                return {"tool_calls": [send("analyst", "short"), send("writer", "long")]}
+            return {"tool_calls": [wait()]}
+        if worker(body) == "analyst":
+            return {"content": "half an answer ", "finish_reason": "length"}
+        return {"content": "a reply that goes on", "finish_reason": "length"}
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["analyst", "writer"], llm=fast_llm(), max_turns=2,
+                        budget_s=None, continuations=1)
+        asked = [r["body"]["messages"][-1]["content"] for r in server.requests
+                 if is_orchestrator(r["body"]) or is_final(r["body"])]
+    replies = {m.sender: m.content for m in o.transcript if m.kind == "reply"}
+    assert replies["analyst"] == "half an answer and the rest."
+    assert replies["writer"].startswith("a reply that goes on more")
+    assert replies["writer"].endswith(f"{CUT_MARK} (after 1 continuation)")
+    assert any(CUT_MARK in text for text in asked)            # the orchestrator is told
+    assert o.status == "forced" and CUT_MARK in o.answer
+    assert "final answer stopped at the token limit" in o.note
+    assert CUT_MARK in get_store().transcript(o.run_id)[-1]["content"]
+
+
+def test_a_json_action_cut_at_the_token_limit_is_continued():
+    from flowmagic.llm.client import CONTINUE_PROMPT
+
+    whole = json.dumps({"action": "submit", "answer": "the whole answer"})
+
+    def responder(body):
+        if body.get("tools"):
+            raise ValueError("tools are not supported here")
+        if body["messages"][-1]["content"] == CONTINUE_PROMPT:
+            return whole[20:]
+        if is_orchestrator(body):
+            return {"content": whole[:20], "finish_reason": "length"}
+        return "one line"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents=["writer"], llm=fast_llm(), max_turns=2)
+    assert (o.status, o.answer) == ("submitted", "the whole answer")
+
+
 def test_a_dead_orchestrator_still_ends_with_a_submission():
     def broken(body):
         raise RuntimeError("down")

@@ -41,6 +41,7 @@ __all__ = ["Orchestrator", "orchestrate", "aorchestrate", "start", "Agent", "Mes
 _WORKER_RULES = ("You work for an orchestrator who sends you messages; you answer only the "
                  "orchestrator. Do what its message asks and reply with the result itself, "
                  "complete and concrete.")
+CUT_MARK = "[cut: this reply stopped at the token limit]"
 _MEMORY = 4          # earlier exchanges a worker remembers
 _RESERVE = 0.2       # share of budget_s kept for the final answer (at most _RESERVE_MAX s)
 _RESERVE_MAX = 30.0
@@ -70,7 +71,7 @@ class Orchestrator:
                  name: str = "orchestration", seed: int = 0, temperature: float | None = None,
                  max_tokens: int | None = None, reply_chars: int = 3000, protocol: str = "auto",
                  tool_rounds: int = 3, tool_timeout_s: float = 30.0, tools_top_n: int = 3,
-                 tool_similarity: Any = "auto",
+                 tool_similarity: Any = "auto", continuations: int = 2,
                  replay: dict | None = None, on_event: Callable[[dict], None] | None = None):
         if not isinstance(task, str) or not task.strip():
             raise ConfigError("the task is empty; write what the agents should do")
@@ -99,12 +100,15 @@ class Orchestrator:
         self.protocol = protocol if protocol != "auto" else self.llm.tool_mode(model)
         self.opts = dict(seed=seed, temperature=temperature, max_tokens=max_tokens)
         self.reply_chars = reply_chars
+        if not isinstance(continuations, int) or isinstance(continuations, bool) or continuations < 0:
+            raise ConfigError(f"continuations={continuations!r}: give a count of 0 or more")
+        self.continuations = continuations
         self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n,
                               similarity=tool_similarity)
         settings = {"mode": "orchestrate", "model": model, "endpoint": _where(endpoint),
                     "budget_s": self._said_budget, "max_turns": self._said_turns,
                     "replayed": replay is not None, "protocol": protocol,
-                    "reply_chars": reply_chars, **self.opts}
+                    "reply_chars": reply_chars, "continuations": continuations, **self.opts}
         self.result = Orchestration(run_id or _new_run_id(), self.task, self.agents, settings,
                                     name=name)
         self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
@@ -250,10 +254,13 @@ class Orchestrator:
                       purpose="orchestrator", **self.opts)
         self._emit("working", agent="orchestrator", turn=turn)
         names = [a.name for a in self.agents]
+        # A reply cut at the token limit is continued; one still cut fails the turn in words.
         if self.protocol == "native":
-            call = self.llm.complete(conv, tools=_tool_specs(names), **kwargs)
+            call = self.llm.complete_whole(conv, continuations=self.continuations,
+                                           tools=_tool_specs(names), **kwargs)
         else:
-            call = self.llm.complete(conv, schema=_action_schema(names), **kwargs)
+            call = self.llm.complete_whole(conv, continuations=self.continuations,
+                                           schema=_action_schema(names), **kwargs)
         task = asyncio.ensure_future(call)
         if not await self._bounded([task]):
             return None, "stopped" if self._stopped.is_set() else "time"
@@ -396,11 +403,20 @@ class Orchestrator:
             if agent.tools:
                 reply = await self._with_tools(agent, content, messages, kwargs)
             else:
-                reply = await self.llm.complete(messages, **kwargs)
+                reply = await self.llm.complete_whole(messages, continuations=self.continuations,
+                                                      **kwargs)
         except FlowError as exc:
             return "error", f"(the {name} agent failed: {exc})", None
         self._count(reply)
-        return "reply", reply.text, reply
+        return "reply", self._marked(reply), reply
+
+    def _marked(self, reply) -> str:
+        """The reply's text; one still cut at the token limit says so at its end, where the
+        orchestrator, the transcript, the chat view and the export all see it."""
+        if not getattr(reply, "cut", False):
+            return reply.text
+        return (f"{reply.text}\n\n{CUT_MARK} (after {reply.continuations} "
+                f"continuation{'s' * (reply.continuations != 1)})")
 
     def _said(self, task: asyncio.Task, agent: str, turn: int) -> str:
         """Write a finished worker's reply (or failure) into the transcript; its text.
@@ -484,13 +500,16 @@ class Orchestrator:
                          "Write only the final answer to the task, nothing else."},
                         {"role": "user", "content": f"The task:\n{self.task}\n\nThe messages so far:\n"
                          f"{log or '(none)'}\n\nWrite the best final answer to the task now."}]
-            task = asyncio.ensure_future(self.llm.complete(
-                messages, model=self.model, run_id=o.run_id, node_id="orchestrator",
-                purpose="orchestrator-final", **self.opts))
+            task = asyncio.ensure_future(self.llm.complete_whole(
+                messages, continuations=self.continuations, model=self.model, run_id=o.run_id,
+                node_id="orchestrator", purpose="orchestrator-final", **self.opts))
             if await self._bounded([task], hard=True) and not task.exception() and task.result().text.strip():
                 reply = task.result()
                 self._count(reply)
-                o.answer, o.status, o.final = reply.text.strip(), "forced", "answered"
+                o.answer, o.status, o.final = self._marked(reply).strip(), "forced", "answered"
+                if reply.cut:
+                    o.note = ("the final answer stopped at the token limit and is incomplete; "
+                              "raise max_tokens")
                 self._add(len(o.turns), "orchestrator", "user", "submit", o.answer, reply)
                 return
         o.final = "failed"
