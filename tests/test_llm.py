@@ -87,6 +87,40 @@ def test_refused_connection_is_one_line():
     assert llm.store.recent_calls(1)[0]["error"]
 
 
+# A user's script that ends without closing anything: asyncio.run, a loop closed by hand,
+# or a plain LLM call on its own loop. Each must exit with nothing on stderr (an unclosed
+# aiohttp session used to print "Unclosed client session" and "Unclosed connector").
+_SCRIPT_ENDINGS = {
+    "asyncio.run(flow.arun())": "print(asyncio.run(flow.arun()))",
+    "a loop closed by hand": ("loop = asyncio.new_event_loop()\n"
+                              "print(loop.run_until_complete(flow.arun()))\nloop.close()"),
+    "a loop left open": ("loop = asyncio.new_event_loop()\n"
+                         "print(loop.run_until_complete(flow.arun()))"),
+    "LLM.complete in asyncio.run": (
+        "async def go():\n    return (await flowmagic.get_llm().complete('hi')).text\n"
+        "print(asyncio.run(go()))"),
+}
+
+
+@pytest.mark.parametrize("ending", list(_SCRIPT_ENDINGS))
+def test_a_script_exits_without_unclosed_session_messages(ending, tmp_path):
+    script = ("import asyncio, flowmagic\n"
+              "from flowmagic.testing.loopback import LoopbackServer\n"
+              "server = LoopbackServer().start()\n"
+              "flowmagic.configure(base_url=server.base_url, model='loopback')\n"
+              "flow = flowmagic.Flow.from_dict({'nodes': [{'id': 'a', 'requirement': 'say hi'},"
+              " {'id': 'b', 'requirement': 'say bye', 'prev': ['a']}]}, task='t',"
+              " consolidate=False)\n"
+              + _SCRIPT_ENDINGS[ending] + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "FLOWMAGIC_"))}
+    env.update(FLOWMAGIC_HOME=str(tmp_path), FLOWMAGIC_DISCOVER="0")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] in ("done", "Loopback reply to: hi")
+    assert out.stderr == ""
+
+
 # -- retries -------------------------------------------------------------------
 
 @pytest.mark.parametrize("fault", ["429", "500", "hang", "truncated", "garbage"])

@@ -14,6 +14,7 @@ remembers per endpoint what worked. With `tools`, the reply carries the model's
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import json
@@ -212,6 +213,8 @@ class LLM:
                 state = {"clients": {}, "limits": {}, "log": [],
                          "all": asyncio.Semaphore(self.concurrency)}
                 self._per_loop[loop] = state
+                state["closer"] = _arm(_close_with_loop(self, loop))
+                _live.add(self)
             return state
 
     async def _client(self, endpoint: Endpoint):
@@ -265,11 +268,36 @@ class LLM:
                     written.set_result(call_id)
 
     async def aclose(self) -> None:
-        """Close the HTTP clients of the running loop (scripts call this before exit)."""
-        state = self._state()
+        """Close the HTTP clients of the running loop. A loop that ends through `asyncio.run`
+        (or `loop.shutdown_asyncgens()`) closes them by itself, and so does process exit."""
+        await self._close_clients(self._state())
+
+    @staticmethod
+    async def _close_clients(state: dict) -> None:
         clients, state["clients"] = state["clients"], {}
         for client in clients.values():
             await client.close()
+
+    def _close_abandoned(self) -> None:
+        """At process exit: the clients of loops that ended without closing them (a loop
+        closed by hand, a worker thread's loop). An open aiohttp session would print
+        "Unclosed client session" when collected; their sockets are closed here instead."""
+        with self._loop_lock:
+            states = list(self._per_loop.items())
+        for loop, state in states:
+            closer = state.get("closer")
+            if loop.is_running() or closer is None or closer.ag_frame is None:
+                continue
+            try:
+                if not loop.is_closed():   # a loop left open: close them in it
+                    loop.run_until_complete(closer.aclose())
+                    continue
+            except Exception:   # noqa: BLE001 - at exit, closing is best effort
+                pass
+            clients, state["clients"] = state["clients"], {}
+            _finish(closer)
+            for client in clients.values():
+                client.abandon()
 
     @contextlib.asynccontextmanager
     async def _slot(self, endpoint: Endpoint):
@@ -698,6 +726,49 @@ def _add_tool_delta(calls: dict, piece) -> None:
     if isinstance(function, dict):
         slot["function"]["name"] += function.get("name") or ""
         slot["function"]["arguments"] += function.get("arguments") or ""
+
+
+async def _close_with_loop(llm: LLM, loop: asyncio.AbstractEventLoop):
+    """An async generator that lives as long as `loop`: the loop closes it in
+    `shutdown_asyncgens()` (asyncio.run does so before closing), and then it closes the
+    LLM's clients of that loop and forgets the loop's state."""
+    try:
+        yield
+    finally:
+        state = llm._per_loop.pop(loop, None)
+        if state is not None:
+            await llm._close_clients(state)
+
+
+def _arm(closer) -> Any:
+    """Start `closer` on the running loop, so the loop's first-iteration hook registers it."""
+    step = closer.asend(None)
+    try:
+        step.send(None)
+    except StopIteration:
+        pass
+    return closer
+
+
+def _finish(closer) -> None:
+    """Finish a started closer outside its loop (that loop is closed or gone), so that its
+    collection does not schedule an `aclose()` on a closed loop."""
+    step = closer.aclose()
+    try:
+        step.send(None)
+    except (StopIteration, RuntimeError, GeneratorExit):
+        pass
+    else:
+        step.close()
+
+
+_live: "weakref.WeakSet[LLM]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for llm in list(_live):
+        llm._close_abandoned()
 
 
 _shared: LLM | None = None

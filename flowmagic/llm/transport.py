@@ -88,6 +88,16 @@ class Client:
             await session.close()
         await self.sdk.close()
 
+    def abandon(self) -> None:
+        """Close the client after its event loop has closed (at process exit): the sessions
+        are marked closed without that loop, and their sockets end with the process."""
+        import asyncio
+
+        try:
+            asyncio.run(self.close())
+        except Exception:   # noqa: BLE001 - at exit, closing is best effort
+            pass
+
 
 class Transport:
     """How the LLM door reaches an endpoint: a `Client`, and two raw calls."""
