@@ -1,6 +1,7 @@
 """The deliverable checks of the paper's tasks: HTML parses, gobang's logic passes tests in the
 sandbox with its GUI import stubbed, slides compile or say in one line why not."""
 
+import os
 import shutil
 
 import pytest
@@ -77,3 +78,37 @@ def test_slides_without_a_latex_engine_say_the_compile_was_skipped(tmp_path):
     assert check.ok is None
     assert check.line == ("slides.tex: 3 frames of the 30 asked for; compile skipped: no LaTeX "
                           "engine (latexmk, pdflatex, tectonic) is installed")
+
+
+def test_the_latex_engine_runs_inside_the_sandbox_with_shell_escape_off(tmp_path, monkeypatch):
+    """A stand-in engine (a shell script named pdflatex, first on PATH) reports what it can do
+    where check_latex runs it: it must be asked for -no-shell-escape, see none of the host's
+    files beside the slides, write nothing outside their folder, and have no network."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's file")
+    outside = tmp_path / "written-outside.txt"
+    bin_dir = tmp_path / "texbin"
+    bin_dir.mkdir()
+    engine = bin_dir / "pdflatex"
+    engine.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" -no-shell-escape "*) ;; *) echo "! shell escape was not off"; exit 1;; esac\n'
+        f'if [ -e "{secret}" ]; then echo "! the engine sees the host file"; exit 1; fi\n'
+        f'if touch "{outside}" 2>/dev/null; then echo "! the engine wrote outside"; exit 1; fi\n'
+        'if [ "$shell_escape" != "f" ]; then echo "! shell_escape is not f"; exit 1; fi\n'
+        'for a in "$@"; do last="$a"; done\n'
+        'printf "%%PDF-1.4 stand-in\\n" > "${last%.tex}.pdf"\n')
+    engine.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    slides = tmp_path / "ws" / "slides.tex"
+    slides.parent.mkdir()
+    slides.write_text("\\documentclass{beamer}\\begin{document}"
+                      + "\\begin{frame}x\\end{frame}" * 2 + "\\end{document}")
+    check = check_latex(slides, expect_frames=2)
+    assert check.ok, check.line
+    assert check.line == "slides.tex: compiled with pdflatex in the sandbox (2 frames of the 2 asked for)"
+    assert (slides.parent / "slides.pdf").read_bytes().startswith(b"%PDF")
+    assert not outside.exists()
+    engine.write_text("#!/bin/sh\necho '! Undefined control sequence.'\nexit 1\n")
+    failed = check_latex(slides)
+    assert failed.ok is False and failed.line == "slides.tex: pdflatex failed: ! Undefined control sequence."

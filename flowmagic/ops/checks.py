@@ -4,17 +4,19 @@
 - a gobang program (`gobang.py`): its game logic passes tests run in the sandbox, headless
   (a GUI toolkit that is missing or needs a display is replaced by a stand-in, so a GUI
   import cannot make the check impossible);
-- Beamer slides (`slides.tex`): it compiles when a LaTeX engine is installed, else one line
-  says the compile was skipped; its frames are counted either way.
+- Beamer slides (`slides.tex`): it compiles when a LaTeX engine is installed, inside the
+  sandbox (the engine sees the slides' folder and the TeX installation, read-only but for
+  that folder; no network; shell escape off), else one line says the compile was skipped;
+  its frames are counted either way.
 
 `check_deliverables(flow)` runs the checks that apply to the files in the flow's workspace.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -134,8 +136,41 @@ print(f"{len(_names)} tests")
 _ENGINES = ("latexmk", "pdflatex", "tectonic")
 
 
-def check_latex(path: Path, timeout: float = 120.0, expect_frames: int | None = None) -> Check:
-    """Compile the .tex when a LaTeX engine is installed (no shell escape); count its frames."""
+# Runs inside the sandbox: the engine as a child of the sandbox's Python, TeX's caches on its
+# private /tmp, writes and reads of TeX itself limited to the working folder (openout_any,
+# openin_any = paranoid), \write18 off however the .tex or a texmf.cnf asks.
+_COMPILE = """
+import os, subprocess, sys
+os.environ.update(TEXMFVAR="/tmp/texmf-var", TEXMFCONFIG="/tmp/texmf-config",
+                  openout_any="p", openin_any="p", shell_escape="f")
+try:
+    run = subprocess.run({argv!r}, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout={timeout!r})
+except subprocess.TimeoutExpired:
+    print("! the engine did not finish in time"); sys.exit(124)
+except OSError as exc:
+    print(f"! cannot start the engine in the sandbox: {{exc}}"); sys.exit(127)
+sys.stdout.write(run.stdout[-6000:])
+sys.exit(run.returncode)
+"""
+
+
+def _tex_dirs(engine: str) -> list[str]:
+    """Host folders the engine needs that the sandbox does not show already (it shows /usr):
+    a TeX Live tree elsewhere (.../bin/<arch>/pdflatex -> the tree), Debian's generated formats."""
+    real = Path(os.path.realpath(engine))
+    tree = real.parents[2] if real.parent.parent.name == "bin" else real.parent
+    found = [] if str(tree).startswith("/usr/") else [str(tree)]
+    return found + [d for d in ("/var/lib/texmf", "/etc/texmf") if os.path.isdir(d)]
+
+
+def check_latex(path: Path, timeout: float = 120.0, expect_frames: int | None = None,
+                sandbox: str = "bwrap") -> Check:
+    """Compile the .tex in the sandbox when a LaTeX engine is installed (shell escape off);
+    count its frames."""
+    from ..engine.sandbox import run_code
+    from ..errors import SandboxError
+
     name = path.name
     if not path.is_file():
         return Check(name, False, f"{name}: missing; no node wrote it")
@@ -146,18 +181,22 @@ def check_latex(path: Path, timeout: float = 120.0, expect_frames: int | None = 
     if engine is None:
         return Check(name, None, f"{name}: {count}; compile skipped: no LaTeX engine "
                                  f"({', '.join(_ENGINES)}) is installed")
-    argv = {"latexmk": ["latexmk", "-pdf", "-no-shell-escape", "-interaction=nonstopmode", name],
-            "pdflatex": ["pdflatex", "-no-shell-escape", "-interaction=nonstopmode",
+    where = os.path.realpath(shutil.which(engine))
+    argv = {"latexmk": [where, "-pdf", "-no-shell-escape", "-interaction=nonstopmode", name],
+            "pdflatex": [where, "-no-shell-escape", "-interaction=nonstopmode",
                          "-halt-on-error", name],
-            "tectonic": ["tectonic", name]}[engine]
+            "tectonic": [where, "--untrusted", name]}[engine]
     try:
-        run = subprocess.run(argv, cwd=path.parent, capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return Check(name, False, f"{name}: {engine} did not finish within {timeout:.0f} s")
+        run = run_code(_COMPILE.format(argv=argv, timeout=timeout), workdir=path.parent,
+                       inputs=_tex_dirs(where), timeout=timeout + 15, memory_mb=2048,
+                       file_limit_mb=256, sandbox=sandbox)
+    except SandboxError as exc:
+        return Check(name, False, f"{name}: not compiled: {exc}")
     pdf = path.with_suffix(".pdf")
-    if run.returncode == 0 and pdf.is_file():
-        return Check(name, True, f"{name}: compiled with {engine} ({count})")
+    if run.timed_out or run.returncode == 124:
+        return Check(name, False, f"{name}: {engine} did not finish within {timeout:.0f} s")
+    if run.ok and pdf.is_file():
+        return Check(name, True, f"{name}: compiled with {engine} in the sandbox ({count})")
     errors = [line for line in run.stdout.splitlines() if line.startswith("!")]
     return Check(name, False, f"{name}: {engine} failed: "
                               f"{errors[0] if errors else 'exit status %d' % run.returncode}")
@@ -176,7 +215,8 @@ def check_deliverables(flow, *, html_words: tuple[str, ...] = (),
         elif Path(rel).name == "gobang.py":
             checks.append(check_gobang(path))
         elif rel.endswith(".tex"):
-            checks.append(check_latex(path, expect_frames=frames))
+            checks.append(check_latex(path, expect_frames=frames,
+                                      sandbox=flow.settings.get("sandbox") or "bwrap"))
     if not checks:
         checks.append(Check("-", False, "no deliverable to check: the run wrote "
                                         + (", ".join(files) if files else "no files")))
