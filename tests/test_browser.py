@@ -484,3 +484,68 @@ def test_the_notebook_experience_in_jupyterlab(lab, plan_server):
                                    "print(json.dumps([f.run_id, f.status, f.result is not None]))")
         assert json.loads(loaded) == [done_run, "done", True]
     print(f"browser test (notebook experience): {time.monotonic() - started:.1f} s")
+
+
+SALES = ("import pandas as pd\n"
+         "sales = pd.DataFrame({'region': ['north', 'south', 'north', 'east', 'south', 'east'],\n"
+         "                      'units': [3, 5, 7, 2, 8, 4]})")
+EDA_PLAN = {"subtasks": [
+    {"id": "totals", "requirement": "Total units per region.", "agent": "analyst", "depends_on": []},
+    {"id": "chart", "requirement": "Bar chart of units per region.", "agent": "plotter",
+     "depends_on": ["totals"]}]}
+EDA_CODE = {
+    "totals": "import pandas as pd\ndf = pd.read_csv('sales.csv')\n"
+              "print(df.groupby('region')['units'].sum().to_string())",
+    "chart": "import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.read_csv('sales.csv')\n"
+             "df.groupby('region')['units'].sum().plot.bar()\nplt.title('units per region')",
+}
+
+
+@pytest.fixture
+def pandas_server():
+    """Plans for planning requests; for each node, pandas code that reads the input file."""
+    def responder(body):
+        if body.get("response_format"):
+            return json.dumps(EDA_PLAN)
+        said = body["messages"][-1]["content"]
+        node = re.search(r"Your subtask \((\w+)\)", said)
+        if node and node.group(1) in EDA_CODE:
+            return f"```python\n{EDA_CODE[node.group(1)]}\n```"
+        return "Totals per region are in the table; the chart shows them."
+
+    with LoopbackServer(responder=responder) as server:
+        yield server
+
+
+@pytest.mark.timeout(400)
+def test_a_flow_cell_on_a_dataframe_runs_pandas_code_in_jupyterlab(lab, pandas_server):
+    """`{{sales}}` from the kernel's namespace: the agents' pandas code runs in the sandbox on
+    that frame, and the panel shows the numbers it really printed and the figure it drew."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"region": ["north", "south", "north", "east", "south", "east"],
+                          "units": [3, 5, 7, 2, 8, 4]})
+    expected = " ".join(frame.groupby("region")["units"].sum().to_string().split())
+    server = lab([SALES, "%load_ext flowmagic",
+                  "%%flow demo --k 1 --run\nDescribe {{sales}}: total the units per region and "
+                  "draw them."], FLOWMAGIC_BASE_URL=pandas_server.base_url, FLOWMAGIC_MODEL="m")
+    with notebook_page(server, ARTIFACTS / "browser-dataframe.png") as page:
+        panel = page.locator(".flowmagic-panel")
+        panel.locator(".flowmagic-result strong", has_text="Result of demo").wait_for(timeout=120_000)
+        state = flow_state(page)
+        assert state["nodes"] == {"totals": ["done", None, 1], "chart": ["done", None, 1]}, state
+        selects = panel.locator("select")
+        selects.first.select_option(label="totals")
+        button(page, "Show output").click()
+        page.wait_for_function(
+            "want => (' ' + document.querySelector('.flowmagic-panel').innerText.split(/\\s+/)"
+            ".join(' ') + ' ').includes(' ' + want + ' ')", arg=expected, timeout=10_000)
+        shown = " ".join(panel.inner_text().split())
+        assert expected in shown                       # pandas' own totals, as printed
+        assert "ran without error" in shown
+        selects.first.select_option(label="chart")
+        button(page, "Show output").click()
+        figure = panel.locator("img[src^='data:image/png']")
+        figure.first.wait_for(timeout=10_000)
+        assert figure.first.evaluate("img => img.naturalWidth > 100")   # a real picture
+        assert "chart_figure_1.png" in panel.inner_text()

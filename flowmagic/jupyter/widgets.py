@@ -232,7 +232,19 @@ class Panel:
         head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
         self.output.outputs = ({"output_type": "display_data", "metadata": {},
                                 "data": {"text/markdown": no_math_markdown(head + shown),
-                                         "text/plain": text or ""}},)
+                                         "text/plain": text or ""}},
+                               *self._figures(node))
+
+    def _figures(self, node) -> list[dict]:
+        """The figures the node's code drew (PNG files in the workspace), as images."""
+        from ..ops.codecells import figure_data
+
+        names = list((node.execution or {}).get("figures") or []) if node.status != "running" else []
+        found = figure_data(self.flow.workspace.root, names) if names else {}
+        return [{"output_type": "display_data",
+                 "metadata": {"flowmagic": {"run": self.flow.run_id, "node": node.id, "figure": name}},
+                 "data": {"image/png": data, "text/plain": f"<figure {name}>"}}
+                for name, data in found.items()]
 
     def _render_result(self) -> None:
         """The result and the files, once the run is over and has them."""
