@@ -104,7 +104,8 @@ def _show(outputs: list[tuple]) -> None:
 def handle_flow_code(shell, line: str, cell: str | None) -> None:
     """`%%flow_code NAME NODE [--execute]`: the recorded run of a code node, or a new run of
     its body in the sandbox; never a model call, never the code in this kernel."""
-    from .replay import apply_record, node_parser, session, settle, split_line, user_flow
+    from .replay import (apply_record, fingerprint, node_parser, session, settle, split_line,
+                         user_flow)
 
     parser = node_parser()
     parser.prog = "%%flow_code"
@@ -121,10 +122,19 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
                if flow.workflow.nodes[p].status != "done"]
     if waiting:
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
+    stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
     apply_record(flow, args.node, rec)
     state.replayed.add(args.node)
     settle(flow)
     code = (cell or "").strip("\n") + "\n"
+    if stale:   # the record was made from other inputs: never shown as if it were current
+        print(f"{args.node}: {stale} in this session, so the recorded outputs are stale; "
+              "running this code again in the sandbox", file=sys.stderr)
+        ex = _execute(flow, args.node, code, state.record)
+        _adopt(flow, args.node, ex)
+        state.replayed.discard(args.node)
+        state.executed.add(args.node)
+        return
     if args.execute or os.environ.get(EXECUTE_ENV) == "1":
         _execute(flow, args.node, code, state.record)
         return
@@ -134,7 +144,29 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
     _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
 
 
-def _execute(flow, node_id: str, code: str, record: dict) -> None:
+def _stale_because(flow, node_id: str, rec: dict, executed: set, fingerprint) -> str:
+    """Why the record of a code node no longer holds ('' when it does): an ancestor ran
+    again in this session, or its inputs differ from the ones it was recorded with."""
+    again = [a for a in flow.workflow.ancestors(node_id) if a in executed]
+    if again:
+        return f"{', '.join(again)} ran again"
+    if rec.get("fingerprint") and fingerprint(flow, node_id) != rec["fingerprint"]:
+        return "its inputs changed"
+    return ""
+
+
+def _adopt(flow, node_id: str, ex: dict) -> None:
+    """The node becomes what its new run did, so the cells after it see the new outputs."""
+    from ..engine.execution import report
+
+    node = flow.workflow.nodes[node_id]
+    answer = next((a.get("output") for a in reversed(node.attempts) if a.get("output")), "")
+    node.execution = ex
+    node.output = f"{(answer or '').rstrip()}\n\n{report(ex)}".strip()
+    node.status, node.error = ("done", None) if ex.get("ok") else ("failed", ex.get("error"))
+
+
+def _execute(flow, node_id: str, code: str, record: dict) -> dict:
     from ..engine.execution import run_python
     from ..engine.workspace import Workspace
 
@@ -146,3 +178,4 @@ def _execute(flow, node_id: str, code: str, record: dict) -> None:
     ex = run_python(Workspace(folder), node_id, code, timeout=timeout,
                     sandbox=flow.settings.get("sandbox") or "bwrap").to_dict()
     _show(code_outputs(flow.run_id, node_id, ex, figure_data(folder, ex["figures"])))
+    return ex
