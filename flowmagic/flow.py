@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     # code (flowmagic.execution): "auto" runs the Python an answer holds in the sandbox, in the
     # run's workspace (workdir, default <home>/runs/<run>/workspace); "off" keeps text only
     "execute": "auto", "code_timeout": 60.0, "workdir": None,
+    # the working start (Workspace.example): "auto" runs it for the embedded model only, in
+    # the sandbox, in the first node that explores or plots a table input; "on"; "off"
+    "starter": "auto",
     "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
     # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
@@ -67,6 +70,9 @@ def _check_settings(settings: dict) -> dict:
     if merged["execute"] not in ("auto", "off"):
         raise ConfigError(f"execute {merged['execute']!r} must be 'auto' (run the Python an "
                           "answer holds, in the sandbox) or 'off' (keep text only)")
+    if merged["starter"] not in ("auto", "on", "off"):
+        raise ConfigError(f"starter {merged['starter']!r} must be 'auto' (for the embedded "
+                          "model), 'on' or 'off'")
     if not float(merged["code_timeout"]) > 0:
         raise ConfigError("code_timeout must be a number of seconds above 0")
     if merged["context"] not in ("parents", "ancestors"):

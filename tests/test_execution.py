@@ -82,3 +82,29 @@ def test_tracebacks_read_the_same_on_every_machine(ws):
     assert not ex.ok and "FileNotFoundError" in ex.error
     assert 'File "<python>/site-packages/pandas/' in ex.stderr
     assert str(ws.root) not in report(ex) and "s)." not in report(ex)   # no paths, no timings
+
+
+@pytest.mark.parametrize("frame", [
+    pd.DataFrame({"region": ["north", "south", "north"], "units": [3, 5, 7], "price": [2.5, 4.0, 1.5]}),
+    pd.DataFrame({"it's \"odd\"": [1.5, 2.5, 4.0], "flag": [True, False, True]}),   # quotes, one numeric
+    pd.DataFrame({"city": ["Oslo", "Rome", "Oslo"]}),                               # nothing numeric
+], ids=["numbers-and-groups", "quoted-name", "text-only"])
+def test_the_working_start_runs_on_the_real_columns_and_draws_a_figure(tmp_path, frame):
+    """What a small model is given to begin from: code that runs as it is, in the sandbox,
+    prints pandas' own numbers for the file and draws a figure from its columns."""
+    ws = Workspace(tmp_path / "ws")
+    ws.add({"df": frame})
+    start = ws.example()
+    assert "pd.read_csv('df.csv')" in start
+    ex = execute(ws, "start", f"```python\n{start}```")
+    assert ex.ok and ex.ran, ex.stderr
+    assert ex.stdout.startswith(f"{frame.shape}\n")
+    assert str(pd.read_csv(ws.root / "df.csv").describe()) in ex.stdout
+    assert ex.figures == ["start_figure_1.png"]
+
+
+def test_no_table_input_no_working_start(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    assert ws.example() == ""
+    ws.add({"threshold": 0.5})
+    assert ws.example() == ""

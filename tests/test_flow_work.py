@@ -98,6 +98,10 @@ def test_the_figure_is_saved_and_children_get_what_really_happened(eda):
     load_prompt = next(p for p in sent if "Your subtask (load)" in p)
     assert "anscombe.csv (table): 44 rows x 3 columns" in load_prompt   # inputs with schema
     assert "dataset: " in load_prompt and "first 5 rows" in load_prompt
+    # a start that runs, from the file's own columns, for models that write weak code
+    assert "A working start" in load_prompt
+    assert "df = pd.read_csv('anscombe.csv')\nprint(df.shape)" in load_prompt
+    assert "df.plot.scatter(x='x', y='y')" in load_prompt
     # the result lists the files as they are, and they survive a reload
     assert "stats.csv" in flow.result and "plot_figure_1.png" in flow.result
     again = load(flow.run_id)
@@ -121,6 +125,7 @@ def test_code_that_raises_sends_its_traceback_to_the_next_attempt_then_fails_in_
     assert "\n" not in node.error and "KeyError: 'z'" in node.error
     second = [p for p in sent if "Your subtask (load)" in p][1]
     assert "were rejected" in second and "The code failed: KeyError: 'z'" in second
+    assert "begin again from the working start" in second
     assert 'File "load.py", line 3' in second                  # the traceback itself
     assert len([p for p in sent if "Your subtask (load)" in p]) == 2   # bounded
     import nbformat   # the export shows the failed code as code, with its real traceback
@@ -289,3 +294,101 @@ def test_flowmagic_export_execute_reruns_the_code_cells_in_the_sandbox(eda, tmp_
     expected = pd.read_csv(CSV).groupby("dataset")["y"].agg(["mean", "var"]).round(4).to_string()
     assert stats.outputs[0]["text"].rstrip("\n") == expected
     assert (tmp_path / "again_files" / ".flowmagic" / "stats.py").read_text() == CODE["stats"] + "\n"
+
+
+def test_a_code_cell_runs_again_in_the_sandbox_after_its_parent_ran_again(tmp_path, monkeypatch,
+                                                                          capsys):
+    """A %%flow_code cell never shows its recorded outputs as current once a parent cell
+    ran again in the same session: it says so and runs the code again in the sandbox."""
+    import nbformat
+
+    from conftest import ipython_shell
+
+    plan = {"task": "Summarise anscombe.csv", "nodes": [
+        {"id": "brief", "requirement": "Say which column to total.", "agent": "writer"},
+        {"id": "stats", "requirement": "Total that column with pandas.", "agent": "analyst"}],
+        "edges": [["brief", "stats"]]}
+    code = ("import pandas as pd, time\ndf = pd.read_csv('anscombe.csv')\n"
+            "pd.Series([df['y'].sum()]).to_csv('total.csv')\nprint(round(df['y'].sum(), 2))")
+
+    def responder(body):
+        if subtask(body) == "stats":
+            return f"```python\n{code}\n```"
+        return "Total y." if "Say which" in body["messages"][1]["content"] else "Total y, twice."
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="tot", inputs=[CSV], consolidate=False)
+        flow.run()
+        path = flow.to_notebook(tmp_path / "tot.ipynb")
+        cells = [c.source for c in nbformat.read(str(path), as_version=4).cells
+                 if c.cell_type == "code"]
+        monkeypatch.chdir(tmp_path)
+        with ipython_shell() as ip:
+            for source in cells:
+                assert ip.run_cell(source).success, source
+            (tmp_path / "tot_files" / "total.csv").unlink()   # a real run writes it again
+            brief = next(c for c in cells if c.startswith("%%flow_node tot brief"))
+            first, _ = brief.split("\n", 1)
+            ip.run_cell(f"{first} --allow-calls\nSay which column to total, in two words.")
+            stats = next(c for c in cells if c.startswith("%%flow_code tot stats"))
+            capsys.readouterr()
+            assert ip.run_cell(stats).success
+            replayed = ip.user_ns["tot"]
+    out, err = capsys.readouterr()
+    total = round(pd.read_csv(CSV)["y"].sum(), 2)
+    assert "stats: brief ran again in this session, so the recorded outputs are stale" in err
+    assert out.strip().endswith(str(total))
+    assert (tmp_path / "tot_files" / "total.csv").is_file()       # the code really ran
+    assert replayed.workflow.nodes["stats"].execution["stdout"].strip() == str(total)
+
+
+def test_the_working_start_runs_first_for_a_weak_model_and_its_results_are_real(tmp_path):
+    """starter="on" (what "auto" does on the embedded model): the first node that explores
+    the table runs flowmagic's working start in the sandbox; the model sees its real output;
+    code of the model's that fails on every attempt leaves the start's result, said plainly;
+    the export labels whose code the cell holds."""
+    import nbformat
+
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Load the data and plot it.", "agent": "analyst"},
+        {"id": "sum", "requirement": "Plot y per dataset.", "agent": "analyst"}],
+        "edges": [["look", "sum"]]}
+
+    def responder(body):
+        if subtask(body) == "look":
+            return "```python\nprint(df.nope)\n```"          # weak code: fails every time
+        return "The four datasets have nearly the same mean of y."
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="weak", inputs=[CSV], starter="on", max_attempts=2,
+                              update="off", consolidate=False)
+        flow.run()
+        sent = prompts(server)
+        quiet = Flow.from_dict(plan, name="strong", inputs=[CSV], max_attempts=1, update="off",
+                               consolidate=False)   # "auto" on a configured endpoint: no start
+        quiet.run()
+    look, child = flow.workflow.nodes["look"], flow.workflow.nodes["sum"]
+    df = pd.read_csv(CSV)
+    assert look.status == "done" and look.execution["starter"] and look.execution["ok"]
+    assert look.execution["stdout"].startswith(f"{df.shape}\n{df.describe()}")
+    assert look.execution["figures"] == ["look_figure_1.png"]
+    assert (flow.workspace.root / "look_figure_1.png").read_bytes()[:4] == b"\x89PNG"
+    assert "The model's own code failed on all 2 attempt(s)" in look.output
+    assert "AttributeError" in look.output or "NameError" in look.output
+    first = next(p for p in sent if "Your subtask (look)" in p)
+    assert "flowmagic's working start (its code, not the model's) was run" in first
+    assert str(df.describe()) in first                         # the model saw the real numbers
+    assert child.execution is None or not child.execution.get("starter")   # once per run
+    assert not any((n.execution or {}).get("starter") for n in quiet.workflow.nodes.values())
+    nb = nbformat.read(str(flow.to_notebook(tmp_path / "weak.ipynb")), as_version=4)
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%flow_code weak look"))
+    assert "working start (from the input's own columns, not written by the model)" in nb.cells[i - 1].source
+    assert nb.cells[i].source.split("\n", 1)[1].startswith("import pandas as pd")
+    assert nb.cells[i].outputs[-1]["data"]["image/png"]
+
+
+def test_starter_setting_is_checked():
+    with pytest.raises(flowmagic.errors.ConfigError, match="starter 'yes' must be"):
+        Flow.from_dict(PLAN, name="x", starter="yes")

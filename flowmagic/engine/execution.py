@@ -48,6 +48,7 @@ class Execution:
     figures: list[str] = field(default_factory=list)   # PNGs among them
     saved: list[str] = field(default_factory=list)     # deliverables saved from named blocks
     duration_s: float = 0.0
+    starter: bool = False              # flowmagic's working start, not the model's code
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -209,7 +210,11 @@ def report(ex: dict | Execution | None) -> str:
         parts.append("Files saved from this answer: " + ", ".join(ex["saved"]))
     if ex.get("ran"):
         status = "ran without error" if ex.get("ok") else f"failed: {ex.get('error')}"
-        parts.append(f"The Python code above was run in the sandbox and {status}.")
+        if ex.get("starter"):
+            parts.append("flowmagic's working start (its code, not the model's) was run in the "
+                         f"sandbox and {status}:\n```python\n{ex.get('code', '').rstrip()}\n```")
+        else:
+            parts.append(f"The Python code above was run in the sandbox and {status}.")
         parts.append("Printed output:\n" + (ex.get("stdout") or "(nothing)").rstrip())
         if ex.get("stderr") and not ex.get("ok"):
             parts.append("Error output:\n" + ex["stderr"].rstrip())
@@ -240,7 +245,7 @@ def made_files(ex: dict | None) -> list[str]:
     return saved + [f for f in ex.get("files", []) if f not in saved]
 
 
-def instructions(inputs: str, files: list[str]) -> str:
+def instructions(inputs: str, files: list[str], example: str = "") -> str:
     """What a node's prompt says about running code, delivering files and the inputs."""
     parts = ["How your answer is used: every ```python block without a file name is run "
              "for you, once, in a sandbox whose working directory holds the input files. "
@@ -252,6 +257,10 @@ def instructions(inputs: str, files: list[str]) -> str:
              "```html index.html; it is saved under that name and not run."]
     if inputs:
         parts.append(inputs)
+    if example:
+        parts.append("A working start: this code runs as it is on the input, prints real "
+                     "numbers and draws a figure. Begin your code from it, keep its column "
+                     f"names as written, and change it for your subtask:\n```python\n{example}```")
     if files:
         parts.append("Files that earlier subtasks left in the working directory: " + ", ".join(files[:60])
                      + (f" and {len(files) - 60} more" if len(files) > 60 else ""))

@@ -8,13 +8,16 @@ with its earlier attempts and the feedback, up to `max_attempts`.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import re
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import EndpointError, SandboxError
+from ..errors import EndpointError, FlowError, SandboxError
 from ..llm.endpoints import scrub
-from .execution import about_files_or_code, aexecute, instructions, made_files, report
+from .execution import (Execution, about_files_or_code, aexecute, instructions, made_files,
+                        report, run_python)
 from .executor import Outcome
 from .validation import retry_prompt
 
@@ -27,6 +30,12 @@ MASKED = "none"
 CUT_FEEDBACK = ("cut: the answer reached the token limit ({tokens} tokens) and was still "
                 "unfinished after {n} continuation(s); it is not accepted. Write a shorter "
                 "answer that is complete.")
+
+
+_RESTART = " Fix it, or begin again from the working start given above."
+# A node that explores or plots the data is where the working start belongs.
+_EXPLORES = re.compile(r"plot|chart|figure|graph|visuali|draw|histogram|scatter|distribut|"
+                       r"explor|describ|summar|load|statistic|analy", re.IGNORECASE)
 
 
 def cut(text: str, limit: int) -> str:
@@ -50,7 +59,7 @@ def shares(lengths: list[int], budget: int) -> list[int]:
 
 
 def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
-                  workspace: bool = True) -> list[dict]:
+                  workspace: bool = True, started: str = "") -> list[dict]:
     """The node's prompt. `workspace=False` leaves out what the workspace holds (the replay
     fingerprint must not depend on a folder another machine does not have)."""
     wf = flow.workflow
@@ -81,7 +90,11 @@ def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
             about_files_or_code(wf.task, node.requirement) or (workspace and flow.workspace.inputs)):
         made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == "done"
                 for f in made_files(wf.nodes[a].execution)]
-        parts.append(instructions(flow.workspace.describe() if workspace else "", made))
+        parts.append(instructions(flow.workspace.describe() if workspace else "", made,
+                                  flow.workspace.example() if workspace and not started else ""))
+    if started:
+        parts.append(f"{started}\n\nThose are real results on the input. Use them; write more "
+                     "code only for what your subtask still needs.")
     if retry_note:
         parts.append(retry_note)
     parts.append("Write the result of your subtask now.")
@@ -124,6 +137,41 @@ class NodeRunner:
         return await aexecute(self.flow.workspace, node_id, answer, mode=settings["execute"],
                               timeout=float(settings["code_timeout"]), sandbox=settings["sandbox"])
 
+    def _wants_starter(self, node) -> bool:
+        """Whether this node runs the working start first (see the `starter` setting)."""
+        flow, settings = self.flow, self.flow.settings
+        if settings["execute"] == "off" or settings["starter"] == "off" or node.attempts:
+            return False
+        if any((n.execution or {}).get("starter") for n in flow.workflow.nodes.values()):
+            return False   # once per run: one real look at the data, not one per node
+        if settings["starter"] == "auto":
+            from ..llm.endpoints import resolve
+            try:
+                endpoint, _ = resolve(node.model or settings["model"])
+            except FlowError:
+                return False
+            if not endpoint.local:
+                return False
+        return bool(_EXPLORES.search(node.requirement or "")) and bool(flow.workspace.example())
+
+    async def _starter(self, node) -> Execution | None:
+        """Run the working start in the sandbox for a node (None when it does not apply).
+        Its code is flowmagic's, from the input's own columns; what it prints and draws is
+        computed from the data, and the record says whose code it was."""
+        if not self._wants_starter(node):
+            return None
+        settings = self.flow.settings
+        node.execution = {"starter": True}   # claimed now: a sibling starting meanwhile skips it
+        try:
+            ex = await asyncio.to_thread(run_python, self.flow.workspace, node.id,
+                                         self.flow.workspace.example(),
+                                         timeout=float(settings["code_timeout"]),
+                                         sandbox=settings["sandbox"])
+        finally:
+            node.execution = None
+        ex.starter = True
+        return ex
+
     async def _reply(self, node, messages: list[dict], seed: int):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
         flow, settings = self.flow, self.flow.settings
@@ -158,6 +206,14 @@ class NodeRunner:
         history = len(node.attempts)   # earlier runs of this node (reruns vary the seed)
         attempts: list[dict] = []
         outcome = Outcome(ok=False)
+        try:
+            start = await self._starter(node)
+        except SandboxError as exc:   # code must run and cannot here: the model won't fix that
+            outcome.error, outcome.attempts = str(exc), [{"start": time.time(), "end": time.time(),
+                                                          "attempt": history + 1, "passed": False,
+                                                          "error": str(exc)}]
+            return outcome
+        start_report = report(start) if start is not None else ""
         for attempt in range(int(settings["max_attempts"])):
             started = time.time()
             record = {"start": started, "attempt": history + attempt + 1}
@@ -166,7 +222,7 @@ class NodeRunner:
                               error="injected failure (fail_rate)")
                 attempts.append(record)
                 continue
-            messages = node_messages(flow, node_id, retry_prompt(attempts))
+            messages = node_messages(flow, node_id, retry_prompt(attempts), started=start_report)
             try:
                 reply, tool_calls = await self._reply(node, messages,
                                                       settings["seed"] + history + attempt)
@@ -207,11 +263,16 @@ class NodeRunner:
                 record["execution"] = ex.to_dict()
                 if ex.ran and not ex.ok:   # the traceback goes back to the next attempt
                     record.update(end=time.time(), passed=False,
-                                  feedback=f"The code failed: {ex.error}\n{ex.stderr[-2500:]}")
+                                  feedback=f"The code failed: {ex.error}"
+                                  f"{_RESTART * bool(flow.workspace.example())}\n{ex.stderr[-2500:]}")
                     attempts.append(record)
                     continue
                 if report(ex):
                     output = f"{text.rstrip()}\n\n{report(ex)}"
+            if start is not None:   # the working start's real results lead the node's result
+                output = f"{start_report}\n\n{output}"
+                if ex is None or not ex.ran:
+                    record["execution"] = {**start.to_dict(), "saved": ex.saved if ex else []}
             try:
                 passed, feedback = await self._verdict(node, output, bool(ex and ex.ran),
                                                       reply.finish_reason)
@@ -233,6 +294,8 @@ class NodeRunner:
                 outcome.ok, outcome.output = True, output
                 outcome.execution = record.get("execution")
                 break
+        if not outcome.ok and outcome.error is None and start is not None:
+            _fall_back_on_start(outcome, attempts, start, start_report)
         outcome.attempts = attempts
         if not outcome.ok and outcome.error is None:
             last = attempts[-1] if attempts else {}
@@ -243,3 +306,18 @@ class NodeRunner:
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome
+
+
+def _fall_back_on_start(outcome: Outcome, attempts: list[dict], start: Execution,
+                        started: str) -> None:
+    """When the model's code failed on every attempt (and nothing else went wrong), a
+    working start that ran is the node's result, and the result says so."""
+    failed_code = [a for a in attempts if str(a.get("feedback", "")).startswith("The code failed")]
+    if not (start.ok and attempts and len(failed_code) == len(attempts)):
+        return
+    last = " ".join(str((attempts[-1].get("execution") or {}).get("error") or "").split())
+    attempts[-1]["fallback"] = "starter"
+    outcome.ok, outcome.execution = True, start.to_dict()
+    outcome.output = (f"{started}\n\nThe model's own code failed on all {len(attempts)} "
+                      f"attempt(s) (last: {last[:200]}); this result is the working start's "
+                      "real output above.")

@@ -195,6 +195,27 @@ class Workspace:
         return ("Input files, in the working directory of any Python you write "
                 "(read them by these names):\n" + "\n".join(parts))
 
+    def example(self) -> str:
+        """A short pandas + matplotlib program that works on the first table input: it reads
+        the file by its name, prints its shape, describe() and (with a text column) the
+        means per group, and draws a plot of its real columns. '' without a table input.
+
+        Small models (the embedded SmolLM2-135M) write code that rarely runs; given a start
+        that runs, they adapt it, and what they print and draw is still computed from the
+        data in the sandbox. The names come from the file itself, never from a model."""
+        table = next((i for i in self.inputs if i.kind == "table"
+                      and i.path.lower().endswith((".csv", ".tsv"))), None)
+        if table is None:
+            return ""
+        try:
+            import pandas as pd
+
+            sep = "\t" if table.path.lower().endswith(".tsv") else ","
+            frame = pd.read_csv(self.root / table.path, sep=sep, nrows=_SCHEMA_ROWS)
+        except Exception:  # noqa: BLE001 - no schema, no example; the description says why
+            return ""
+        return _starter(table.path, sep, frame)
+
     # -- files -------------------------------------------------------------------------------
     def files(self) -> list[str]:
         """Every file in the workspace (relative paths, sorted), flowmagic's own hidden ones left out."""
@@ -235,6 +256,31 @@ class Workspace:
             shutil.copy2(self.root / rel, dest)
             out.append(dest)
         return out
+
+
+def _starter(path: str, sep: str, frame: Any) -> str:
+    """The example program of `Workspace.example` for one table (column names quoted)."""
+    from pandas.api import types
+
+    numeric = [c for c in frame.columns if types.is_numeric_dtype(frame[c])
+               and not types.is_bool_dtype(frame[c])]
+    text = [c for c in frame.columns if (types.is_string_dtype(frame[c])
+                                         or types.is_object_dtype(frame[c]))
+            and 1 < frame[c].nunique() <= 20]
+    read = f"pd.read_csv({path!r}" + (", sep='\\t')" if sep != "," else ")")
+    lines = ["import pandas as pd", "import matplotlib.pyplot as plt", "",
+             f"df = {read}", "print(df.shape)", "print(df.describe())"]
+    if text and numeric:
+        lines.append(f"print(df.groupby({str(text[0])!r})[{[str(c) for c in numeric[:3]]!r}].mean())")
+    if len(numeric) >= 2:
+        x, y = str(numeric[0]), str(numeric[1])
+        lines += [f"df.plot.scatter(x={x!r}, y={y!r})", f"plt.title({f'{y} against {x}'!r})"]
+    elif numeric:
+        lines += [f"df[{str(numeric[0])!r}].plot.hist()", f"plt.title({str(numeric[0])!r})"]
+    elif len(frame.columns):
+        first = str(frame.columns[0])
+        lines += [f"df[{first!r}].value_counts().head(10).plot.bar()", f"plt.title({first!r})"]
+    return "\n".join(lines) + "\n"
 
 
 def _plain_index(frame: Any) -> bool:

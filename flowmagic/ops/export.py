@@ -318,8 +318,10 @@ def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
         else:
             outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
     failed = f"\n\n**failed**: {node.error}" if node.status == "failed" else ""
+    whose = ("Code of flowmagic's working start (from the input's own columns, not written by "
+             "the model)" if ran.get("starter") else "Code written by the model")
     note = v4.new_markdown_cell(f"**{node_id}** · {node.agent}: {node.requirement.strip()}{failed}\n\n"
-                                "*Code written by the model: the cell below shows its recorded "
+                                f"*{whose}: the cell below shows its recorded "
                                 "run; it runs again only in the sandbox (`--execute`).*")
     code = v4.new_code_cell(f"{code_line(replica, name, node_id)}\n{ran['code'].rstrip()}",
                             metadata={"flowmagic": {"node": node_id, "code": True}}, outputs=outputs)
