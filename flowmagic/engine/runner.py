@@ -152,7 +152,10 @@ class NodeRunner:
                 return False
             if not endpoint.local:
                 return False
-        return bool(_EXPLORES.search(node.requirement or "")) and bool(flow.workspace.example())
+        wf = flow.workflow   # a node that explores the data, or a first node of a task that does
+        explores = _EXPLORES.search(node.requirement or "") or (
+            not wf.parents(node.id) and _EXPLORES.search(wf.task or ""))
+        return bool(explores) and bool(flow.workspace.example())
 
     async def _starter(self, node) -> Execution | None:
         """Run the working start in the sandbox for a node (None when it does not apply).
