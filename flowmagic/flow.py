@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from .model import metrics as _metrics
-from .llm.endpoints import resolve
+from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError
 from .engine.execution import made_files
 from .engine.executor import Executor
@@ -155,6 +155,7 @@ class Flow:
         self.status = "planned"
         self.message: str | None = None
         self.spent_usd = 0.0
+        self.unpriced: set[str] = set()   # models used with no known price (cost unknown)
         self._subscribers: list[Callable[[dict], None]] = []
         self._executor: Executor | None = None
         self._task: asyncio.Task | None = None
@@ -251,8 +252,12 @@ class Flow:
         self.workflow.node(node_id)
         return self._partial.get(node_id, "")
 
-    def _spend(self, usd: float) -> None:
+    def _spend(self, usd: float, *, unpriced: str | None = None) -> None:
+        """Add to what the run cost; `unpriced` names a model whose calls have no known price
+        (their cost is unknown, not $0)."""
         self.spent_usd += usd or 0.0
+        if unpriced:
+            self.unpriced.add(unpriced)
 
     def _budget_left(self) -> str | None:
         budget = self.settings["budget_usd"]
@@ -591,7 +596,8 @@ class Flow:
     def downgrade(self, node_id: str, model: str) -> None:
         """Run this node on another (cheaper) model from now on."""
         node = self._not_running(node_id)
-        resolve(model)  # a malformed or unknown endpoint is a ConfigError now, not mid-run
+        # a malformed endpoint, or a model the endpoint does not list: a ConfigError now
+        check_model(model)
         node.downgraded_from = node.downgraded_from or node.model or self.settings["model"] or "default"
         node.model = model
         self._changed("downgraded", node_id, model=model)
@@ -663,7 +669,8 @@ class Flow:
     def cost(self) -> dict:
         """Tokens and USD of this run so far, by node and in total (planning and checks too)."""
         rows = self.store.usage(self.run_id)
-        total = {"calls": 0, "cached": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+        total = {"calls": 0, "cached": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+                 "unpriced": 0}   # calls whose model has no known price: their USD is unknown
         for row in rows:
             for key in total:
                 total[key] += row[key] or 0
@@ -679,7 +686,8 @@ class Flow:
                          "status": node.status, "start": node.start, "end": node.end,
                          "duration_s": node.duration, "tokens_in": node.tokens_in,
                          "tokens_out": node.tokens_out, "cost_usd": node.cost_usd,
-                         "attempts": len(node.attempts), "model": node.model})
+                         "attempts": len(node.attempts),
+                         "model": node.ran_on() or node.model})
         return sorted(rows, key=lambda r: r["start"])
 
     def draw(self, **options: Any):
@@ -776,6 +784,7 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
         raise ConfigError("the task is empty; write what you want done in words")
     llm = llm or get_llm()
     settings = _check_settings({**settings, "k": k, "model": model, "strategy": strategy})
+    check_model(model)   # before any paid call: a model the endpoint does not list is refused
     run_id = _new_run_id()
     context = None
     if inputs is not None:
@@ -833,6 +842,8 @@ def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flo
                 run_id=data["id"], llm=llm, store=store, save=False, origin=origin,
                 **{k: v for k, v in settings.items() if k in DEFAULTS})
     flow.update_log = data.get("updates") or []
+    flow.unpriced.update(a["model"] for n in workflow.nodes.values() for a in n.attempts
+                         if a.get("unpriced") and a.get("model"))
     flow.result = data.get("result")
     flow.status = data.get("status") if data.get("status") != "running" else "interrupted"
     return flow

@@ -471,7 +471,9 @@ class Store:
         return self._query(
             "SELECT purpose, node_id, model, COUNT(*) AS calls, SUM(cached) AS cached,"
             " SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,"
-            " SUM(cost_usd) AS cost_usd FROM calls WHERE run_id = ? AND error IS NULL"
+            " SUM(cost_usd) AS cost_usd,"
+            " SUM(cost_usd IS NULL AND cached = 0) AS unpriced"
+            " FROM calls WHERE run_id = ? AND error IS NULL"
             " GROUP BY purpose, node_id, model ORDER BY MIN(id)", (run_id,))
 
     def last_call_id(self) -> int:

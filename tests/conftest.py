@@ -24,9 +24,13 @@ def flowmagic_home(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FLOWMAGIC_DISCOVER", "0")
     monkeypatch.delenv("FLOWMAGIC_DISCOVER_PORTS", raising=False)
-    from flowmagic.llm import discovery, endpoints
+    # the loopback server answers any model name but lists one: tests of the model check
+    # (test_model_choice.py) turn it on
+    monkeypatch.setenv("FLOWMAGIC_CHECK_MODELS", "0")
+    from flowmagic.llm import catalog, discovery, endpoints
     endpoints.reset()
     discovery.forget()
+    catalog.forget()
     prices = dict(endpoints.PRICES)
     yield home
     endpoints.reset()

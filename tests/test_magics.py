@@ -492,6 +492,7 @@ def test_rerunning_a_cell_stops_the_run_still_going(capsys, tmp_path, monkeypatc
 def test_tables_with_dollars_are_html_that_mathjax_skips(shell, server, capsys):
     """JupyterLab typesets the text between two `$` of a Markdown output as maths, which
     collapsed whole rows of %flow cost / list / log; tables are HTML in a no-maths block."""
+    flowmagic.configure(prices={"m": (1.0, 2.0)})   # priced, so the tables hold dollars
     run(shell, capsys, "%%flow report --k 1 --run\nMake tea")
     for line in ("%flow cost report", "%flow list", "%flow log", "%flow models", "%flow config"):
         data, meta = run(shell, capsys, line)[2].result._repr_mimebundle_()

@@ -219,7 +219,9 @@ class NodeRunner:
         start_report = report(start) if start is not None else ""
         for attempt in range(int(settings["max_attempts"])):
             started = time.time()
-            record = {"start": started, "attempt": history + attempt + 1}
+            # the model asked for; the reply's own id (endpoint:model) replaces it when one comes
+            record = {"start": started, "attempt": history + attempt + 1,
+                      "model": node.model or settings["model"] or "default"}
             if settings["fail_rate"] and self._chance(node_id, "fail", history + attempt) < settings["fail_rate"]:
                 record.update(end=time.time(), passed=False, output=None,
                               error="injected failure (fail_rate)")
@@ -234,7 +236,7 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break   # the LLM door already retried; more attempts would only wait longer
-            flow._spend(reply.cost_usd)
+            flow._spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
             outcome.tokens_in += reply.input_tokens
             outcome.tokens_out += reply.output_tokens
             outcome.cost_usd += reply.cost_usd
@@ -243,6 +245,8 @@ class NodeRunner:
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
                           cost_usd=reply.cost_usd, seed=settings["seed"] + history + attempt)
+            if not reply.priced:   # 0.0 above is "no price known", not "free"
+                record["unpriced"] = True
             if tool_calls:
                 record["tool_calls"] = [c.to_dict() for c in tool_calls]
             if reply.continuations:

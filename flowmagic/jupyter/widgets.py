@@ -3,7 +3,8 @@
 Run -> `flow.run()`, Step -> `flow.step()`, Pause/Resume -> `flow.pause()` / `flow.resume()`,
 Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Unprune -> `flow.unprune(node)`,
 Downgrade -> `flow.downgrade(node, model)`, Rerun -> `flow.rerun(node)`, Use plan ->
-`flow.use_candidate(i)`; Show output reads `node.output` (while a node runs, the text it
+`flow.use_candidate(i)`; −, Fit and + change only the view (`panel.zoom`, a view.zoom.Zoom:
+`zoom_out()`, `fit()`, `zoom_in()`; the drawing fits the panel's width by default). Show output reads `node.output` (while a node runs, the text it
 streamed so far, `flow.partial_output(node)`: the panel turns `flow.streaming` on); with a
 probe set attached, Importance -> `flow.aimportance()` and Slim -> `flow.aslim(cheaper=...)`
 (flowmagic.jupyter.slimpanel). When the run ends the result and the deliverable files show.
@@ -33,11 +34,18 @@ _RED = "#b00020"
 
 
 def model_choices() -> list[tuple[str, str]]:
-    """(label, model id) for the Downgrade dropdown: configured endpoints, then priced models
-    from the cheapest up (a downgrade is usually to something cheaper)."""
-    from ..llm.endpoints import PRICES, endpoints
+    """(label, model id) for the Downgrade dropdown: each endpoint, then the chat models it
+    lists (GET /models); when the default endpoint cannot list them, the priced models from
+    the cheapest up (a downgrade is usually to something cheaper)."""
+    from ..llm import catalog
+    from ..llm.endpoints import PRICES, endpoints, price_of
+
+    def label(value: str, model: str) -> str:
+        price = price_of(model)
+        return f"{value} (${price[0]:g} / ${price[1]:g} per 1M)" if price else f"{value} (price unknown)"
 
     out: list[tuple[str, str]] = []
+    listed_default = False
     for ep in endpoints():
         if ep.local:
             value = "local"
@@ -47,12 +55,18 @@ def model_choices() -> list[tuple[str, str]]:
             value = f"{ep.name}:{ep.model}" if ep.model else ep.name
         where = "embedded" if ep.local else ep.name
         out.append((f"{value} ({where})", value))
-    for name, (p_in, p_out) in sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0])):
-        if "embed" in name:   # embedding models cannot run a node
+        ids = catalog.listed_models(ep) if catalog.enabled() else None
+        if ids is None:
             continue
-        out.append((f"{name} (${p_in:g} / ${p_out:g} per 1M)", name))
+        listed_default = listed_default or ep.name == "default"
+        prefix = "" if ep.name == "default" else f"{ep.name}:"
+        out += [(label(prefix + m, m), prefix + m) for m in catalog.chat_models(ids)]
+    if not listed_default:
+        for name, (p_in, p_out) in sorted(PRICES.items(), key=lambda kv: (kv[1][1], kv[0])):
+            if name in catalog.chat_models([name]):   # embedding models cannot run a node
+                out.append((f"{name} (${p_in:g} / ${p_out:g} per 1M)", name))
     seen: set[str] = set()
-    return [(label, value) for label, value in out if not (value in seen or seen.add(value))]
+    return [(text, value) for text, value in out if not (value in seen or seen.add(value))]
 
 
 def _svg_only(content: str) -> str:
@@ -97,8 +111,17 @@ class Panel:
         self.static = StaticView(flow, marker)
         self._static_handle = None
         self.title = w.HTML()
-        self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
+        self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%",
+                                              max_height="640px"))
         self.drawing.add_class("flowmagic-drawing")
+        from ..view.zoom import Zoom
+        self.zoom = Zoom()        # fit to the width by default; the buttons below change it
+        self._svg = ""
+        self.zoom_out_button = self._button("", "search-minus", "smaller")
+        self.fit_button = self._button("Fit", "arrows-h", "fit the drawing to the width")
+        self.zoom_in_button = self._button("", "search-plus", "larger")
+        self.zoom_label = w.HTML()
+        self.zoom_label.add_class("flowmagic-zoom")
         # While this widget is on the page its style hides the static copy; when the
         # widget is gone (a restarted kernel, a shared file) the copy shows.
         self.legend = w.HTML(f"<style>.{marker}{{display:none}}</style>{legend_html()}")
@@ -135,7 +158,9 @@ class Panel:
         self.warnings = w.HTML()
         self.candidates = w.HTML()
         self.widget = w.VBox([
-            self.title, self.drawing, self.legend,
+            self.title, self.drawing,
+            w.HBox([self.zoom_out_button, self.fit_button, self.zoom_in_button, self.zoom_label]),
+            self.legend,
             w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
             w.HBox([self.node_picker, self.prune_button, self.unprune_button, self.rerun_button,
                     self.output_button]),
@@ -170,6 +195,11 @@ class Panel:
             self.rerun_button: lambda: self.flow.rerun(self.node_picker.value),
             self.output_button: lambda: self.show_output(self.node_picker.value),
         }
+        zooms = {self.zoom_in_button: lambda: self.zoom.zoom_in(self._svg),
+                 self.zoom_out_button: lambda: self.zoom.zoom_out(self._svg),
+                 self.fit_button: self.zoom.fit}
+        for button, action in zooms.items():   # the view only: nothing of the flow changes
+            button.on_click(lambda _b, action=action: (action(), self._show_zoomed()))
         for button, action in clicks.items():
             button.on_click(lambda _b, action=action: self._act(action))
         self.node_picker.observe(lambda _c: self.refresh(), names="value")
@@ -260,7 +290,12 @@ class Panel:
 
     # -- following the flow -------------------------------------------------------------
     def _set_drawing(self, content: str) -> None:
-        self.drawing.value = _svg_only(content)
+        self._svg = _svg_only(content)
+        self._show_zoomed()
+
+    def _show_zoomed(self) -> None:
+        self.drawing.value = self.zoom.apply(self._svg)
+        self.zoom_label.value = f"<small>{self.zoom.label()}</small>"
         if self._static_handle is not None:
             # The PNG (a second render) only when nothing runs: at the end, after a click.
             self.static.update(content if content.lstrip().startswith("<") else None,
@@ -368,9 +403,12 @@ class Panel:
         self.slim.sync()
 
     def _meter(self) -> str:
+        from ..view.render import usd
+
         total = self.flow.cost()["total"]
         line = (f"tokens {_fmt_int(total['input_tokens'])} in · "
-                f"{_fmt_int(total['output_tokens'])} out · ${total['cost_usd']:.4f} "
+                f"{_fmt_int(total['output_tokens'])} out · "
+                f"{usd(total['cost_usd'], total['unpriced'], 4)} "
                 f"({total['calls']} calls, {total['cached']} cached)")
         try:
             est = self.flow.estimate()
@@ -388,6 +426,8 @@ class Panel:
         node = self.flow.workflow.nodes.get(self.node_picker.value or "")
         if node is None:
             return ""
+        from ..view.render import ran_on_model
+
         model = node.model or self.flow.settings.get("model") or "default"
         if model == "default":   # say which model that is
             try:
@@ -397,7 +437,11 @@ class Panel:
                 model = f"{name or 'the endpoint’s first model'} ({where})"
             except FlowError:
                 pass
-        if node.downgraded_from:
+        ran = node.ran_on()
+        if node.downgraded_from and ran and not ran_on_model(ran, node.model):
+            # history first: a downgrade after the run changes the next run, not this one
+            model = f"ran on {ran} · next run: {node.model}"
+        elif node.downgraded_from:
             model = f"{node.downgraded_from} → {node.model}"
         bits = [f"<b>{html.escape(node.id)}</b> ({html.escape(node.agent)}, {node.status}"
                 f"{', stale' if node.stale else ''}) · model {html.escape(str(model))}",

@@ -66,6 +66,7 @@ class Reply:
     tool_calls: list[dict] | None = None   # [{"id", "type": "function", "function": {"name", "arguments"}}]
     continuations: int = 0   # extra calls that continued an answer cut at the token limit
     cut: bool = False        # still at the token limit after the last continuation
+    priced: bool = True      # False: the model has no known price, cost_usd 0.0 is not "free"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,10 +126,12 @@ def _token_count(value: Any) -> int:
     return int(number)
 
 
-def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float:
+def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float | None:
+    """USD of a call, or None when the model has no known price (logged as unknown, never
+    as free: configure(prices=...) gives it one)."""
     price = price_of(model, local=endpoint.local)
     if not price:
-        return 0.0
+        return None
     return (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
 
 
@@ -399,9 +402,9 @@ class LLM:
                                   output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
                                   error=error, cache_payload=cached)
         if error is not None:
-            raise _output_error(error, call_id, tokens_in, tokens_out, cost, text)
-        return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost, False,
-                     call_id, finish, key, tool_calls or None)
+            raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
+        return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
+                     call_id, finish, key, tool_calls or None, priced=cost is not None)
 
     async def complete_whole(self, messages: list[dict] | str, *, continuations: int = 2,
                              **kwargs) -> Reply:
@@ -439,7 +442,7 @@ class LLM:
                           total.output_tokens + reply.output_tokens,
                           total.latency_s + reply.latency_s, total.cost_usd + reply.cost_usd,
                           total.cached and reply.cached, reply.call_id, reply.finish_reason,
-                          reply.cache_key, None, n)
+                          reply.cache_key, None, n, priced=total.priced and reply.priced)
         total.cut = total.finish_reason == "length"
         if schema is not None:
             try:

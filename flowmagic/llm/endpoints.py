@@ -30,6 +30,7 @@ __all__ = [
     "LOCAL_MODEL",
     "api_keys",
     "scrub",
+    "check_model",
 ]
 
 LOCAL_MODEL = "smollm2-135m-instruct"
@@ -168,8 +169,12 @@ def configure(base_url: str | None = None, api_key: str | None = None,
     else:
         endpoint = Endpoint(name, _check_url(base_url, "base_url"), model, api_key or "",
                             concurrency=concurrency)
+    from . import catalog   # a model the endpoint does not list is refused before it is kept
+
+    warning = catalog.check_endpoint_model(endpoint, model)
     with _lock:
         _configured[name] = endpoint
+    catalog.warn(endpoint, model, warning)
     return endpoint
 
 
@@ -235,6 +240,18 @@ def resolve(model: str | None = None) -> tuple[Endpoint, str | None]:
         return resolve_default(), rest
     # A plain model name (it may contain ':' itself, as Ollama's "llama3.2:1b" does).
     return resolve_default(), model
+
+
+def check_model(model: str | None, *, say=print) -> None:
+    """Check a model id as `resolve` reads it ("name", "endpoint:name") against what its
+    endpoint lists (see catalog.py): refused with one line when not listed; accepted with one
+    warning (said to `say`, once) when the endpoint cannot list its models."""
+    from . import catalog
+
+    if model in (None, "", "default"):
+        return
+    endpoint, name = resolve(model)   # a malformed id is refused even with the check off
+    catalog.warn(endpoint, name, catalog.check_endpoint_model(endpoint, name), say)
 
 
 def set_prices(prices: dict[str, tuple[float, float]]) -> None:

@@ -126,6 +126,11 @@ class Node:
                 raise PlanError(f"a node needs a non-empty string {key!r}; add one to the node dict")
         return cls(id=d["id"], requirement=d["requirement"], **kwargs)
 
+    def ran_on(self) -> str | None:
+        """The model its last attempt ran on (a later downgrade changes `model`, the model of
+        the next run, never this)."""
+        return next((str(a["model"]) for a in reversed(self.attempts) if a.get("model")), None)
+
     @property
     def duration(self) -> float | None:
         if self.start is None or self.end is None:

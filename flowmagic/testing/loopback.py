@@ -161,7 +161,8 @@ class LoopbackServer:
                  fail_kind: str = "500", reject_json_schema: bool = False, retry_after: float = 0.05,
                  hang_s: float = 30.0, trickle_s: float = 0.5,
                  dims: int = 64, model: str = "loopback", port: int = 0,
-                 embedder: Callable[[str], list[float]] | None = None) -> None:
+                 embedder: Callable[[str], list[float]] | None = None,
+                 models: list[str] | None | bool = None) -> None:
         self.responder = responder or default_responder
         self.embedder = embedder   # text -> vector for /embeddings (default: hashed bag of words)
         self.latency = _parse_latency(latency)
@@ -173,6 +174,8 @@ class LoopbackServer:
         self.retry_after, self.hang_s, self.dims = retry_after, hang_s, dims
         self.trickle_s = float(trickle_s)
         self.model, self.port = model, port
+        # what GET /models lists: `model` alone by default; False: no /models route (404)
+        self.models = [model] if models is None else models
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._conns: dict[threading.Thread, Any] = {}
@@ -449,8 +452,11 @@ class LoopbackServer:
         return 200
 
     def _models(self, h: _Handler, body: dict, rec: dict) -> int:
-        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "flowmagic-loopback"}
-        return self._send_json(h, 200, {"object": "list", "data": [model]})
+        if self.models is False:
+            return self._send_error(h, 404, "this server does not list its models", "not_found")
+        listed = [{"id": m, "object": "model", "created": 0, "owned_by": "flowmagic-loopback"}
+                  for m in self.models]
+        return self._send_json(h, 200, {"object": "list", "data": listed})
 
     def _embeddings(self, h: _Handler, body: dict, rec: dict) -> int:
         if not self._delay(body, rec):

@@ -128,15 +128,22 @@ def list_report(flows: dict, runs: list[dict]) -> Report:
 
 
 def cost_report(flow) -> Report:
+    from .render import usd
+
     cost = flow.cost()
     rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
-             r["input_tokens"] or 0, r["output_tokens"] or 0, f"${r['cost_usd'] or 0:.6f}"]
+             r["input_tokens"] or 0, r["output_tokens"] or 0, usd(r["cost_usd"], r["unpriced"])]
             for r in cost["rows"]]
     t = cost["total"]
     rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
-                 t["output_tokens"], f"${t['cost_usd']:.6f}"])
+                 t["output_tokens"], usd(t["cost_usd"], t["unpriced"])])
     text, page = table(["purpose", "node", "model", "calls", "cached", "tokens in",
                         "tokens out", "USD"], rows)
+    unpriced = sorted({r["model"] for r in cost["rows"] if r["unpriced"]})
+    if unpriced:
+        note = (f"unknown: no price is known for {', '.join(unpriced)}; give one with "
+                "flowmagic.configure(prices={MODEL: (USD per 1M in, per 1M out)})")
+        text, page = f"{text}\n{note}", page + no_math(f"<p>{html.escape(note)}</p>")
     return Report(text, html=page, run=flow.run_id)
 
 
@@ -193,10 +200,13 @@ def _servers_table() -> tuple[str, str]:
 
 
 def log_report(calls: list[dict]) -> Report:
+    from .render import usd
+
     rows = [[c["id"], time.strftime("%H:%M:%S", time.localtime(c["ts"])), c["model"],
              c["purpose"] or "", c["node_id"] or "", c["input_tokens"] or 0,
              c["output_tokens"] or 0, f"{c['latency_s'] or 0:.2f}",
-             f"${c['cost_usd'] or 0:.6f}", "yes" if c["cached"] else "",
+             usd(c["cost_usd"], c["cost_usd"] is None and not c["cached"] and not c["error"]),
+             "yes" if c["cached"] else "",
              (c["error"] or "")[:60]] for c in calls]
     text, page = table(["id", "time", "model", "purpose", "node", "in", "out", "s", "USD",
                         "cached", "error"], rows)

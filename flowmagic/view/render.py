@@ -28,7 +28,7 @@ from ..model.graph import Workflow
 from ..model.metrics import critical_path
 
 __all__ = ["STATUS_COLORS", "DOT_HINT", "draw", "svg", "png", "have_dot", "legend_html", "summary",
-           "mimebundle", "timeline_svg", "LiveDrawing"]
+           "mimebundle", "timeline_svg", "LiveDrawing", "usd", "ran_on_model"]
 
 STATUS_COLORS = {
     "pending": "#e0e0e0", "ready": "#cfe8ff", "running": "#fff3a8",
@@ -61,12 +61,41 @@ def _lines(*parts: str) -> str:
     return graphviz.nohtml("\\n".join(graphviz.escape(p) for p in parts if p))
 
 
+def ran_on_model(ran: str, model: str | None) -> bool:
+    """Whether an attempt's model id ("endpoint:name") is what `model` names now."""
+    from ..errors import FlowError
+    from ..llm.endpoints import resolve
+
+    try:
+        endpoint, name = resolve(model)
+    except FlowError:
+        return ran == model
+    return ran in (model, f"{endpoint.name}:{name}")
+
+
+def wrap_id(node_id: str, width: int = 20) -> list[str]:
+    """A long id on several lines, broken after '-', '_' or '.' where it can be (never cut:
+    the whole id stays readable, and a wide box does not push the drawing sideways)."""
+    lines, rest = [], node_id
+    while len(rest) > width:
+        cut = max(rest.rfind(sep, 0, width) for sep in "-_.") + 1
+        cut = cut if cut >= width // 2 else width
+        lines.append(rest[:cut])
+        rest = rest[cut:]
+    return [*lines, rest] if rest else lines
+
+
 def _node_attrs(node, critical: bool) -> dict[str, str]:
-    lines = [node.id, _cut(node.clone or node.agent, 30)]
+    lines = [*wrap_id(node.id), _cut(node.clone or node.agent, 30)]
     classes = [node.status]
     attrs = {"id": f"node-{node.id}", "fillcolor": STATUS_COLORS.get(node.status, "#ffffff")}
+    ran = node.ran_on()
+    # a downgrade after a run is for the next run: the drawing keeps the model it ran on
+    history = bool(node.downgraded_from and ran and not ran_on_model(ran, node.model))
+    if history:
+        lines.append(f"ran on {_cut(ran.removeprefix('default:'), 30)}")
     if node.downgraded_from:
-        lines.append(f"↓ {_cut(node.model or '?', 30)}")
+        lines.append(f"{'next ' if history else ''}↓ {_cut(node.model or '?', 30)}")
         classes.append("downgraded")
         attrs.update(peripheries="2", color=_DOWNGRADED)
     elif node.model:
@@ -87,7 +116,9 @@ def _node_attrs(node, critical: bool) -> dict[str, str]:
     tip = [_cut(node.requirement, _TOOLTIP_CHARS), f"status: {node.status}"]
     if node.duration is not None:
         tip.append(f"took {node.duration:.2f} s")
-    if node.downgraded_from:
+    if history:
+        tip.append(f"ran on {ran}; next run on {node.model} (downgraded)")
+    elif node.downgraded_from:
         tip.append(f"model: {node.downgraded_from} → {node.model}")
     if node.error:
         tip.append(f"error: {_cut(node.error, 200)}")
@@ -178,12 +209,23 @@ def legend_html() -> str:
             + "".join(fills + borders) + "</div>")
 
 
+def usd(cost: float | None, unpriced: Any = 0, digits: int = 6) -> str:
+    """A USD amount; calls of a model with no known price make it "unknown" (or "$x +
+    unknown" beside priced ones), never a $0 that reads as free."""
+    text = f"${cost or 0:.{digits}f}"
+    if not unpriced:
+        return text
+    return f"{text} + unknown" if cost else "unknown"
+
+
 def summary(flow: Any) -> str:
     """One line: name, status, done/total (and failed), cost."""
     counts = flow.counts()
     failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    unpriced = sorted(getattr(flow, "unpriced", ()))
+    unknown = f" ({', '.join(unpriced)}: no price known)" if unpriced else ""
     return (f"flow {flow.name!r} ({flow.status}): {counts.get('done', 0)}/{flow.total()} done"
-            f"{failed}, ${flow.spent_usd:.4f}")
+            f"{failed}, {usd(flow.spent_usd, unpriced, 4)}{unknown}")
 
 
 def mimebundle(flow: Any, include=None, exclude=None) -> tuple[dict, dict]:
