@@ -254,43 +254,88 @@ def _tick_step(span: float) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
-def _axis(span: float, y: float, scale: float) -> list[str]:
-    step = _tick_step(span)
-    out = [f'<line class="axis" x1="{_LABEL_W}" y1="{y}" x2="{_LABEL_W + _CHART_W}" y2="{y}" '
-           'stroke="#555" stroke-width="1"/>']
-    for i in range(int(span / step + 1e-9) + 1):
-        t = round(i * step, 9)
-        x = _LABEL_W + t * scale
-        out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#555"/>'
-                   f'<text x="{x:.1f}" y="{y + 16}" text-anchor="middle">{t:g} s</text>')
+def _axis(ts: Any, y: float) -> list[str]:
+    """The time axis: ticks in each stretch drawn to scale, a zig-zag and the time skipped at
+    each break."""
+    from .timescale import skipped_text
+
+    out = [f'<line class="axis" x1="{_LABEL_W}" y1="{y}" x2="{_LABEL_W + ts.width:.1f}" '
+           f'y2="{y}" stroke="#555" stroke-width="1"/>']
+    step = _tick_step(max(e - s for s, e in ts.kept()))
+    last_x = -math.inf
+    for s, e in ts.kept():
+        t = math.ceil(s / step - 1e-9) * step
+        while t <= e + 1e-9:
+            x = _LABEL_W + ts.x(t)
+            if x - last_x >= 36:   # ticks of two stretches must not overprint
+                out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#555"/>'
+                           f'<text x="{x:.1f}" y="{y + 16}" text-anchor="middle">{round(t, 9):g} s</text>')
+                last_x = x
+            t += step
+    for b in ts.breaks:
+        x0, x1 = _LABEL_W + b.x + 4, _LABEL_W + b.x + ts.gap_px - 4
+        mid = (x0 + x1) / 2
+        skipped = f"{skipped_text(b.seconds)} idle"
+        out.append(f'<g class="gap"><title>{_xml(skipped)}: nothing ran (not to scale)</title>'
+                   f'<rect x="{x0 - 4:.1f}" y="{_TOP - 4}" width="{ts.gap_px:.1f}" '
+                   f'height="{y - _TOP + 4}" fill="#f4f4f4"/>'
+                   f'<polyline points="{x0:.1f},{y} {mid - 3:.1f},{y - 5} {mid + 3:.1f},{y + 5} '
+                   f'{x1:.1f},{y}" fill="#fff" stroke="#555"/>'
+                   f'<text x="{mid:.1f}" y="{y + 28}" text-anchor="middle" font-size="10" '
+                   f'fill="#555">{_xml(skipped_text(b.seconds))} skipped</text></g>')
+    return out
+
+
+def _tool_marks(calls: list[dict], t0: float, ts: Any, y: float) -> list[str]:
+    """One dark strip inside a bar per tool call (its title: the tool and how long it took)."""
+    out = []
+    for call in calls:
+        end = float(call.get("ts") or 0.0) - t0
+        took = max(float(call.get("duration_s") or 0.0), 0.0)
+        x0, x1 = _LABEL_W + ts.x(max(end - took, 0.0)), _LABEL_W + ts.x(max(end, 0.0))
+        tip = f"tool {call.get('tool')}: {took:.2f} s" + (" (failed)" if call.get("error") else "")
+        out.append(f'<rect class="tool" x="{x0:.1f}" y="{y + _BAR_H - 5}" '
+                   f'width="{max(x1 - x0, 2.0):.1f}" height="5" fill="#37474f">'
+                   f'<title>{_xml(tip)}</title></rect>')
     return out
 
 
 def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
-                 now: float | None = None) -> str:
+                 now: float | None = None, tool_calls: list[dict] | None = None) -> str:
     """A Gantt chart (SVG text) with one bar per row of `flow.timeline()`.
 
     Bars are coloured by status; nodes on the critical path (given, or by duration from
     the Flow's workflow) are outlined. A running row ends at `now` (default: the clock).
+    Idle stretches (a wait between clicks) are cut out of the axis and marked with the time
+    skipped (see timescale.py); each tool call (given, or the Flow's) is a dark strip inside
+    its node's bar.
     """
+    from .timescale import TimeScale
+
     if hasattr(flow_or_rows, "timeline"):
         rows = flow_or_rows.timeline()
         if critical is None:
             critical = critical_path(flow_or_rows.workflow, "duration")[0]
+        if tool_calls is None and hasattr(flow_or_rows, "tool_calls"):
+            tool_calls = flow_or_rows.tool_calls()
     else:
         rows = list(flow_or_rows)
     rows = [r for r in rows if r.get("start") is not None]
     marked = set(critical or ())
     now = time.time() if now is None else now
-    height = _TOP + len(rows) * _ROW_H + _AXIS_H if rows else _TOP + 24
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
-            f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">')
+    height = _TOP + len(rows) * _ROW_H + _AXIS_H + 14 if rows else _TOP + 24
     if not rows:
-        return f'{head}<text x="10" y="{_TOP + 14}">nothing has run yet</text></svg>'
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
+                f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">'
+                f'<text x="10" y="{_TOP + 14}">nothing has run yet</text></svg>')
     t0 = min(r["start"] for r in rows)
     ends = [(r["end"] if r.get("end") is not None else max(now, r["start"])) for r in rows]
-    span = max(max(ends) - t0, 1e-3)
-    scale = _CHART_W / span
+    ts = TimeScale([(r["start"] - t0, end - t0) for r, end in zip(rows, ends)], _CHART_W)
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
+            f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">')
+    by_node: dict[str, list[dict]] = {}
+    for call in tool_calls or ():
+        by_node.setdefault(str(call.get("node_id")), []).append(call)
     body = []
     for i, (row, end) in enumerate(zip(rows, ends)):
         y = _TOP + i * _ROW_H
@@ -301,14 +346,18 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
         stroke = (f'stroke="{_CRITICAL}" stroke-width="2"' if on_path
                   else 'stroke="#888" stroke-width="0.5"')
         classes = " ".join(["bar", status] + ["critical"] * on_path)
-        x, w = _LABEL_W + (row["start"] - t0) * scale, max((end - row["start"]) * scale, 1.0)
-        tip = f"{node} ({who}): {status}, {end - row['start']:.2f} s"
+        x = _LABEL_W + ts.x(row["start"] - t0)
+        w = max(_LABEL_W + ts.x(end - t0) - x, 1.0)
+        calls = [c for c in by_node.get(node, ()) if c.get("ts") and row["start"] - 1 <= c["ts"] <= end + 1]
+        tools = f", {len(calls)} tool call(s)" if calls else ""
+        tip = f"{node} ({who}): {status}, {end - row['start']:.2f} s{tools}"
         body.append(
             f'<text x="{_LABEL_W - 6}" y="{y + _BAR_H - 2}" text-anchor="end">{_xml(label)}</text>'
             f'<rect id={_attr("bar-" + node)} class={_attr(classes)} x="{x:.1f}" y="{y}" '
             f'width="{w:.1f}" height="{_BAR_H}" rx="2" fill="{STATUS_COLORS.get(status, "#fff")}" '
             f'{stroke}><title>{_xml(tip)}</title></rect>')
-    return "\n".join([head, *body, *_axis(span, _TOP + len(rows) * _ROW_H + 4, scale), "</svg>"])
+        body += _tool_marks(calls, t0, ts, y)
+    return "\n".join([head, *body, *_axis(ts, _TOP + len(rows) * _ROW_H + 4), "</svg>"])
 
 
 # ---------------------------------------------------------------------------------- live view
