@@ -4,9 +4,10 @@ Run -> `flow.run()`, Step -> `flow.step()`, Pause/Resume -> `flow.pause()` / `fl
 Stop -> `flow.stop()`, Prune -> `flow.prune(node)`, Unprune -> `flow.unprune(node)`,
 Downgrade -> `flow.downgrade(node, model)`, Rerun -> `flow.rerun(node)`, Use plan ->
 `flow.use_candidate(i)`; −, Fit and + change only the view (`panel.zoom`, a view.zoom.Zoom:
-`zoom_out()`, `fit()`, `zoom_in()`; the drawing fits the panel's width by default). Show output reads `node.output` (while a node runs, the text it
-streamed so far, `flow.partial_output(node)`: the panel turns `flow.streaming` on); with a
-probe set attached, Importance -> `flow.aimportance()` and Slim -> `flow.aslim(cheaper=...)`
+`zoom_out()`, `fit()`, `zoom_in()`; the drawing fits the panel's width by default). Show
+output reads `node.output` (while a node runs, the text it streamed so far,
+`flow.partial_output(node)`: the panel turns `flow.streaming` on); with a probe set attached,
+Importance -> `flow.aimportance()` and Slim -> `flow.aslim(cheaper=...)`
 (flowmagic.jupyter.slimpanel). When the run ends the result and the deliverable files show.
 `show()` also displays a static copy (the drawing as SVG and PNG, the status as text) that
 the live panel hides while it is there: a reopened or shared notebook still shows the flow.
@@ -292,15 +293,15 @@ class Panel:
     def _set_drawing(self, content: str) -> None:
         self._svg = _svg_only(content)
         self._show_zoomed()
-
-    def _show_zoomed(self) -> None:
-        self.drawing.value = self.zoom.apply(self._svg)
-        self.zoom_label.value = f"<small>{self.zoom.label()}</small>"
         if self._static_handle is not None:
             # The PNG (a second render) only when nothing runs: at the end, after a click.
             self.static.update(content if content.lstrip().startswith("<") else None,
                                png=not self.flow.busy)
             self._static_handle.update(self.static)
+
+    def _show_zoomed(self) -> None:
+        self.drawing.value = self.zoom.apply(self._svg)
+        self.zoom_label.value = f"<small>{self.zoom.label()}</small>"
 
     def show(self) -> None:
         """Display the panel and, beside it, the static copy that outlives the widget."""
