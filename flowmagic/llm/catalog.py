@@ -14,20 +14,16 @@ model pulled into Ollama a minute ago is found. FLOWMAGIC_CHECK_MODELS=0 turns t
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import threading
-import urllib.request
-
 from typing import Any
 
 from ..errors import ConfigError
+from . import discovery
+from .discovery import chat_models
 
 __all__ = ["check_endpoint_model", "listed_models", "chat_models", "enabled", "forget", "warn"]
 
-_NOT_CHAT = re.compile(r"embed|bge|minilm|e5-|gte-|rerank|whisper|tts|clip|nomic|colbert|"
-                       r"dall-e|moderation|davinci|babbage", re.I)
 _SHOWN = 12
 
 _lock = threading.Lock()
@@ -51,21 +47,6 @@ def _where(endpoint: Any) -> str:
     return "the embedded model" if endpoint.local else endpoint.base_url
 
 
-def _fetch(endpoint: Any, timeout: float) -> list[str] | None:
-    request = urllib.request.Request(f"{endpoint.base_url}/models")
-    if endpoint.api_key:
-        request.add_header("Authorization", f"Bearer {endpoint.api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            data = json.loads(response.read(4_000_000))
-    except (OSError, ValueError):
-        return None
-    items = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        return None
-    return [str(m["id"]) for m in items if isinstance(m, dict) and m.get("id")]
-
-
 def listed_models(endpoint: Any, *, fresh: bool = False,
                   timeout: float = 3.0) -> list[str] | None:
     """The model ids `endpoint` (an endpoints.Endpoint) lists (GET /models), or None when
@@ -76,16 +57,11 @@ def listed_models(endpoint: Any, *, fresh: bool = False,
     with _lock:
         if not fresh and key in _lists:
             return list(_lists[key])
-    ids = _fetch(endpoint, timeout)
+    ids = discovery.list_models(endpoint.base_url, timeout, endpoint.api_key)
     if ids is not None:
         with _lock:
             _lists[key] = ids
     return ids
-
-
-def chat_models(ids: list[str]) -> list[str]:
-    """The ids that can run a node (embedding, speech, image and moderation models left out)."""
-    return [m for m in ids if not _NOT_CHAT.search(m)]
 
 
 def _served(name: str, ids: list[str]) -> bool:

@@ -21,11 +21,12 @@ import urllib.request
 from dataclasses import dataclass, field
 
 __all__ = ["Server", "PORTS", "ports", "scan", "found", "chosen", "best_chat_model", "enabled",
-           "forget"]
+           "forget", "list_models", "chat_models"]
 
 PORTS: tuple[tuple[int, str], ...] = ((11434, "Ollama"), (1234, "LM Studio"),
                                       (8080, "llama.cpp"), (8000, "vLLM"))
-_NOT_CHAT = re.compile(r"embed|bge|minilm|e5-|gte-|rerank|whisper|tts|clip|nomic|colbert", re.I)
+_NOT_CHAT = re.compile(r"embed|bge|minilm|e5-|gte-|rerank|whisper|tts|clip|nomic|colbert|"
+                       r"dall-e|moderation|davinci|babbage", re.I)
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([bm])\b", re.I)
 
 _lock = threading.Lock()
@@ -69,10 +70,16 @@ def _size(name: str) -> float:
     return float(m.group(1)) * (1.0 if m.group(2).lower() == "b" else 0.001)
 
 
+def chat_models(ids: list[str]) -> list[str]:
+    """The ids that can run a node (embedding, rerank, speech, image and moderation models
+    left out)."""
+    return [m for m in ids if not _NOT_CHAT.search(m)]
+
+
 def best_chat_model(models: list[str]) -> str | None:
     """The model to plan with: not an embedding/rerank/speech one; an instruct or chat
     name first, then the larger parameter count in the name, then the order listed."""
-    chat = [m for m in models if not _NOT_CHAT.search(m)]
+    chat = chat_models(models)
     if not chat:
         return None
     order = {m: i for i, m in enumerate(chat)}
@@ -88,10 +95,14 @@ def _listening(port: int, timeout: float) -> bool:
         return False
 
 
-def _models(base_url: str, timeout: float) -> list[str] | None:
+def list_models(base_url: str, timeout: float, api_key: str = "") -> list[str] | None:
+    """The model ids an OpenAI-compatible server lists (GET /models), or None when it cannot."""
+    request = urllib.request.Request(f"{base_url}/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(f"{base_url}/models", timeout=timeout) as response:
-            data = json.loads(response.read(1_000_000))
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = json.loads(response.read(4_000_000))
     except (OSError, ValueError):
         return None
     items = data.get("data") if isinstance(data, dict) else None
@@ -107,7 +118,7 @@ def scan(connect_timeout: float = 0.2, http_timeout: float = 0.8) -> list[Server
         if not _listening(port, connect_timeout):
             continue
         base_url = f"http://127.0.0.1:{port}/v1"
-        models = _models(base_url, http_timeout)
+        models = list_models(base_url, http_timeout)
         if models is not None:
             out.append(Server(kind, base_url, models))
     return out
