@@ -344,8 +344,11 @@ class StaticView:
         drawing = self.svg[self.svg.find("<svg"):] if "<svg" in self.svg else ""
         # The live drawing owns the element ids (node-<id>, edge-<a>-<b>): none twice on a page.
         drawing = re.sub(r'(<[^>]*\s)id="', r'\1id="static-', drawing)
+        from .zoom import Zoom
+
+        fitted = Zoom().apply(drawing)   # a big graph fits the width, as the live one does
         data = {"text/plain": text,
-                "text/html": (f'<div class="flowmagic-static {self.css_class}">{drawing}'
+                "text/html": (f'<div class="flowmagic-static {self.css_class}">{fitted}'
                               f"<pre>{html.escape(text)}</pre></div>")}
         if drawing:
             data["image/svg+xml"] = drawing
