@@ -397,3 +397,23 @@ def test_the_working_start_runs_first_for_a_weak_model_and_its_results_are_real(
 def test_starter_setting_is_checked():
     with pytest.raises(flowmagic.errors.ConfigError, match="starter 'yes' must be"):
         Flow.from_dict(PLAN, name="x", starter="yes")
+
+
+def test_a_node_that_fails_after_its_working_start_still_shows_what_the_start_computed(tmp_path):
+    """A cut answer is never done; the working start that ran before it is still real output,
+    so the failed node's export holds that code and its figure (and says it failed)."""
+    import nbformat
+
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Plot the data.", "agent": "analyst"}], "edges": []}
+    with LoopbackServer(responder=lambda body: {"content": "and so on", "finish_reason": "length"}) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="cut", inputs=[CSV], starter="on", max_attempts=1,
+                              continuations=0, update="off", consolidate=False)
+        flow.run()
+    look = flow.workflow.nodes["look"]
+    assert look.status == "failed" and "cut:" in look.error
+    nb = nbformat.read(str(flow.to_notebook(tmp_path / "cut.ipynb")), as_version=4)
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%flow_code cut look"))
+    assert "**failed**" in nb.cells[i - 1].source and "working start" in nb.cells[i - 1].source
+    assert nb.cells[i].outputs[-1]["data"]["image/png"]

@@ -303,6 +303,8 @@ class NodeRunner:
                 break
         if not outcome.ok and outcome.error is None and start is not None:
             _fall_back_on_start(outcome, attempts, start, start_report)
+        if not outcome.ok and start is not None and attempts and not attempts[-1].get("execution"):
+            attempts[-1]["execution"] = start.to_dict()   # it ran: a failed node still shows it
         outcome.attempts = attempts
         if not outcome.ok and outcome.error is None:
             last = attempts[-1] if attempts else {}
