@@ -44,6 +44,10 @@ def _secrets() -> list[str]:
 def _scrub_args(args: tuple, secrets: list[str]) -> tuple:
     """The arguments of one write: no secret in any text, and no lone surrogate (a task
     typed with one would make SQLite refuse the whole write)."""
+    if not secrets:   # the usual case (no key long enough to hide): only the text check
+        return tuple(value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+                     if isinstance(value, str) and not value.isascii() else value
+                     for value in args)
     out = []
     for value in args:
         if isinstance(value, str):
@@ -415,13 +419,15 @@ class Store:
                  latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
                  cached: bool = False, error: str | None = None, run_id: str | None = None,
                  node_id: str | None = None, purpose: str | None = None,
-                 cache_payload: dict | None = None) -> int:
-        """Log one call; with `cache_payload`, also cache it under `cache_key` (same commit)."""
+                 cache_payload: dict | None = None, messages_json: str | None = None) -> int:
+        """Log one call; with `cache_payload`, also cache it under `cache_key` (same commit).
+        `messages_json` is the messages already dumped (valid UTF-8), saving a second dump."""
         return self.log_calls([dict(
             endpoint=endpoint, model=model, messages=messages, params=params, response=response,
             input_tokens=input_tokens, output_tokens=output_tokens, latency_s=latency_s,
             cost_usd=cost_usd, cache_key=cache_key, cached=cached, error=error, run_id=run_id,
-            node_id=node_id, purpose=purpose, cache_payload=cache_payload)])[0]
+            node_id=node_id, purpose=purpose, cache_payload=cache_payload,
+            messages_json=messages_json)])[0]
 
     def log_calls(self, calls: list[dict]) -> list[int]:
         """Log several calls (each the keyword arguments of `log_call`) in one commit; their
@@ -432,7 +438,8 @@ class Store:
         for c in calls:
             response = c.get("response")
             text = None if response is None else _dumps(response)
-            rows.append((now, c["endpoint"], c["model"], _dumps(c["messages"]),
+            rows.append((now, c["endpoint"], c["model"],
+                         c.get("messages_json") or _dumps(c["messages"]),
                          _dumps(c["params"]), text, c.get("input_tokens", 0),
                          c.get("output_tokens", 0), c.get("latency_s", 0.0),
                          c.get("cost_usd", 0.0), c.get("cache_key"), int(c.get("cached", False)),

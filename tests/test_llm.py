@@ -1,6 +1,7 @@
 """The one door to models, over real HTTP to a loopback server (never a patched client)."""
 
 import asyncio
+import hashlib
 import json
 import os
 import socket
@@ -209,6 +210,43 @@ def test_same_call_twice_is_a_cache_hit(loopback, capsys):
     assert cli(["log", "-n", "1", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)[0]
     assert row["model"] == "default:m" and row["output_tokens"] > 0 and row["latency_s"] > 0
+
+
+# Keys made by the code before one JSON dump per call served the key and the log row
+# (commit 6483acc): stores written then must still hit their cache.
+_KEY_MESSAGES = [{"role": "system", "content": "You are the writer."},
+                 {"role": "user", "content": 'R\u00e9sum\u00e9 of \u6570\u636e \u2014 "quoted"\n\tline'}]
+_KEY_PARAMS = {"temperature": 0.2, "seed": 7, "max_tokens": 64, "schema": {
+    "type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "number"}}}}
+
+
+def _key_as_stored(identity, model, messages, params):
+    blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def test_cache_keys_are_byte_identical_to_stored_ones(loopback, flowmagic_home):
+    from flowmagic.llm.client import _messages_json, cache_key
+    stored = "7c45d4cd14afe93e16959c508710ee8828fcd64d136244924faf0517a33d7e6e"
+    _, dumped = _messages_json(_KEY_MESSAGES)
+    assert cache_key("http://127.0.0.1:8080/v1", "loopback", _KEY_MESSAGES, _KEY_PARAMS,
+                     messages_json=dumped) == stored
+    assert cache_key("http://127.0.0.1:8080/v1", "loopback", _KEY_MESSAGES, _KEY_PARAMS) == stored
+    assert cache_key("id", "m", ["only text"], {"embed": True}) == (
+        "a30328d48e97ebf2a2becc57d8861bb58dbb81fb5b1064b4313cf1a6eb4f2fec")
+
+    # Through the door: an answer cached under the old key is found, with no call.
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    llm = fast_llm()
+    params = {"temperature": 0.2, "seed": 7, "max_tokens": 64}
+    old_key = _key_as_stored(loopback.base_url, "m", _KEY_MESSAGES, params)
+    llm.store.cache_put(old_key, {"text": "from an old store", "data": None,
+                                  "finish_reason": "stop", "input_tokens": 3, "output_tokens": 4})
+    reply = llm.complete_sync(_KEY_MESSAGES, temperature=0.2, seed=7, max_tokens=64)
+    assert (reply.cached, reply.text, reply.cache_key) == (True, "from an old store", old_key)
+    assert loopback.calls == 0
+    logged = llm.store.recent_calls(1)[0]
+    assert logged["messages"] == _KEY_MESSAGES and logged["cache_key"] == old_key
 
 
 def test_api_key_never_reaches_the_store(loopback, flowmagic_home):

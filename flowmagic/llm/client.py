@@ -72,9 +72,32 @@ class Reply:
         return asdict(self)
 
 
-def cache_key(identity: str, model: str, messages: list, params: dict) -> str:
-    blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
+def cache_key(identity: str, model: str, messages: list, params: dict, *,
+              messages_json: str | None = None) -> str:
+    """SHA-256 of the JSON of [identity, model, messages, params] (sorted keys).
+
+    `messages_json` is `_messages_json(messages)[1]` when the caller has it: the blob is
+    then joined from the parts, byte for byte the dump of the whole list (a list's items
+    are encoded one by one and joined with ", "), so stored keys still match."""
+    if messages_json is None:
+        blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
+    else:
+        blob = (f"[{json.dumps(identity, ensure_ascii=False)}, "
+                f"{json.dumps(model, ensure_ascii=False)}, {messages_json}, "
+                f"{json.dumps(params, sort_keys=True, ensure_ascii=False)}]")
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()   # lone ones too
+
+
+def _messages_json(messages: list) -> tuple[list, str]:
+    """(messages, their JSON with sorted keys), lone surrogates as U+FFFD in both (see
+    `_valid_unicode`). One dump per call serves the check, the cache key and the log row."""
+    text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # in JSON text they can only be inside strings
+        text = _SURROGATE.sub("\ufffd", text)
+        messages = json.loads(text)
+    return messages, text
 
 
 class ToolsUnsupportedError(EndpointError):
@@ -342,17 +365,20 @@ class LLM:
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        messages = _valid_unicode(messages)   # a lone surrogate cannot go over HTTP as UTF-8
+        # a lone surrogate cannot go over HTTP as UTF-8
+        messages, messages_json = _messages_json(messages)
         endpoint, model_name = _endpoints.resolve(model)
         if not model_name:
             model_name = await self._first_model(endpoint)
         params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
                                     ("max_tokens", max_tokens), ("schema", schema),
                                     ("tools", tools or None)) if v is not None}
-        key = cache_key(endpoint.identity, model_name, messages, params)
+        key = cache_key(endpoint.identity, model_name, messages, params,
+                        messages_json=messages_json)
         model_id = f"{endpoint.name}:{model_name}"
         log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
-                   params=params, cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
+                   messages_json=messages_json, params=params, cache_key=key, run_id=run_id,
+                   node_id=node_id, purpose=purpose)
         if cache:
             hit = self.store.cache_get(key)
             if hit is not None:

@@ -115,13 +115,24 @@ _MIN_SECRET = 12
 _KEY_ENV = ("FLOWMAGIC_API_KEY", "OPENAI_API_KEY")
 
 
+_keys_seen: tuple[tuple, list[str]] = ((), [])
+
+
 def api_keys() -> list[str]:
-    """Every API key flowmagic knows of (configured endpoints and the key variables)."""
-    keys = {os.environ.get(var, "") for var in _KEY_ENV}
+    """Every API key flowmagic knows of (configured endpoints and the key variables).
+
+    Every stored string is scrubbed with these, several times per model call: the list is
+    rebuilt only when a key variable or a configured key has changed."""
+    global _keys_seen
     with _lock:
-        keys.update(e.api_key for e in _configured.values())
-    return sorted((k.strip() for k in keys if len(k.strip()) >= _MIN_SECRET), key=len,
-                  reverse=True)
+        given = (*(os.environ.get(var, "") for var in _KEY_ENV),
+                 *(e.api_key for e in _configured.values()))
+    if given == _keys_seen[0]:
+        return list(_keys_seen[1])
+    keys = {k.strip() for k in given if k and len(k.strip()) >= _MIN_SECRET}
+    found = sorted(keys, key=len, reverse=True)
+    _keys_seen = (given, found)
+    return list(found)
 
 
 def scrub(text: str) -> str:
@@ -270,8 +281,21 @@ def price_of(model: str | None, *, local: bool = False) -> tuple[float, float] |
     if not model:
         return None
     name = model.rsplit("/", 1)[-1].lower()
-    best = max((k for k in PRICES if name.startswith(k.lower())), key=len, default=None)
+    global _price_index
+    known = tuple(PRICES)   # PRICES is public and may be edited: re-index when its keys change
+    if _price_index[0] != known:
+        _price_index = (known, {})
+    matches = _price_index[1]
+    if name not in matches:
+        matches[name] = max((k for k in known if name.startswith(k.lower())), key=len,
+                            default=None)
+    best = matches[name]
     return PRICES[best] if best else None
+
+
+# (the price table's keys, {lower-case model name: its longest matching key}) - one scan
+# of the table per model name, not one per call
+_price_index: tuple[tuple, dict[str, str | None]] = ((), {})
 
 
 def embedding_model(model: str | None, embed_model: str | None = None) -> str | None:
