@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from .sandbox import extract_code, run_code
@@ -51,7 +51,11 @@ class Execution:
     starter: bool = False              # flowmagic's working start, not the model's code
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # asdict's generic deep copy costs more than the rest of a text node's bookkeeping
+        return {"code": self.code, "ran": self.ran, "ok": self.ok, "stdout": self.stdout,
+                "stderr": self.stderr, "error": self.error, "files": list(self.files),
+                "figures": list(self.figures), "saved": list(self.saved),
+                "duration_s": self.duration_s}
 
 
 def _fence_name(info: str) -> str | None:
@@ -189,7 +193,11 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
 
 
 async def aexecute(workspace, node_id: str, answer: str, **kwargs) -> Execution:
-    """`execute` in a worker thread: the event loop (and the UI) keeps running."""
+    """`execute` in a worker thread: the event loop (and the UI) keeps running. An answer
+    with no fence at all has no file to save and no code to run: that is known at once,
+    without the thread hop (most answers of a text workflow)."""
+    if not isinstance(answer, str) or ("```" not in answer and "~~~" not in answer):
+        return Execution()
     return await asyncio.to_thread(execute, workspace, node_id, answer, **kwargs)
 
 

@@ -274,8 +274,9 @@ class NodeRunner:
                                   f"{_RESTART * bool(flow.workspace.example())}\n{ex.stderr[-2500:]}")
                     attempts.append(record)
                     continue
-                if report(ex):
-                    output = f"{text.rstrip()}\n\n{report(ex)}"
+                said = report(record["execution"])
+                if said:
+                    output = f"{text.rstrip()}\n\n{said}"
             if start is not None:   # the working start's real results lead the node's result
                 output = f"{start_report}\n\n{output}"
                 if ex is None or not ex.ran:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy as _copy
 import re
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 import networkx as nx
@@ -109,7 +109,8 @@ class Node:
     execution: dict | None = None   # code run, its outputs, files and figures (flowmagic.execution)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # asdict's generic walk was most of the cost of saving a 10,000-node plan
+        return {name: _json_copy(getattr(self, name)) for name in _NODE_FIELDS}
 
     @classmethod
     def from_dict(cls, d: dict) -> Node:
@@ -138,6 +139,22 @@ class Node:
         return self.end - self.start
 
 
+def _json_copy(value: Any) -> Any:
+    """A copy of a node field, as `dataclasses.asdict` makes it: containers copied all the
+    way down, dataclasses inside turned into dicts, other values shared."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _json_copy(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return kind(_json_copy(v) for v in value)
+    if kind in (str, int, float, bool, _NONE):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return _copy.deepcopy(value)
+
+
+_NODE_FIELDS = tuple(f.name for f in fields(Node))
 _NONE = type(None)
 _NUM = (int, float)
 # Field -> accepted JSON types; bool is excluded from numbers explicitly below.
