@@ -338,3 +338,25 @@ def test_an_id_longer_than_40_characters_is_shortened_with_a_word():
     assert len(long_id) == 41 and node_id == long_id[:40]
     assert any(w.startswith(f"shortened the id {long_id!r}") and "at most 40 characters" in w
                for w in wf.warnings), wf.warnings
+
+
+def test_node_and_execution_dicts_hold_every_field_as_copies():
+    """to_dict is hand-rolled for speed: it must match dataclasses.asdict for every field,
+    including fields added later, and share no container with the object."""
+    from dataclasses import asdict
+
+    from flowmagic.engine.execution import Execution
+    from flowmagic.model.graph import Node
+
+    node = Node(id="a", requirement="r", attempts=[{"x": [1, {"y": 2}], "t": (1, 2)}],
+                pruned_from={"parents": ["b"]}, execution={"files": ["f"]})
+    ex = Execution(code="x", ran=True, files=["a.csv"], figures=["p.png"], saved=["s.py"])
+    for obj in (node, ex):
+        copied = obj.to_dict()
+        assert copied == asdict(obj) and list(copied) == list(asdict(obj))
+    copied = node.to_dict()
+    copied["attempts"][0]["x"][1]["y"] = 3
+    copied["pruned_from"]["parents"].append("c")
+    assert node.attempts[0]["x"][1]["y"] == 2 and node.pruned_from == {"parents": ["b"]}
+    ex.to_dict()["files"].append("b.csv")
+    assert ex.files == ["a.csv"]

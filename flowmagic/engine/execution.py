@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 
 from .sandbox import extract_code, run_code
@@ -51,11 +51,13 @@ class Execution:
     starter: bool = False              # flowmagic's working start, not the model's code
 
     def to_dict(self) -> dict:
-        # asdict's generic deep copy costs more than the rest of a text node's bookkeeping
-        return {"code": self.code, "ran": self.ran, "ok": self.ok, "stdout": self.stdout,
-                "stderr": self.stderr, "error": self.error, "files": list(self.files),
-                "figures": list(self.figures), "saved": list(self.saved),
-                "duration_s": self.duration_s}
+        # asdict's generic deep copy costs more than the rest of a text node's bookkeeping;
+        # the fields are flat values and lists of names, so one level of copy is the same
+        return {name: list(value) if isinstance(value, list) else value
+                for name in _EXECUTION_FIELDS for value in (getattr(self, name),)}
+
+
+_EXECUTION_FIELDS = tuple(f.name for f in fields(Execution))
 
 
 def _fence_name(info: str) -> str | None:
