@@ -721,17 +721,22 @@ class Flow:
 
     # -- batch runs and slimming (flowmagic.ops.batch, flowmagic.ops.slimming) --------------
     def map(self, inputs, concurrency: int | None = 4, scorer: Any = None,
-            engine: Any = "inprocess"):
+            engine: Any = "inprocess", **options: Any):
         """This workflow once per input ({{input}}/{{field}} filled in); a BatchRun in input order.
 
         `engine="dask"` (or a dask.distributed.Client) runs the inputs on Dask and returns a
-        pandas DataFrame in input order (see flowmagic.ops.distributed)."""
+        pandas DataFrame in input order, resumable, with `budget_usd`, `progress`, `rpm` and
+        `requests_at_once` options (see flowmagic.ops.distributed.dask_map)."""
         if engine != "inprocess":
             if scorer is not None:
                 raise ConfigError("map(engine='dask') does not score yet; use the in-process "
                                   "engine (engine='inprocess') with a scorer")
             from .ops import distributed
-            return distributed.dask_map(self, inputs, engine=engine, concurrency=concurrency)
+            return distributed.dask_map(self, inputs, engine=engine, concurrency=concurrency,
+                                        **options)
+        if options:
+            raise ConfigError(f"map() options {sorted(options)} are for engine='dask'; "
+                              "drop them or pass engine='dask'")
         from .ops import batch
         return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
 

@@ -187,7 +187,26 @@ def m002_tools(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_tools]
+def m003_map_inputs(db: sqlite3.Connection) -> None:
+    """The inputs a distributed map finished, by fingerprint (workflow, settings, input), so
+    a map started again skips them."""
+    _script(
+        db,
+        """
+        CREATE TABLE map_inputs (
+            fingerprint TEXT PRIMARY KEY,
+            run_id TEXT,
+            created REAL NOT NULL,
+            item TEXT NOT NULL
+        );
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_tools,
+                                                           m003_map_inputs]
+# The tables that hold one run, and what `export_run` / `merge` copy between stores.
+_RUN_TABLES = ("runs", "nodes", "events", "updates", "calls", "tool_calls", "orchestrator")
 
 
 def _dumps(value: Any) -> str:
@@ -636,6 +655,54 @@ class Store:
         run["updates"] = [self._loads(r["data"], "updates", f"id = {r['id']}") for r in self._query(
             "SELECT id, data FROM updates WHERE run_id = ? ORDER BY id", (run["id"],))]
         return run
+
+    # -- moving runs between stores (a distributed map's workers -> the user's store) ----
+    def export_run(self, run_id: str) -> dict:
+        """Every row of one run (its calls, nodes, events, ...) and the cache entries its
+        calls made, as plain data another store can `merge`."""
+        rows = {t: self._query(f"SELECT * FROM {t} WHERE {'id' if t == 'runs' else 'run_id'} = ?",
+                               (run_id,)) for t in _RUN_TABLES}
+        for table in _RUN_TABLES[1:]:
+            for row in rows[table]:
+                row.pop("id", None)   # a new row id in the store it goes to
+        keys = sorted({c["cache_key"] for c in rows["calls"] if c["cache_key"] and not c["cached"]})
+        rows["cache"] = [r for k in keys for r in self._query("SELECT * FROM cache WHERE key = ?",
+                                                              (k,))]
+        return {"run_id": run_id, "rows": rows}
+
+    def merge(self, export: dict, *, fingerprint: str | None = None,
+              item: Any = None) -> bool:
+        """Write a run exported from another store (and, with `fingerprint`, mark that
+        map input done) in one commit; False when the run was here already (idempotent)."""
+        rows = export["rows"]
+        with self._transaction("merge a worker's run") as db:
+            if fingerprint is not None:
+                db.execute("INSERT OR REPLACE INTO map_inputs (fingerprint, run_id, created, item)"
+                           " VALUES (?,?,?,?)", _scrub_args(
+                               (fingerprint, export["run_id"], time.time(), _dumps(item)),
+                               _secrets()))
+            if db.execute("SELECT 1 FROM runs WHERE id = ?", (export["run_id"],)).fetchone():
+                return False
+            for table in (*_RUN_TABLES, "cache"):
+                if not rows.get(table):
+                    continue
+                names = list(rows[table][0])
+                verb = "INSERT OR IGNORE" if table == "cache" else "INSERT"
+                self._executemany(db, f"{verb} INTO {table} ({', '.join(names)}) VALUES"
+                                  f" ({', '.join('?' * len(names))})",
+                                  [tuple(r[n] for n in names) for r in rows[table]])
+        return True
+
+    def map_done(self, fingerprints: list[str]) -> dict[str, dict]:
+        """fingerprint -> the finished item, for the given map inputs that are done."""
+        out: dict[str, dict] = {}
+        for start in range(0, len(fingerprints), 500):
+            part = fingerprints[start:start + 500]
+            for row in self._query("SELECT fingerprint, item FROM map_inputs WHERE fingerprint"
+                                   f" IN ({', '.join('?' * len(part))})", tuple(part)):
+                out[row["fingerprint"]] = self._loads(
+                    row["item"], "map_inputs", f"fingerprint = '{row['fingerprint']}'")
+        return out
 
     def list_runs(self, n: int = 20) -> list[dict]:
         return self._query(

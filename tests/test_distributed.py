@@ -1,6 +1,15 @@
-"""flow.map(engine="dask"): the batch on a LocalCluster of worker processes, over a loopback server."""
+"""flow.map(engine="dask"): the batch on a LocalCluster of worker processes, over a loopback
+server (real HTTP; the client is never patched). One cluster of 2 workers is shared by the
+module (start-up costs seconds); one test starts its own on demand, as a user's map does."""
 
+import os
+import pathlib
 import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 
 import pandas as pd
 import pytest
@@ -8,41 +17,190 @@ import pytest
 import flowmagic
 from flowmagic.errors import ConfigError
 from flowmagic.flow import Flow
+from flowmagic.ops import distributed
 from flowmagic.ops.distributed import to_inputs
 from flowmagic.testing.loopback import LoopbackServer
 
 pytest.importorskip("dask.distributed")
 
 PLAN = {"nodes": [{"id": "ask", "requirement": "Look up {{city}} in {{year}}"}], "edges": []}
+KEY = "sk-cluster-secret-0123456789abcdef"
+ASKED = re.compile(r"Look up (c\d+) in (\d+)")
 
 
 def echo(body) -> str:
-    found = re.search(r"Look up (\w+) in (\d+)", str(body.get("messages")))
+    found = ASKED.search(str(body.get("messages")))
     return f"found {found.group(1)}/{found.group(2)}" if found else "?"
 
 
-def test_dask_map_of_a_dataframe_returns_every_row_in_input_order():
-    cities = [f"c{i}" for i in range(24)]
-    frame = pd.DataFrame({"city": cities, "year": [2000 + i for i in range(24)]})
+def asked(server) -> list[str]:
+    """The city of every chat request the server received, in arrival order."""
+    return [m.group(1) for r in server.requests if (m := ASKED.search(str(r["body"])))]
 
-    def latency(body):  # early rows answer slowest, so they finish last
-        found = re.search(r"Look up c(\d+)", str(body.get("messages")))
-        return 0.01 * (24 - int(found.group(1))) if found else 0.01
+
+def cities(n: int) -> pd.DataFrame:
+    return pd.DataFrame({"city": [f"c{i}" for i in range(n)], "year": [2000 + i for i in range(n)]})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from dask.distributed import Client, LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=4, processes=True,
+                      dashboard_address=":0") as local, Client(local) as client:
+        yield client
+
+
+def test_200_rows_on_two_workers_complete_in_order_logged_and_resumed_with_zero_calls(cluster):
+    frame = cities(200)
+
+    def latency(body):  # early rows answer slowest, so rows finish out of input order
+        found = ASKED.search(str(body.get("messages")))
+        return 0.002 * (200 - int(found.group(1)[1:])) / 10 if found else 0.0
 
     with LoopbackServer(responder=echo, latency=latency) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
+        flowmagic.configure(base_url=server.base_url, model="m", api_key=KEY)
         flow = Flow.from_dict(PLAN, task="answer questions")
-        out = flow.map(frame, engine="dask")
-        asked = [r for r in server.requests if "Look up" in str(r["body"])]
-    assert list(out["city"]) == cities
-    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(24)]
+        seen = []
+        out = flow.map(frame, engine=cluster, progress=lambda p: seen.append(p.line()))
+        first = asked(server)
+        again = flow.map(frame, engine=cluster, progress=False)
+        second = asked(server)[len(first):]
+    assert list(out["city"]) == list(frame["city"])
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(200)]
     assert list(out["node:ask"]) == list(out["result"])
     assert set(out["status"]) == {"done"} and out["error"].isna().all()
     assert (out["tokens_in"] > 0).all() and (out["time_s"] > 0).all()
-    assert len(asked) == 24   # each input ran once
-    # Answers did not come back in input order: the order was restored, not inherited.
-    finished = sorted(asked, key=lambda r: r["finished"])
-    assert [re.search(r"c(\d+)", str(r["body"])).group(1) for r in finished][:3] != ["0", "1", "2"]
+    assert sorted(first) == sorted(frame["city"])           # each input ran once
+    assert first[:3] != ["c0", "c1", "c2"]   # answers came back out of order; order restored
+    assert seen[-1].startswith("map 200/200 | done 200 | failed 0")
+    # Every call is in the user's store: `flowmagic log` and the runs see the workers' work.
+    calls = flow.store.recent_calls(1000)
+    assert len(calls) == 200 and {c["run_id"] for c in calls} == set(out["run_id"])
+    assert flow.store.load_run(out["run_id"][7])["workflow"]["nodes"][0]["output"] == "found c7/2007"
+    # The same inputs again: zero calls, every row resumed with the same answers.
+    assert second == []
+    assert again["resumed"].all() and list(again["result"]) == list(out["result"])
+    # No key on any worker's disk (stores, spill), in the user's store, nor in the payload.
+    folders = cluster.run(lambda dask_worker: dask_worker.local_directory)
+    files = [p for f in folders.values() for p in pathlib.Path(f).rglob("*") if p.is_file()]
+    files += list(pathlib.Path(os.environ["FLOWMAGIC_HOME"]).rglob("*"))
+    assert any(p.name.endswith(".db") for p in files)
+    assert not [p for p in files if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert KEY.encode() not in distributed.task_payload(flow, distributed._endpoints())
+
+
+def test_killed_worker_mid_map_every_input_done_once(cluster):
+    pids = cluster.run(os.getpid)
+    frame = cities(60)
+    killed = []
+
+    def kill_one(progress):
+        if progress.done >= 12 and not killed:
+            pid = next(iter(pids.values()))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    with LoopbackServer(responder=echo, latency=0.1) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(frame, engine=cluster, concurrency=2, progress=kill_one)
+    assert killed
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(60)]
+    assert set(out["status"]) == {"done"}
+    # Each input is in the user's store once, however often a dead worker's task was retried.
+    runs = [r["id"] for r in flow.store.list_runs(1000) if r["id"] != flow.run_id]
+    assert len(runs) == 60 and set(runs) == set(out["run_id"])
+    assert len(flow.store.recent_calls(1000)) == 60
+    cluster.wait_for_workers(2, timeout=60)   # the nanny restarted it, for the next tests
+
+
+SCRIPT = """
+import flowmagic, pandas as pd
+from flowmagic.flow import Flow
+frame = pd.DataFrame({"city": [f"c{i}" for i in range(40)], "year": [2000 + i for i in range(40)]})
+flow = Flow.from_dict(%r, task="answer questions")
+print("started", flush=True)
+flow.map(frame, engine="dask", concurrency=1, progress=False)
+"""
+
+
+def test_interrupted_driver_then_map_again_skips_finished_inputs(cluster, tmp_path, monkeypatch):
+    with LoopbackServer(responder=echo, latency=0.3) as server:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        env = dict(os.environ, FLOWMAGIC_DASK=cluster.scheduler.address)
+        driver = subprocess.Popen([sys.executable, "-c", SCRIPT % PLAN], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        db = pathlib.Path(os.environ["FLOWMAGIC_HOME"]) / "flowmagic.db"
+        deadline = time.monotonic() + 120
+        done_before = 0
+        while done_before < 6 and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.2)
+            if db.exists():
+                with sqlite3.connect(db) as con:
+                    try:
+                        done_before = con.execute("SELECT COUNT(*) FROM map_inputs").fetchone()[0]
+                    except sqlite3.OperationalError:   # not migrated yet
+                        pass
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=60)
+        assert b"KeyboardInterrupt" in err, err[-2000:]
+        with sqlite3.connect(db) as con:
+            finished = {re.search(r"c\d+", item).group(0)
+                        for (item,) in con.execute("SELECT item FROM map_inputs")}
+        assert 6 <= len(finished) < 40
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(cities(40), engine=cluster, progress=False)
+        every = asked(server)
+    assert all(every.count(city) == 1 for city in finished)   # nothing finished ran again
+    assert set(every) == {f"c{i}" for i in range(40)}
+    assert set(out["status"]) == {"done"} and out["resumed"].sum() >= len(finished)
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(40)]
+
+
+def test_rate_limits_hold_across_the_cluster(cluster):
+    with LoopbackServer(responder=echo, latency=0.3) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(cities(14), engine=cluster, progress=False, rpm=5, window_s=2.0,
+                       requests_at_once=2)
+        chats = [r for r in server.requests if ASKED.search(str(r["body"]))]
+    assert set(out["status"]) == {"done"} and len(chats) == 14
+    arrived = sorted(r["arrived"] for r in chats)
+    # At most 5 in any 2 s window (0.2 s of slack for the trip from lease to server)...
+    assert max(sum(t <= a < t + 1.8 for a in arrived) for t in arrived) <= 5
+    assert arrived[-1] - arrived[0] >= 4.0       # 14 requests at 5 per 2 s: three windows
+    # ... and at most 2 in flight at once, though 2 workers x 4 threads could send 8.
+    spans = [(r["arrived"], r["finished"]) for r in chats]
+    assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) <= 2
+
+
+def test_a_budget_stops_submitting_new_inputs(cluster):
+    from flowmagic.llm import endpoints
+    endpoints.set_prices({"m": (100.0, 100.0)})   # USD per million tokens: ~$0.002 a call
+    with LoopbackServer(responder=echo, latency=0.2) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        lines = []
+        out = flow.map(cities(30), engine=cluster, concurrency=1, budget_usd=0.001,
+                       progress=lambda p: lines.append(p.line()))
+        ran = asked(server)
+    done, skipped = out[out["status"] == "done"], out[out["status"] == "skipped"]
+    assert 1 <= len(done) <= 6 and len(done) + len(skipped) == 30    # the window in flight
+    assert sorted(ran) == sorted(done["city"]) and skipped["error"].str.contains("budget").all()
+    assert "not run (budget $0.001 reached)" in lines[-1]
+
+
+def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():
+    with LoopbackServer(responder=echo) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(cities(6), engine="dask", progress=False)
+        with pytest.raises(ConfigError, match="for engine='dask'"):
+            flow.map(cities(2), budget_usd=1)
+        with pytest.raises(ConfigError, match="finite amount"):
+            flow.map(cities(2), engine="dask", budget_usd=float("nan"))
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(6)]
     # A list is one input per item; a single string is a one-line mistake, not 30 inputs.
     assert to_inputs(["a", "b"]) == (["a", "b"], [])
     with pytest.raises(ConfigError, match="wrap a single input in a list"):

@@ -25,6 +25,7 @@ COLUMNS = {
                    "error", "round", "protocol"],
     "orchestrator": ["id", "run_id", "seq", "turn", "ts", "sender", "recipient", "kind", "content",
                      "tokens_in", "tokens_out", "cost_usd", "cached", "call_id"],
+    "map_inputs": ["fingerprint", "run_id", "created", "item"],
 }
 
 
@@ -33,7 +34,7 @@ def test_schema_is_exact_and_migrations_recorded(tmp_path):
     for table, columns in COLUMNS.items():
         assert store.columns(table) == columns
     names = [r[0] for r in sqlite3.connect(tmp_path / "s.db").execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial", "m002_tools"]
+    assert names == ["m001_initial", "m002_tools", "m003_map_inputs"]
     assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     Store(tmp_path / "s.db")  # opening again applies nothing twice
 
@@ -219,3 +220,21 @@ def test_load_by_name_brings_back_the_real_run_not_a_replay(tmp_path):
     loaded = flowmagic.load("tea", store=store)
     assert loaded.run_id == real.run_id and loaded.origin is None
     assert flowmagic.load(replay.run_id, store=store).origin == "replay"   # by id: that run
+
+
+def test_a_run_merged_from_another_store_is_complete_and_merged_once(tmp_path):
+    worker, user = Store(tmp_path / "w.db"), Store(tmp_path / "u.db")
+    worker.save_run("r1", task="t", workflow={"nodes": [{"id": "a", "output": "x"}]}, name="m[0]")
+    worker.log_call(endpoint="e", model="e:m", messages=[{"role": "user", "content": "q"}],
+                    params={}, response={"text": "x"}, input_tokens=3, output_tokens=2,
+                    cache_key="k1", run_id="r1", node_id="a", cache_payload={"text": "x"})
+    worker.add_event("r1", "done", "a")
+    user.log_call(endpoint="e", model="e:m", messages=[], params={}, run_id="other")
+    dump = worker.export_run("r1")
+    assert user.merge(dump, fingerprint="fp", item={"state": "done"}) is True
+    assert user.merge(dump, fingerprint="fp", item={"state": "done"}) is False   # idempotent
+    assert [c["node_id"] for c in user.recent_calls(run_id="r1")] == ["a"]
+    assert user.count_calls() == 2 and len(user.events("r1")) == 1
+    assert user.load_run("r1")["workflow"]["nodes"][0]["output"] == "x"
+    assert user.cache_get("k1") == {"text": "x"}
+    assert user.map_done(["fp", "nope"]) == {"fp": {"state": "done"}}

@@ -225,6 +225,9 @@ class LLM:
             weakref.WeakKeyDictionary())
         self._sent: deque[float] = deque()
         self._loop_lock = threading.Lock()
+        # A caller-supplied async context manager factory, gate(endpoint), entered around
+        # each request: e.g. limits shared by the workers of a cluster (ops.dask_worker).
+        self.gate: Callable[[Endpoint], Any] | None = None
 
     @property
     def store(self) -> Store:
@@ -331,12 +334,13 @@ class LLM:
         endpoint's own cap (the embedded server serves one request at a time)."""
         await self._pace()
         limit = self._limit(endpoint)
-        async with self._state()["all"]:
-            if limit is None:
-                yield
-            else:
-                async with limit:
-                    yield
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self._state()["all"])
+            if limit is not None:
+                await stack.enter_async_context(limit)
+            if self.gate is not None:
+                await stack.enter_async_context(self.gate(endpoint))
+            yield
 
     async def _pace(self) -> None:
         if not self.rpm:

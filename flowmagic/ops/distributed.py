@@ -2,46 +2,52 @@
 
 Where the engine comes from: a `dask.distributed.Client` passed as `engine=`; else the
 scheduler address in `FLOWMAGIC_DASK` (``tcp://host:8786``); else a LocalCluster of worker
-processes started for this map and closed after it. Dask schedules: one task per input,
-collected with `as_completed`; the driver only puts the rows back in input order.
+processes (one per core) started for this map and closed after it. Dask schedules: one task
+per distinct input; the driver submits them in a window (so a budget can stop it), merges
+each finished input's run into the user's store as it arrives, and puts the rows back in
+input order. What runs on a worker is in flowmagic.ops.dask_worker.
 
-What a task carries: the workflow (pickled), the flow's settings, and the configured
-endpoints and prices, so a worker calls the same models as the driver. The endpoint's key
-is in the payload in memory only. Each worker process keeps one LLM and its own SQLite
-store in a temporary folder (SQLite is not shared over a network); a worker's calls are
-not yet merged into the user's store.
+Resume: each input has a fingerprint (sha256 of the workflow, the settings, the models and
+the input). A finished input is recorded in the user's store in the same commit as its
+merged run, and a map started again (after Ctrl-C, a killed worker, a closed laptop) takes
+it from there instead of running it. The fingerprint is also the task's Dask key, so an
+input given twice runs once, and a task that Dask retries after a worker died is merged
+once.
 
 The answer is a pandas DataFrame, one row per input in input order: the input's fields,
-`result`, `status`, `tokens_in`, `tokens_out`, `cost_usd`, `time_s`, `error`, and one
-`node:<id>` column per node with that node's output.
+`result`, `status`, `tokens_in`, `tokens_out`, `cost_usd`, `time_s`, `error`, `run_id`,
+`resumed`, and one `node:<id>` column per node with that node's output.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import hashlib
+import json
 import os
 import pickle
-import tempfile
-import threading
-from typing import TYPE_CHECKING, Any
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
+from .batch import fresh_copy
 
 if TYPE_CHECKING:
     from ..flow import Flow
 
-__all__ = ["dask_map", "to_inputs", "ENV"]
+__all__ = ["dask_map", "to_inputs", "fingerprint", "MapProgress", "set_default_progress", "ENV", "task_payload"]
 
 ENV = "FLOWMAGIC_DASK"
-ROW_COLUMNS = ("result", "status", "tokens_in", "tokens_out", "cost_usd", "time_s", "error")
+_default_progress: list[Callable[[], Callable[["MapProgress"], None]]] = []
 
 
-# -- the driver ---------------------------------------------------------------------------
+# -- inputs and fingerprints -------------------------------------------------------------
 def to_inputs(inputs: Any) -> tuple[list, list[str]]:
     """(one input per row, the field names) from a list, a pandas or a Dask DataFrame."""
     if hasattr(inputs, "compute") and hasattr(inputs, "npartitions"):
-        inputs = inputs.compute()   # a Dask DataFrame: gathered to the driver for now
+        inputs = inputs.compute()   # a Dask DataFrame: its rows are gathered to the driver
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):
         fields = [str(c) for c in inputs.columns]
         return [{str(k): v for k, v in row.items()} for row in inputs.to_dict("records")], fields
@@ -51,6 +57,85 @@ def to_inputs(inputs: Any) -> tuple[list, list[str]]:
     return list(inputs), []
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def fingerprint(base: str, example: Any) -> str:
+    """sha256 of (what every input shares, this input)."""
+    return hashlib.sha256(f"{base}\n{_canonical(example)}".encode()).hexdigest()
+
+
+def _base(flow: "Flow", endpoints: dict) -> str:
+    """What decides an input's answer besides the input: the workflow, settings and models."""
+    return _canonical({"workflow": fresh_copy(flow.workflow).to_dict(),
+                       "settings": flow.settings,
+                       "endpoints": {n: (e.identity, e.model) for n, e in endpoints.items()}})
+
+
+# -- progress ---------------------------------------------------------------------------
+@dataclass
+class MapProgress:
+    """Where a map stands: what a progress bar or line shows."""
+    total: int
+    done: int = 0
+    failed: int = 0
+    resumed: int = 0
+    skipped: int = 0      # not submitted: the budget was reached
+    cost_usd: float = 0.0
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    dashboard: str | None = None
+    budget_usd: float | None = None
+
+    @property
+    def finished(self) -> int:
+        return self.done + self.failed + self.resumed + self.skipped
+
+    @property
+    def rate(self) -> float:
+        """Inputs run per second (resumed ones excluded)."""
+        elapsed = time.monotonic() - self.started
+        return (self.done + self.failed) / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        left = self.total - self.finished
+        return left / self.rate if self.rate > 0 else None
+
+    def line(self) -> str:
+        eta = "?" if self.eta_s is None else f"{self.eta_s:.0f}s"
+        parts = [f"map {self.finished}/{self.total}", f"done {self.done}",
+                 f"failed {self.failed}", f"resumed {self.resumed}",
+                 f"{self.rate:.2f}/s", f"${self.cost_usd:.4f}", f"ETA {eta}"]
+        if self.skipped:
+            parts.append(f"{self.skipped} not run (budget ${self.budget_usd:g} reached)")
+        return " | ".join(parts)
+
+
+def _print_line(progress: MapProgress) -> None:
+    end = "\n" if progress.finished == progress.total else ""
+    print(f"\r{progress.line()}", end=end, file=sys.stderr, flush=True)
+
+
+def set_default_progress(factory: Callable[[], Callable[[MapProgress], None]] | None) -> None:
+    """Who shows a map's progress when the caller does not say (the notebook extension
+    registers its ipywidgets bar here; without it, a line on stderr)."""
+    _default_progress.clear()
+    if factory is not None:
+        _default_progress.append(factory)
+
+
+def _reporter(progress: Any) -> Callable[[MapProgress], None]:
+    if progress is None or progress is True:
+        return _default_progress[0]() if _default_progress else _print_line
+    if progress is False:
+        return lambda p: None
+    if callable(progress):
+        return progress
+    raise ConfigError(f"progress={progress!r}: give True, False or a function(MapProgress)")
+
+
+# -- the cluster ----------------------------------------------------------------------------
 def _client(engine: Any, threads: int):
     """(Client, cluster we started or None) for `engine`."""
     from dask.distributed import Client, LocalCluster
@@ -67,97 +152,162 @@ def _client(engine: Any, threads: int):
         except OSError as exc:
             raise ConfigError(f"{ENV}={address} : no Dask scheduler answered ({exc}); start one "
                               f"(`dask scheduler`) or unset {ENV} for a local cluster") from None
-    cluster = LocalCluster(n_workers=min(2, os.cpu_count() or 1), threads_per_worker=threads,
-                           processes=True, dashboard_address=None)
+    cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=threads,
+                           processes=True, dashboard_address=":0")
     return Client(cluster), cluster
 
 
-def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: int | None = 4):
-    """Run the flow's workflow once per input on Dask; a DataFrame in input order."""
-    import pandas as pd
-    from dask.distributed import as_completed
-
+def _endpoints() -> dict:
+    """The endpoints a worker needs: the configured ones, and the default as resolved here
+    (from the environment, say), so workers call what the driver would."""
     from ..llm import endpoints
+
+    found = dict(endpoints._configured)
+    if "default" not in found:
+        default = endpoints.resolve_default()
+        if not default.local:
+            found["default"] = default
+    return found
+
+
+# -- the map ------------------------------------------------------------------------------------
+def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
+                 at_once: int | None = None, window_s: float = 60.0) -> bytes:
+    """What every task of a map shares (pickled once, scattered to the workers): the
+    workflow, settings, endpoints with their keys blanked (the keys go in a KeyPlugin),
+    prices and cluster-wide limits."""
+    from ..llm import endpoints
+
+    return pickle.dumps({
+        "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
+        "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
+        "prices": dict(endpoints.PRICES), "llm_concurrency": flow.llm.concurrency,
+        "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s})
+
+
+def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: int | None = 4,
+             budget_usd: float | None = None, progress: Any = None, rpm: int | None = None,
+             requests_at_once: int | None = None, window_s: float = 60.0):
+    """Run the flow's workflow once per input on Dask; a DataFrame in input order.
+
+    `concurrency`: inputs at once per worker; `rpm` / `requests_at_once`: per endpoint,
+    across the whole cluster; `budget_usd`: no new input is submitted once the list-price
+    cost of this map reaches it; `progress`: True (a bar or a line), False, or a function
+    called with a MapProgress after each input."""
+    import pandas as pd
 
     rows, fields = to_inputs(inputs)
     if not rows:
         raise ConfigError("map() needs at least one input")
     if concurrency is not None and int(concurrency) < 1:
         raise ConfigError("concurrency must be at least 1 (or None for no limit)")
-    payload = pickle.dumps({"workflow": flow.workflow, "name": flow.name,
-                            "settings": flow.settings,
-                            "endpoints": dict(endpoints._configured),
-                            "prices": dict(endpoints.PRICES)})
-    tag = hashlib.sha256(payload).hexdigest()[:12]
-    client, cluster = _client(engine, int(concurrency or 4))
+    for name, value in (("rpm", rpm), ("requests_at_once", requests_at_once)):
+        if value is not None and int(value) < 1:
+            raise ConfigError(f"{name} must be at least 1 (or None for no limit)")
+    if budget_usd is not None and not (float(budget_usd) >= 0 and float(budget_usd) < float("inf")):
+        raise ConfigError(f"budget_usd={budget_usd!r}: give a finite amount of dollars >= 0")
+    found = _endpoints()
+    base = _base(flow, found)
+    prints = [fingerprint(base, x) for x in rows]
+    items: dict[str, dict] = {fp: dict(item, resumed=True)
+                              for fp, item in flow.store.map_done(list(dict.fromkeys(prints))).items()}
+    todo = [fp for fp in dict.fromkeys(prints) if fp not in items]
+    state = MapProgress(total=len(rows), budget_usd=budget_usd,
+                        resumed=sum(fp in items for fp in prints))
+    report = _reporter(progress)
+    if todo:
+        payload = task_payload(flow, found, rpm=rpm, at_once=requests_at_once,
+                               window_s=window_s)
+        tag = hashlib.sha256(payload).hexdigest()[:16]
+        keys = {n: e.api_key for n, e in found.items() if e.api_key}
+        first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
+        _run(flow, todo, [rows[first[fp]] for fp in todo], [first[fp] for fp in todo], payload,
+             tag, keys, items, state, report, engine, int(concurrency or 4), budget_usd)
+        state.skipped = sum(fp not in items for fp in prints)
+    report(state)
+    return _frame(pd, rows, fields, [items.get(fp) for fp in prints], prints)
+
+
+def _run(flow, todo, examples, indices, payload, tag, keys, items, state, report, engine,
+         threads, budget_usd) -> None:
+    """Submit `todo` in a window, merge each result as it arrives, until all are back."""
+    from dask.distributed import as_completed
+
+    from .dask_worker import KeyPlugin, run_input
+
+    client, cluster = _client(engine, threads)
+    if "dashboard" in client.scheduler_info().get("services", {}):
+        state.dashboard = client.dashboard_link
+    plugin = KeyPlugin(tag, keys)
+    pending: dict[Any, str] = {}
     try:
-        shipped = client.scatter(payload, broadcast=True)
-        futures = [client.submit(_run_input, shipped, tag, i, x, key=f"flowmagic-{tag}-{i}",
-                                 pure=False)
-                   for i, x in enumerate(rows)]
-        items: list[dict | None] = [None] * len(rows)
-        for future in as_completed(futures):
-            item = future.result()
-            items[item["index"]] = item
+        client.register_plugin(plugin, name=plugin.name)
+        shipped = client.scatter(payload, broadcast=True, hash=False)
+        window = max(2, 2 * threads * max(1, len(client.scheduler_info()["workers"])))
+        queue = list(zip(todo, examples, indices))
+        running = as_completed()
+
+        def submit_more() -> None:
+            while queue and len(pending) < window:
+                if budget_usd is not None and state.cost_usd >= budget_usd:
+                    queue.clear()   # the rows left are reported as not run
+                    return
+                fp, example, index = queue.pop(0)
+                future = client.submit(run_input, shipped, tag, fp, index, example,
+                                       key=f"flowmagic-{fp[:32]}", retries=2)
+                pending[future] = fp
+                running.add(future)
+
+        submit_more()
+        for future in running:
+            fp = pending.pop(future)
+            _collect(flow, future, fp, items, state)
+            report(state)
+            submit_more()
     finally:
+        if pending:
+            client.cancel(list(pending))
+        try:
+            client.unregister_worker_plugin(plugin.name)
+        except Exception:   # a closed or restarted cluster forgets its plugins anyway
+            pass
         if cluster is not None:
             client.close()
             cluster.close()
-    return _frame(pd, rows, fields, items)
 
 
-def _frame(pd, rows: list, fields: list[str], items: list[dict]):
+def _collect(flow, future, fp: str, items: dict, state: MapProgress) -> None:
+    """Merge one finished input into the user's store (done ones marked for resume)."""
+    try:
+        result = future.result()
+    except Exception as exc:   # the task itself broke (a bug, or its workers kept dying)
+        items[fp] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        state.failed += 1
+        return
+    item = result["item"]
+    done = item["state"] == "done"
+    flow.store.merge(result["export"], fingerprint=fp if done else None, item=item)
+    items[fp] = item
+    state.cost_usd += float(item.get("cost_usd") or 0.0)
+    if done:
+        state.done += 1
+    else:
+        state.failed += 1
+
+
+def _frame(pd, rows: list, fields: list[str], items: list[dict | None], prints: list[str]):
     node_ids: list[str] = []
     for item in items:
-        node_ids += [n for n in item["outputs"] if n not in node_ids]
+        node_ids += [n for n in (item or {}).get("outputs", {}) if n not in node_ids]
     table = []
     for example, item in zip(rows, items):
+        item = item or {"state": "skipped", "error": "not run: the map's budget was reached"}
         row = dict(example) if fields else {"input": example}
-        row.update(result=item["result"], status=item["state"], tokens_in=item["tokens_in"],
-                   tokens_out=item["tokens_out"], cost_usd=item["cost_usd"],
-                   time_s=item["duration_s"], error=item["error"])
-        row.update({f"node:{n}": item["outputs"].get(n) for n in node_ids})
+        row.update(result=item.get("result"), status=item["state"],
+                   tokens_in=item.get("tokens_in", 0), tokens_out=item.get("tokens_out", 0),
+                   cost_usd=item.get("cost_usd", 0.0), time_s=item.get("duration_s", 0.0),
+                   error=item.get("error"), run_id=item.get("run_id"),
+                   resumed=bool(item.get("resumed")))
+        row.update({f"node:{n}": (item.get("outputs") or {}).get(n) for n in node_ids})
         table.append(row)
     return pd.DataFrame(table)
-
-
-# -- a worker -------------------------------------------------------------------------------
-_worker_lock = threading.Lock()
-_worker_flows: dict[str, Any] = {}   # payload tag -> (parent Flow, workflow) in this process
-
-
-def _worker_flow(payload: bytes, tag: str):
-    """This worker's Flow for a payload: its own LLM and a store file of its own."""
-    with _worker_lock:
-        if tag not in _worker_flows:
-            from ..flow import Flow
-            from ..llm import endpoints
-            from ..llm.client import LLM
-            from ..store import Store
-
-            spec = pickle.loads(payload)
-            with endpoints._lock:
-                endpoints._configured.clear()
-                endpoints._configured.update(spec["endpoints"])
-            endpoints.PRICES.update(spec["prices"])
-            folder = tempfile.mkdtemp(prefix="flowmagic-worker-")
-            store = Store(os.path.join(folder, "flowmagic.db"))
-            flow = Flow(spec["workflow"], name=spec["name"], llm=LLM(store), store=store,
-                        save=False, **{k: v for k, v in spec["settings"].items()})
-            _worker_flows[tag] = flow
-        return _worker_flows[tag]
-
-
-def _run_input(payload: bytes, tag: str, index: int, example: Any) -> dict:
-    """One input on this worker (a Dask task): the batch Item as a dict."""
-    from .batch import run_one
-
-    flow = _worker_flow(payload, tag)
-
-    async def one():
-        try:
-            return await run_one(flow, flow.workflow, example, index)
-        finally:
-            await flow.llm.aclose()
-
-    return asyncio.run(one()).to_dict()
