@@ -324,6 +324,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_map(args: argparse.Namespace) -> int:
+    from .flow import load
+    from .ops.distributed import write_results
+
+    flow = load(args.run)
+    out = Path(args.out or f"{flow.name}.map.csv")
+    options = {k: v for k, v in (("budget_usd", args.budget_usd), ("rpm", args.rpm),
+                                 ("requests_at_once", args.at_once)) if v is not None}
+    frame = flow.map_file(args.data, engine="dask", concurrency=args.concurrency, **options)
+    write_results(frame, out)
+    counts = frame["status"].value_counts().to_dict()
+    print(f"wrote {out}: {len(frame)} rows, " + ", ".join(f"{n} {s}" for s, n in counts.items())
+          + f"; ${frame['cost_usd'].sum():.4f} list price (`flowmagic log` shows the calls)")
+    return 0 if counts.get("done", 0) == len(frame) else 1
+
+
 def cmd_templates(args: argparse.Namespace) -> int:
     from .ops.nbrun import templates
 
@@ -533,6 +549,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="then run it in a kernel: text nodes replay, code cells run again in the sandbox")
     export.add_argument("--timeout", type=float, default=1800, help="seconds per notebook cell")
     export.set_defaults(func=cmd_export)
+
+    mp = sub.add_parser("map", help="run a stored flow once per row of a data file on Dask",
+                        description="Run the workflow of RUN once per row of DATA (.csv, "
+                        ".parquet or .jsonl; columns fill {{field}}) on Dask: a LocalCluster, "
+                        "or the scheduler in FLOWMAGIC_DASK. Resumable: rows already done are "
+                        "not run again. Writes one row per input to OUT.")
+    mp.add_argument("run", metavar="RUN", help="run id or flow name (see `flowmagic log`)")
+    mp.add_argument("data", metavar="DATA")
+    mp.add_argument("--out", help="results file, .csv/.parquet/.jsonl (default NAME.map.csv)")
+    mp.add_argument("--concurrency", type=int, default=4, help="inputs at once per worker")
+    mp.add_argument("--budget-usd", type=float, help="stop submitting once this is spent")
+    mp.add_argument("--rpm", type=int, help="requests per minute per endpoint, cluster-wide")
+    mp.add_argument("--at-once", type=int, help="requests in flight per endpoint, cluster-wide")
+    mp.set_defaults(func=cmd_map)
 
     log = sub.add_parser("log", help="recent model calls, newest first")
     log.add_argument("-n", type=int, default=10, help="how many calls (default 10)")

@@ -740,6 +740,12 @@ class Flow:
         from .ops import batch
         return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
 
+    def map_file(self, path, engine: Any = "dask", **options: Any):
+        """`map` over the rows of a .csv, .parquet or .jsonl file (columns as {{field}});
+        a DataFrame in row order (`flowmagic map` and `%flow map` call this)."""
+        from .ops import distributed
+        return self.map(distributed.read_inputs(path), engine=engine, **options)
+
     async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
         from .ops import batch
         return await batch.amap(self, inputs, concurrency=concurrency, scorer=scorer)

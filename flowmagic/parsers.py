@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "cost": (("NAME",), "tokens and USD of a flow, by node and purpose"),
     "timeline": (("NAME",), "when each node ran (a Gantt chart)"),
     "export": (("NAME", "PATH"), "write the executed flow as a notebook"),
+    "map": (("NAME", "DATA"), "run a flow once per row of DATA (.csv/.parquet/.jsonl) on Dask"),
     "eval": (("NAME", "GOLD.json"), "score a flow's plan against a gold task graph"),
     "importance": (("NAME",), "rank a flow's nodes on its probe set (flow.attach_probe)"),
     "slim": (("NAME", "[--cheaper A=B,...]", "[--tau T]"),

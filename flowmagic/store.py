@@ -704,6 +704,10 @@ class Store:
                     row["item"], "map_inputs", f"fingerprint = '{row['fingerprint']}'")
         return out
 
+    def map_fingerprints(self) -> set[str]:
+        """The fingerprints of every finished map input."""
+        return {r["fingerprint"] for r in self._query("SELECT fingerprint FROM map_inputs")}
+
     def list_runs(self, n: int = 20) -> list[dict]:
         return self._query(
             "SELECT id, name, task, status, created, updated FROM runs"

@@ -191,6 +191,65 @@ def test_a_budget_stops_submitting_new_inputs(cluster):
     assert "not run (budget $0.001 reached)" in lines[-1]
 
 
+def test_flowmagic_map_command_and_flow_map_magic_on_a_data_file(cluster, tmp_path, monkeypatch,
+                                                                  capsys):
+    from conftest import ipython_shell
+    from flowmagic.cli import main
+    from flowmagic.jupyter.mapbar import map_progress_bar
+
+    cities(8).to_csv(tmp_path / "in.csv", index=False)
+    cities(3).to_json(tmp_path / "in.jsonl", orient="records", lines=True)
+    monkeypatch.setenv("FLOWMAGIC_DASK", cluster.scheduler.address)
+    with LoopbackServer(responder=echo) as server:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        flow = Flow.from_dict(PLAN, task="answer questions", name="lookup")
+        assert main(["map", "lookup", str(tmp_path / "in.csv"), "--out",
+                     str(tmp_path / "out.jsonl")]) == 0
+        printed = capsys.readouterr()
+        assert main(["map", "lookup", str(tmp_path / "in.txt")]) == 1
+        bad = capsys.readouterr().err
+        with ipython_shell() as ip:
+            ip.user_ns["lookup"] = flow
+            frame = ip.run_line_magic("flow", f"map lookup {tmp_path / 'in.jsonl'}")
+    out = pd.read_json(tmp_path / "out.jsonl", lines=True)
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(8)]
+    assert "wrote" in printed.out and "8 done" in printed.out
+    assert "map 8/8 | done 8" in printed.err
+    assert bad.strip().splitlines() == [
+        f"flowmagic: {tmp_path / 'in.txt'}: give the inputs as .csv, .parquet or .jsonl "
+        "(one input per row, columns as {{field}})"]
+    assert list(frame["result"]) == [f"found c{i}/{2000 + i}" for i in range(3)]
+    assert frame["resumed"].all()            # the same rows as the command's first three
+    # The notebook's bar: shown once, then kept current with the progress line.
+    shown = []
+    update = map_progress_bar(shown.append)
+    state = distributed.MapProgress(total=4, done=3, failed=1, dashboard="http://h:8787/status")
+    update(state)
+    update(state)
+    bar, text = shown[0].children
+    assert len(shown) == 1 and (bar.value, bar.max, bar.bar_style) == (4, 4, "danger")
+    assert "done 3 | failed 1" in text.value and 'href="http://h:8787/status"' in text.value
+
+
+def test_a_dask_dataframe_runs_partition_by_partition_and_resumes(cluster):
+    import dask.dataframe as dd
+
+    frame = dd.from_pandas(cities(20), npartitions=4)
+    with LoopbackServer(responder=echo) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(frame, engine=cluster, progress=False)
+        first = asked(server)
+        again = flow.map(frame, engine=cluster, progress=False)
+        second = asked(server)[len(first):]
+    assert list(out["city"]) == [f"c{i}" for i in range(20)]
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(20)]
+    assert sorted(first) == sorted(out["city"]) and second == []
+    assert again["resumed"].all() and list(again["result"]) == list(out["result"])
+    assert len(flow.store.recent_calls(100)) == 20
+
+
 def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():
     with LoopbackServer(responder=echo) as server:
         flowmagic.configure(base_url=server.base_url, model="m")

@@ -416,6 +416,17 @@ class FlowMagics(Magics):
         bound = bind_slimmed(self.shell.user_ns, name, slim)
         return slim_report(report, name, bound, run=flow.run_id)
 
+    def handle_map(self, name: str, data: str):
+        """Run a flow once per row of a data file on Dask; the result DataFrame."""
+        flow = self._flow(name)
+        progress = None
+        if self._in_kernel():
+            from IPython.display import display
+
+            from .mapbar import map_progress_bar
+            progress = map_progress_bar(display)
+        return flow.map_file(data, progress=progress)
+
     def handle_eval(self, name: str, gold: str) -> Report:
         from ..evaluate.run import compare_flow, format_scores
 

@@ -18,6 +18,7 @@ a downgraded node is priced at the cheap model's prices.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import math
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Item", "BatchRun", "Probe", "Evaluation", "amap", "evaluate", "probe_set",
            "instantiate", "fresh_copy", "sinks", "exact_match", "contains", "LLMJudge",
-           "get_scorer", "score", "price_call", "run_sync", "gather_all", "EXPECTED_KEYS"]
+           "get_scorer", "score", "price_call", "run_sync", "gather_all", "EXPECTED_KEYS",
+           "canonical", "fingerprint"]
 
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 EXPECTED_KEYS = ("expected", "answer", "target")
@@ -97,6 +99,17 @@ def instantiate(workflow: Workflow, example: Any, index: int = 0) -> Workflow:
     if not used:
         wf.task = f"{wf.task}\n\nInput:\n{values['input']}".strip()
     return wf
+
+
+def canonical(value: Any) -> str:
+    """One JSON text per value (keys sorted; numpy numbers and the like as their str)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def fingerprint(base: str, example: Any) -> str:
+    """sha256 of (what every input of a batch shares, this input): a batch input's identity,
+    so a distributed map started again skips the inputs it already finished."""
+    return hashlib.sha256(f"{base}\n{canonical(example)}".encode()).hexdigest()
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-__all__ = ["KeyPlugin", "ClusterGate", "run_input"]
+__all__ = ["KeyPlugin", "ClusterGate", "run_input", "run_partition"]
 
 _lock = threading.Lock()
 _keys: dict[str, dict[str, str]] = {}   # payload tag -> endpoint name -> key (memory only)
@@ -127,18 +127,49 @@ def _flow(payload: bytes, tag: str):
         return flow
 
 
-def run_input(payload: bytes, tag: str, fingerprint: str, index: int, example: Any) -> dict:
-    """One input (a Dask task): its batch Item as a dict and every row of its run."""
+async def _one(flow, fingerprint: str, index: int, example: Any) -> dict:
     from .batch import run_one
 
+    item = await run_one(flow, flow.workflow, example, index)
+    return {"fingerprint": fingerprint, "item": item.to_dict(),
+            "export": flow.store.export_run(item.run_id)}
+
+
+def run_input(payload: bytes, tag: str, fingerprint: str, index: int, example: Any) -> dict:
+    """One input (a Dask task): its batch Item as a dict and every row of its run."""
     flow = _flow(payload, tag)
 
-    async def one():
+    async def main():
         try:
-            return await run_one(flow, flow.workflow, example, index)
+            return [await _one(flow, fingerprint, index, example)]
         finally:
             await flow.llm.aclose()
 
-    item = asyncio.run(one())
-    return {"fingerprint": fingerprint, "item": item.to_dict(),
-            "export": flow.store.export_run(item.run_id)}
+    return {"results": asyncio.run(main())}
+
+
+def run_partition(payload: bytes, tag: str, base: str, done: set, frame: Any, number: int,
+                  concurrency: int) -> dict:
+    """One partition of a Dask DataFrame, on the worker that holds it: its rows, and per
+    row the result of `run_input` (or a resumed marker for a row already done)."""
+    from .batch import fingerprint
+
+    flow = _flow(payload, tag)
+    rows = [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
+    prints = [fingerprint(base, x) for x in rows]
+
+    async def main():
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> dict:
+            if prints[i] in done:
+                return {"fingerprint": prints[i], "resumed": True}
+            async with gate:
+                return await _one(flow, prints[i], number * 1_000_000 + i, rows[i])
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(len(rows))))
+        finally:
+            await flow.llm.aclose()
+
+    return {"rows": rows, "results": asyncio.run(main())}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import pickle
 import sys
@@ -32,22 +31,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
-from .batch import fresh_copy
+from .batch import canonical, fingerprint, fresh_copy
 
 if TYPE_CHECKING:
     from ..flow import Flow
 
-__all__ = ["dask_map", "to_inputs", "fingerprint", "MapProgress", "set_default_progress", "ENV", "task_payload"]
+__all__ = ["dask_map", "to_inputs", "MapProgress", "read_inputs", "write_results",
+           "ENV", "task_payload"]
 
 ENV = "FLOWMAGIC_DASK"
-_default_progress: list[Callable[[], Callable[["MapProgress"], None]]] = []
+READERS = {".csv": "read_csv", ".parquet": "read_parquet", ".jsonl": "read_json"}
 
 
 # -- inputs and fingerprints -------------------------------------------------------------
 def to_inputs(inputs: Any) -> tuple[list, list[str]]:
-    """(one input per row, the field names) from a list, a pandas or a Dask DataFrame."""
-    if hasattr(inputs, "compute") and hasattr(inputs, "npartitions"):
-        inputs = inputs.compute()   # a Dask DataFrame: its rows are gathered to the driver
+    """(one input per row, the field names) from a list or a pandas DataFrame."""
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):
         fields = [str(c) for c in inputs.columns]
         return [{str(k): v for k, v in row.items()} for row in inputs.to_dict("records")], fields
@@ -57,18 +55,42 @@ def to_inputs(inputs: Any) -> tuple[list, list[str]]:
     return list(inputs), []
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+def read_inputs(path: str | os.PathLike):
+    """A pandas DataFrame from a .csv, .parquet or .jsonl file (one input per row)."""
+    import pandas as pd
+
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in READERS:
+        raise ConfigError(f"{path}: give the inputs as .csv, .parquet or .jsonl (one input "
+                          "per row, columns as {{field}})")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such file; check the path")
+    try:
+        return getattr(pd, READERS[suffix])(path, **({"lines": True} if suffix == ".jsonl" else {}))
+    except (ValueError, OSError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: cannot read it as {suffix[1:]} ({first}); fix the file") from None
 
 
-def fingerprint(base: str, example: Any) -> str:
-    """sha256 of (what every input shares, this input)."""
-    return hashlib.sha256(f"{base}\n{_canonical(example)}".encode()).hexdigest()
+def write_results(frame: Any, path: str | os.PathLike) -> None:
+    """Write a map's result frame as .csv, .parquet or .jsonl (by the file's suffix)."""
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    elif suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True, force_ascii=False)
+    else:
+        raise ConfigError(f"{path}: results are written as .csv, .parquet or .jsonl; "
+                          "choose one of those suffixes")
 
 
 def _base(flow: "Flow", endpoints: dict) -> str:
     """What decides an input's answer besides the input: the workflow, settings and models."""
-    return _canonical({"workflow": fresh_copy(flow.workflow).to_dict(),
+    return canonical({"workflow": fresh_copy(flow.workflow).to_dict(),
                        "settings": flow.settings,
                        "endpoints": {n: (e.identity, e.model) for n, e in endpoints.items()}})
 
@@ -117,17 +139,9 @@ def _print_line(progress: MapProgress) -> None:
     print(f"\r{progress.line()}", end=end, file=sys.stderr, flush=True)
 
 
-def set_default_progress(factory: Callable[[], Callable[[MapProgress], None]] | None) -> None:
-    """Who shows a map's progress when the caller does not say (the notebook extension
-    registers its ipywidgets bar here; without it, a line on stderr)."""
-    _default_progress.clear()
-    if factory is not None:
-        _default_progress.append(factory)
-
-
 def _reporter(progress: Any) -> Callable[[MapProgress], None]:
     if progress is None or progress is True:
-        return _default_progress[0]() if _default_progress else _print_line
+        return _print_line
     if progress is False:
         return lambda p: None
     if callable(progress):
@@ -185,20 +199,11 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
         "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s})
 
 
-def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: int | None = 4,
-             budget_usd: float | None = None, progress: Any = None, rpm: int | None = None,
-             requests_at_once: int | None = None, window_s: float = 60.0):
-    """Run the flow's workflow once per input on Dask; a DataFrame in input order.
+def _is_dask_frame(inputs: Any) -> bool:
+    return hasattr(inputs, "npartitions") and hasattr(inputs, "to_delayed")
 
-    `concurrency`: inputs at once per worker; `rpm` / `requests_at_once`: per endpoint,
-    across the whole cluster; `budget_usd`: no new input is submitted once the list-price
-    cost of this map reaches it; `progress`: True (a bar or a line), False, or a function
-    called with a MapProgress after each input."""
-    import pandas as pd
 
-    rows, fields = to_inputs(inputs)
-    if not rows:
-        raise ConfigError("map() needs at least one input")
+def _check(concurrency, rpm, requests_at_once, budget_usd) -> None:
     if concurrency is not None and int(concurrency) < 1:
         raise ConfigError("concurrency must be at least 1 (or None for no limit)")
     for name, value in (("rpm", rpm), ("requests_at_once", requests_at_once)):
@@ -206,96 +211,158 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
             raise ConfigError(f"{name} must be at least 1 (or None for no limit)")
     if budget_usd is not None and not (float(budget_usd) >= 0 and float(budget_usd) < float("inf")):
         raise ConfigError(f"budget_usd={budget_usd!r}: give a finite amount of dollars >= 0")
+
+
+def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: int | None = 4,
+             budget_usd: float | None = None, progress: Any = None, rpm: int | None = None,
+             requests_at_once: int | None = None, window_s: float = 60.0):
+    """Run the flow's workflow once per input on Dask; a DataFrame in input order.
+
+    `concurrency`: inputs at once per worker; `rpm` / `requests_at_once`: per endpoint,
+    across the whole cluster; `budget_usd`: no new input is submitted once the list-price
+    cost of this map reaches it; `progress`: True (a line on stderr), False, or a function
+    called with a MapProgress after each result. A Dask DataFrame is run partition by
+    partition where each partition is (its rows are not gathered to the driver first)."""
+    import pandas as pd
+
+    _check(concurrency, rpm, requests_at_once, budget_usd)
     found = _endpoints()
     base = _base(flow, found)
-    prints = [fingerprint(base, x) for x in rows]
-    items: dict[str, dict] = {fp: dict(item, resumed=True)
-                              for fp, item in flow.store.map_done(list(dict.fromkeys(prints))).items()}
-    todo = [fp for fp in dict.fromkeys(prints) if fp not in items]
-    state = MapProgress(total=len(rows), budget_usd=budget_usd,
-                        resumed=sum(fp in items for fp in prints))
+    threads = int(concurrency or 4)
     report = _reporter(progress)
-    if todo:
-        payload = task_payload(flow, found, rpm=rpm, at_once=requests_at_once,
-                               window_s=window_s)
-        tag = hashlib.sha256(payload).hexdigest()[:16]
-        keys = {n: e.api_key for n, e in found.items() if e.api_key}
-        first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
-        _run(flow, todo, [rows[first[fp]] for fp in todo], [first[fp] for fp in todo], payload,
-             tag, keys, items, state, report, engine, int(concurrency or 4), budget_usd)
-        state.skipped = sum(fp not in items for fp in prints)
-    report(state)
-    return _frame(pd, rows, fields, [items.get(fp) for fp in prints], prints)
-
-
-def _run(flow, todo, examples, indices, payload, tag, keys, items, state, report, engine,
-         threads, budget_usd) -> None:
-    """Submit `todo` in a window, merge each result as it arrives, until all are back."""
-    from dask.distributed import as_completed
-
-    from .dask_worker import KeyPlugin, run_input
-
-    client, cluster = _client(engine, threads)
-    if "dashboard" in client.scheduler_info().get("services", {}):
-        state.dashboard = client.dashboard_link
-    plugin = KeyPlugin(tag, keys)
-    pending: dict[Any, str] = {}
-    try:
-        client.register_plugin(plugin, name=plugin.name)
-        shipped = client.scatter(payload, broadcast=True, hash=False)
-        window = max(2, 2 * threads * max(1, len(client.scheduler_info()["workers"])))
-        queue = list(zip(todo, examples, indices))
-        running = as_completed()
-
-        def submit_more() -> None:
-            while queue and len(pending) < window:
-                if budget_usd is not None and state.cost_usd >= budget_usd:
-                    queue.clear()   # the rows left are reported as not run
-                    return
-                fp, example, index = queue.pop(0)
-                future = client.submit(run_input, shipped, tag, fp, index, example,
-                                       key=f"flowmagic-{fp[:32]}", retries=2)
-                pending[future] = fp
-                running.add(future)
-
-        submit_more()
-        for future in running:
-            fp = pending.pop(future)
-            _collect(flow, future, fp, items, state)
-            report(state)
-            submit_more()
-    finally:
-        if pending:
-            client.cancel(list(pending))
-        try:
-            client.unregister_worker_plugin(plugin.name)
-        except Exception:   # a closed or restarted cluster forgets its plugins anyway
-            pass
-        if cluster is not None:
-            client.close()
-            cluster.close()
-
-
-def _collect(flow, future, fp: str, items: dict, state: MapProgress) -> None:
-    """Merge one finished input into the user's store (done ones marked for resume)."""
-    try:
-        result = future.result()
-    except Exception as exc:   # the task itself broke (a bug, or its workers kept dying)
-        items[fp] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
-        state.failed += 1
-        return
-    item = result["item"]
-    done = item["state"] == "done"
-    flow.store.merge(result["export"], fingerprint=fp if done else None, item=item)
-    items[fp] = item
-    state.cost_usd += float(item.get("cost_usd") or 0.0)
-    if done:
-        state.done += 1
+    job = _Job(flow, task_payload(flow, found, rpm=rpm, at_once=requests_at_once,
+                                  window_s=window_s),
+               {n: e.api_key for n, e in found.items() if e.api_key}, report, budget_usd)
+    if _is_dask_frame(inputs):
+        fields = [str(c) for c in inputs.columns]
+        parts = inputs.to_delayed()
+        done = flow.store.map_fingerprints()
+        job.run(engine, threads, [("partition", n, part, base, done)
+                                  for n, part in enumerate(parts)])
+        rows = [r for n in range(len(parts)) for r in job.rows.get(n, [])]
+        prints = [fp for n in range(len(parts)) for fp in job.prints.get(n, [])]
+        resumed = [fp for fp in prints if fp in done and fp not in job.items]
+        job.items.update({fp: dict(item, resumed=True)
+                          for fp, item in flow.store.map_done(resumed).items()})
     else:
-        state.failed += 1
+        rows, fields = to_inputs(inputs)
+        if not rows:
+            raise ConfigError("map() needs at least one input")
+        prints = [fingerprint(base, x) for x in rows]
+        job.items.update({fp: dict(item, resumed=True) for fp, item in
+                          flow.store.map_done(list(dict.fromkeys(prints))).items()})
+        job.state.total = len(rows)
+        job.state.resumed = sum(fp in job.items for fp in prints)
+        first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
+        job.run(engine, threads, [("input", fp, first[fp], rows[first[fp]])
+                                  for fp in first if fp not in job.items])
+    job.state.skipped = sum(fp not in job.items for fp in prints)
+    report(job.state)
+    return _frame(pd, rows, fields, [job.items.get(fp) for fp in prints])
 
 
-def _frame(pd, rows: list, fields: list[str], items: list[dict | None], prints: list[str]):
+class _Job:
+    """One map's driver side: submits units (an input, or a partition of a Dask DataFrame)
+    in a window, merges each result into the user's store as it arrives."""
+
+    def __init__(self, flow, payload: bytes, keys: dict, report, budget_usd):
+        self.flow, self.payload, self.keys = flow, payload, keys
+        self.tag = hashlib.sha256(payload).hexdigest()[:16]
+        self.report, self.budget_usd = report, budget_usd
+        self.state = MapProgress(total=0, budget_usd=budget_usd)
+        self.items: dict[str, dict] = {}
+        self.rows: dict[int, list] = {}     # partition -> its rows (Dask DataFrame inputs)
+        self.prints: dict[int, list] = {}   # partition -> its rows' fingerprints
+
+    def run(self, engine: Any, threads: int, units: list[tuple]) -> None:
+        if not units:
+            return
+        from dask.distributed import as_completed
+
+        from .dask_worker import KeyPlugin
+
+        client, cluster = _client(engine, threads)
+        if "dashboard" in client.scheduler_info().get("services", {}):
+            self.state.dashboard = client.dashboard_link
+        plugin = KeyPlugin(self.tag, self.keys)
+        pending: dict[Any, tuple] = {}
+        try:
+            client.register_plugin(plugin, name=plugin.name)
+            shipped = client.scatter(self.payload, broadcast=True, hash=False)
+            window = max(2, 2 * threads * max(1, len(client.scheduler_info()["workers"])))
+            if units[0][0] == "partition":
+                window = max(2, len(client.scheduler_info()["workers"]))
+            queue, running = list(units), as_completed()
+
+            def submit_more() -> None:
+                while queue and len(pending) < window:
+                    if self.budget_usd is not None and self.state.cost_usd >= self.budget_usd:
+                        queue.clear()   # the rows left are reported as not run
+                        return
+                    unit = queue.pop(0)
+                    future = self._submit(client, shipped, threads, unit)
+                    pending[future] = unit
+                    running.add(future)
+
+            submit_more()
+            for future in running:
+                self._collect(future, pending.pop(future))
+                self.report(self.state)
+                submit_more()
+        finally:
+            if pending:
+                client.cancel(list(pending))
+            try:
+                client.unregister_worker_plugin(plugin.name)
+            except Exception:   # a closed or restarted cluster forgets its plugins anyway
+                pass
+            if cluster is not None:
+                client.close()
+                cluster.close()
+
+    def _submit(self, client, shipped, threads: int, unit: tuple):
+        from .dask_worker import run_input, run_partition
+
+        if unit[0] == "input":
+            _, fp, index, example = unit
+            return client.submit(run_input, shipped, self.tag, fp, index, example,
+                                 key=f"flowmagic-{fp[:32]}", retries=2)
+        _, number, part, base, done = unit
+        data = client.compute(part)   # stays on the worker that makes it
+        return client.submit(run_partition, shipped, self.tag, base, done, data, number,
+                             threads, key=f"flowmagic-{self.tag}-part-{number}", retries=2)
+
+    def _collect(self, future, unit: tuple) -> None:
+        """Merge what one unit ran into the user's store (done inputs marked for resume)."""
+        try:
+            answer = future.result()
+        except Exception as exc:   # the task itself broke (a bug, or its workers kept dying)
+            if unit[0] == "input":
+                self.items[unit[1]] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                self.state.failed += 1
+                return
+            raise
+        if unit[0] == "partition":
+            self.rows[unit[1]] = answer["rows"]
+            self.state.total += len(answer["rows"])   # known as partitions come back
+            self.prints[unit[1]] = [r["fingerprint"] for r in answer["results"]]
+        for result in answer["results"]:
+            if result.get("resumed"):
+                self.state.resumed += 1
+                continue
+            item = result["item"]
+            done = item["state"] == "done"
+            self.flow.store.merge(result["export"], fingerprint=result["fingerprint"] if done
+                                  else None, item=item)
+            self.items[result["fingerprint"]] = item
+            self.state.cost_usd += float(item.get("cost_usd") or 0.0)
+            if done:
+                self.state.done += 1
+            else:
+                self.state.failed += 1
+
+
+def _frame(pd, rows: list, fields: list[str], items: list[dict | None]):
     node_ids: list[str] = []
     for item in items:
         node_ids += [n for n in (item or {}).get("outputs", {}) if n not in node_ids]
