@@ -2,6 +2,7 @@
 server (real HTTP; the client is never patched). One cluster of 2 workers is shared by the
 module (start-up costs seconds); one test starts its own on demand, as a user's map does."""
 
+import json
 import os
 import pathlib
 import re
@@ -235,19 +236,34 @@ def test_flowmagic_map_command_and_flow_map_magic_on_a_data_file(cluster, tmp_pa
 def test_a_dask_dataframe_runs_partition_by_partition_and_resumes(cluster):
     import dask.dataframe as dd
 
+    def population(city: str) -> str:   # a notebook's tool: shipped by value to the workers
+        """The population of a city."""
+        return f"{city} has {len(city) * 1000} people"
+
+    def responder(body):   # ask for the tool once, then answer with what it said
+        said = [m["content"] for m in body["messages"] if m.get("role") == "tool"]
+        if body.get("tools") and not said:
+            city = ASKED.search(str(body["messages"])).group(1)
+            return {"tool_calls": [{"function": {"name": "population",
+                                                 "arguments": json.dumps({"city": city})}}]}
+        return f"{echo(body)} ({said[-1] if said else 'no tool'})"
+
     frame = dd.from_pandas(cities(20), npartitions=4)
-    with LoopbackServer(responder=echo) as server:
+    with LoopbackServer(responder=responder) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(PLAN, task="answer questions")
+        flow.tools = [population]
         out = flow.map(frame, engine=cluster, progress=False)
         first = asked(server)
         again = flow.map(frame, engine=cluster, progress=False)
         second = asked(server)[len(first):]
     assert list(out["city"]) == [f"c{i}" for i in range(20)]
-    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(20)]
-    assert sorted(first) == sorted(out["city"]) and second == []
+    assert list(out["result"]) == [f"found c{i}/{2000 + i} (c{i} has {len(f'c{i}') * 1000} people)"
+                                   for i in range(20)]
+    assert sorted(set(first)) == sorted(out["city"]) and second == []
     assert again["resumed"].all() and list(again["result"]) == list(out["result"])
-    assert len(flow.store.recent_calls(100)) == 20
+    assert len(flow.store.recent_calls(100)) == 40   # the tool round and the answer, per row
+    assert len(flow.store.tool_calls(out["run_id"][3])) == 1
 
 
 def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():

@@ -123,6 +123,8 @@ def _flow(payload: bytes, tag: str):
         llm.gate = ClusterGate(spec["rpm"], spec["at_once"], spec["window_s"])
         flow = Flow(spec["workflow"], name=spec["name"], llm=llm, store=store, save=False,
                     **spec["settings"])
+        if spec["tools"] is not None:   # else the tools registered in this process
+            flow.tools = spec["tools"]
         _flows[tag] = flow
         return flow
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -188,12 +187,15 @@ def _endpoints() -> dict:
 def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
                  at_once: int | None = None, window_s: float = 60.0) -> bytes:
     """What every task of a map shares (pickled once, scattered to the workers): the
-    workflow, settings, endpoints with their keys blanked (the keys go in a KeyPlugin),
-    prices and cluster-wide limits."""
+    workflow, settings, the flow's chosen tools, endpoints with their keys blanked (the keys
+    go in a KeyPlugin), prices and cluster-wide limits."""
     from ..llm import endpoints
 
-    return pickle.dumps({
+    import cloudpickle   # Dask's own: the user's tool functions from a notebook go by value
+
+    return cloudpickle.dumps({
         "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
+        "tools": getattr(flow, "_tools", None),
         "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
         "prices": dict(endpoints.PRICES), "llm_concurrency": flow.llm.concurrency,
         "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s})
