@@ -52,6 +52,12 @@ def _serve(conn, latency: float) -> None:
         conn.recv()
 
 
+def _warm() -> None:
+    import flowmagic.flow  # noqa: F401
+    import flowmagic.ops.dask_worker  # noqa: F401
+    import flowmagic.ops.batch  # noqa: F401
+
+
 def _one(engine, n: int, threads: int, cpu: bool, base_url: str) -> float:
     import flowmagic
     from flowmagic.flow import Flow
@@ -92,6 +98,7 @@ def run(n_io: int, n_cpu: int, threads: int) -> dict:
                 with LocalCluster(n_workers=workers, threads_per_worker=threads // workers,
                                   processes=True, dashboard_address=None) as cluster, \
                         Client(cluster) as client:
+                    client.run(_warm)   # imports paid once per worker, as on a live cluster
                     row[f"startup_{workers}"] = time.perf_counter() - started
                     row[f"dask_{workers}"] = _one(client, n, threads // workers, kind == "cpu",
                                                   base_url)
@@ -117,7 +124,7 @@ def table(r: dict, threads: int) -> str:
         lines.append(f"| {names[kind]} | {x['n']} | {x['inprocess']:.2f} | {x['dask_1']:.2f} | "
                      f"{x['dask_2']:.2f} | {x['dask_1'] / x['inprocess']:.2f} | "
                      f"{x['dask_2'] / x['inprocess']:.2f} | {x['dask_2'] / x['dask_1']:.2f} |")
-    lines += ["", f"LocalCluster start-up (not in the rates): 1 worker {r['io']['startup_1']:.1f} s, "
+    lines += ["", f"LocalCluster start-up and worker imports (not in the rates): 1 worker {r['io']['startup_1']:.1f} s, "
               f"2 workers {r['io']['startup_2']:.1f} s."]
     return "\n".join(lines)
 

@@ -186,7 +186,8 @@ def _endpoints() -> dict:
 # -- the map ------------------------------------------------------------------------------------
 def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
                  at_once: int | None = None, window_s: float = 60.0) -> bytes:
-    """What every task of a map shares (pickled once, scattered to the workers): the
+    """What every task of a map shares (pickled once, one task whose result
+    the workers share): the
     workflow, settings, the flow's chosen tools, endpoints with their keys blanked (the keys
     go in a KeyPlugin), prices and cluster-wide limits."""
     from ..llm import endpoints
@@ -290,7 +291,9 @@ class _Job:
         pending: dict[Any, tuple] = {}
         try:
             client.register_plugin(plugin, name=plugin.name)
-            shipped = client.scatter(self.payload, broadcast=True, hash=False)
+            # A task, not scattered data: if the worker holding it dies, Dask makes it again.
+            shipped = client.submit(_given, self.payload, key=f"flowmagic-payload-{self.tag}",
+                                    pure=False)
             window = max(2, 2 * threads * max(1, len(client.scheduler_info()["workers"])))
             if units[0][0] == "partition":
                 window = max(2, len(client.scheduler_info()["workers"]))
@@ -362,6 +365,10 @@ class _Job:
                 self.state.done += 1
             else:
                 self.state.failed += 1
+
+
+def _given(payload: bytes) -> bytes:
+    return payload
 
 
 def _frame(pd, rows: list, fields: list[str], items: list[dict | None]):
