@@ -163,14 +163,15 @@ def test_rate_limits_hold_across_the_cluster(cluster):
     with LoopbackServer(responder=echo, latency=0.3) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(PLAN, task="answer questions")
-        out = flow.map(cities(14), engine=cluster, progress=False, rpm=5, window_s=2.0,
+        out = flow.map(cities(14), engine=cluster, progress=False, rpm=5, window_s=4.0,
                        requests_at_once=2)
         chats = [r for r in server.requests if ASKED.search(str(r["body"]))]
     assert set(out["status"]) == {"done"} and len(chats) == 14
     arrived = sorted(r["arrived"] for r in chats)
-    # At most 5 in any 2 s window (0.2 s of slack for the trip from lease to server)...
-    assert max(sum(t <= a < t + 1.8 for a in arrived) for t in arrived) <= 5
-    assert arrived[-1] - arrived[0] >= 4.0       # 14 requests at 5 per 2 s: three windows
+    # At most 5 in any 4 s window (1 s of slack for the trip from lease to server on a
+    # loaded machine; per-worker limits would let 10 through)...
+    assert max(sum(t <= a < t + 3.0 for a in arrived) for t in arrived) <= 5
+    assert arrived[-1] - arrived[0] >= 7.0       # 14 requests at 5 per 4 s: three windows
     # ... and at most 2 in flight at once, though 2 workers x 4 threads could send 8.
     spans = [(r["arrived"], r["finished"]) for r in chats]
     assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) <= 2
