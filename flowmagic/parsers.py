@@ -20,6 +20,7 @@ from .errors import ConfigError
 
 __all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
            "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
+           "is_flow_name",
            "parse_cheaper", "parse_slim_options", "single_brace_names"]
 
 # name -> (argument names, one line of help)
@@ -167,8 +168,14 @@ def _split(line: str, where: str) -> list[str]:
         raise ConfigError(f"{where}: cannot split the line ({exc}); close the quote") from None
 
 
+def is_flow_name(name: object) -> bool:
+    """True for a name a flow may have: an ASCII Python identifier that is not a keyword (it
+    becomes a variable). The one check behind %%flow, %%flow_plan and the export's names."""
+    return isinstance(name, str) and bool(_NAME.match(name)) and not keyword.iskeyword(name)
+
+
 def check_name(name: str) -> str:
-    if not _NAME.match(name) or keyword.iskeyword(name):
+    if not is_flow_name(name):
         raise ConfigError(f"flow name {name!r} must be a Python identifier (it becomes a "
                           "variable), e.g. report or flow2")
     return name

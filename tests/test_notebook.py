@@ -375,3 +375,30 @@ def test_a_deleted_record_calls_only_when_allowed_and_says_so_first(tea, tmp_pat
     assert leaves.outputs[0].output_type == "stream"          # the notice comes first
     assert leaves.outputs[0].text.startswith("leaves: no record of it; calling m")
     assert shown(leaves) == "**leaves** done: Pick the leaves."
+
+
+@pytest.mark.parametrize("name", ["import", "for", "class"])
+def test_a_flow_named_like_a_keyword_exports_a_plan_cell_that_is_accepted(server, tmp_path, capsys,
+                                                                        monkeypatch, name):
+    """The export names the flow's variable; a Python keyword cannot be one, whichever it is."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    flow = Flow.from_dict(PLAN, name=name, max_tokens=64)
+    flow.run()
+    nb = build(flow)
+    plan = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%flow_plan"))
+    variable = plan.source.split("\n", 1)[0].split()[1]
+    assert variable != name and variable.isidentifier(), plan.source.splitlines()[0]
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance(config=config)
+    try:
+        for cell in nb.cells[1:3]:
+            assert ip.run_cell(cell.source).success, capsys.readouterr().err
+        assert ip.user_ns[variable].total() == 4
+    finally:
+        ip.run_line_magic("unload_ext", "flowmagic")
+        InteractiveShell.clear_instance()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import keyword
 import sys
 import traceback
 from typing import Any
@@ -46,9 +45,10 @@ def derive_cheaper(flow: Any, target: str | None) -> dict[str, str]:
 def bind_slimmed(ns: dict | None, base: str, slim: Any) -> str | None:
     """Bind `slim` to BASE_slim in `ns` when that name is free or holds an earlier Flow."""
     from ..flow import Flow
+    from ..parsers import is_flow_name
 
     name = f"{base}_slim"
-    if ns is None or not name.isidentifier() or keyword.iskeyword(name):
+    if ns is None or not is_flow_name(name):
         return None
     if name in ns and not isinstance(ns[name], Flow):
         return None

@@ -132,10 +132,10 @@ def show_drawings(flow) -> None:
 # ----------------------------------------------------------------------------- export
 def _identifier(name: str) -> str:
     from ..model.graph import slugify
+    from ..parsers import is_flow_name
 
     slug = slugify(name, "flow")
-    return slug if slug[0].isalpha() and slug not in ("and", "as", "if", "in", "is", "not", "or")\
-        else f"flow_{slug}"
+    return slug if slug[0].isalpha() and is_flow_name(slug) else f"flow_{slug}"
 
 
 def _plan(flow) -> dict:
