@@ -23,7 +23,10 @@ BACKLOG = 4096
 def spawn(*, latency: tuple[float, float], seed: int, faults: dict | None = None):
     """A `SpawnedLoopback` running this script (same handle as `LoopbackServer.spawn`)."""
     argv = [sys.executable, __file__, "--latency", f"{latency[0]!r}:{latency[1]!r}",
-            "--seed", str(seed), "--faults", json.dumps(faults or {}), "--exit-on-stdin-eof"]
+            "--seed", str(seed), "--faults", json.dumps(faults or {}), "--exit-on-stdin-eof",
+            # the model every runner names (runners.MODEL): configure() now checks that the
+            # endpoint serves it
+            "--model", "m"]
     return loopback.SpawnedLoopback(argv, 20.0)
 
 
