@@ -65,7 +65,7 @@ def _one(engine, n: int, threads: int, cpu: bool, base_url: str) -> float:
 
     os.environ["FLOWMAGIC_HOME"] = tempfile.mkdtemp(prefix="bench-dask-")
     endpoints.reset()
-    flowmagic.configure(base_url=base_url, model="m")
+    flowmagic.configure(base_url=base_url, model="loopback")
     flow = Flow.from_dict(PLAN, task="look up cities")
     flow.tools = [crunch] if cpu else []
     inputs = [{"city": f"c{i}"} for i in range(n)]
