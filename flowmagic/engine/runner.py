@@ -142,8 +142,6 @@ class NodeRunner:
         flow, settings = self.flow, self.flow.settings
         if settings["execute"] == "off" or settings["starter"] == "off" or node.attempts:
             return False
-        if any((n.execution or {}).get("starter") for n in flow.workflow.nodes.values()):
-            return False   # once per run: one real look at the data, not one per node
         if settings["starter"] == "auto":
             from ..llm.endpoints import resolve
             try:
@@ -155,7 +153,12 @@ class NodeRunner:
         wf = flow.workflow   # a node that explores the data, or a first node of a task that does
         explores = _EXPLORES.search(node.requirement or "") or (
             not wf.parents(node.id) and _EXPLORES.search(wf.task or ""))
-        return bool(explores) and bool(flow.workspace.example())
+        if not explores:
+            return False
+        # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
+        if any((n.execution or {}).get("starter") for n in wf.nodes.values()):
+            return False   # once per run: one real look at the data, not one per node
+        return bool(flow.workspace.example())
 
     async def _starter(self, node) -> Execution | None:
         """Run the working start in the sandbox for a node (None when it does not apply).
