@@ -350,7 +350,7 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
         assert {i: n[2] for i, n in state["nodes"].items()} == {"facts": 2, "photo": 1, "post": 2}
 
         button(page, "Show output").click()
-        page.locator(".flowmagic-panel .flowmagic-output .jp-RenderedMarkdown strong",
+        page.locator(".flowmagic-panel .flowmagic-output .jp-RenderedHTMLCommon strong",
                      has_text="bold").wait_for(timeout=30_000)
     print(f"browser test (buttons): {time.monotonic() - started:.1f} s")
 
@@ -450,7 +450,7 @@ def test_the_notebook_experience_in_jupyterlab(lab, plan_server):
         wait_kernel(page, "demo.status", "paused")
         button(page, "Resume").click()
         # 4: the result, rendered, when the run ends.
-        result = panel.locator(".flowmagic-result .jp-RenderedMarkdown")
+        result = panel.locator(".flowmagic-result .jp-RenderedHTMLCommon")
         result.locator("strong", has_text="Result of demo").wait_for(timeout=60_000)
         assert "The tea costs $3 and the cup $5; steep it." in result.inner_text()
         page.wait_for_timeout(500)
@@ -549,3 +549,82 @@ def test_a_flow_cell_on_a_dataframe_runs_pandas_code_in_jupyterlab(lab, pandas_s
         figure.first.wait_for(timeout=10_000)
         assert figure.first.evaluate("img => img.naturalWidth > 100")   # a real picture
         assert "chart_figure_1.png" in panel.inner_text()
+
+
+# Model text that would run script if it were rendered as markup: it must show as text.
+HOSTILE = ('<img src=x onerror="window.__fmPwned = (window.__fmPwned || 0) + 1"> '
+           '<script>window.__fmPwned = 99</script> **bold** '
+           '[click](javascript:window.__fmPwned=7)')
+PWNED = "() => window.__fmPwned === undefined"
+
+
+@pytest.fixture
+def hostile_server():
+    """A plan whose requirement holds an <img onerror>, and answers full of script."""
+    plan = {"subtasks": [
+        {"id": "facts", "requirement": 'List facts <img src=x onerror="window.__fmPwned=5">',
+         "agent": "researcher", "depends_on": []},
+        {"id": "post", "requirement": "Write the post.", "agent": "writer",
+         "depends_on": ["facts"]}]}
+
+    def responder(body):
+        return json.dumps(plan) if body.get("response_format") else HOSTILE
+
+    with LoopbackServer(responder=responder) as server:
+        yield server
+
+
+def _no_active_markup(page) -> None:
+    """Nothing ran, and no element that could run or call out was built from model text."""
+    page.wait_for_timeout(1_000)   # an onerror would have fired by now
+    assert page.evaluate(PWNED), page.evaluate("() => window.__fmPwned")
+    # our own images are PNG drawings; JupyterLab rewrites a model's src=x to a /files/ URL
+    for selector in (".jp-Notebook img:not([src^='data:image/png'])", ".jp-OutputArea script",
+                     ".jp-OutputArea a[href^='javascript']", ".jp-OutputArea iframe"):
+        assert page.locator(selector).count() == 0, selector
+
+
+@pytest.mark.timeout(600)
+def test_model_html_runs_nothing_in_the_panel_or_an_exported_notebook(lab, hostile_server,
+                                                                      tmp_path):
+    """JupyterLab trusts the outputs of a notebook it ran itself, so only our sanitizer
+    stands between a model's `<img onerror>` or `<script>` and the page (issue 13)."""
+    started = time.monotonic()
+    server = lab(["%load_ext flowmagic", "%%flow demo --k 1\nMake tea"],
+                 FLOWMAGIC_BASE_URL=hostile_server.base_url, FLOWMAGIC_MODEL="m")
+    with notebook_page(server, ARTIFACTS / "browser-hostile-panel.png") as page:
+        panel = page.locator(".flowmagic-panel")
+        button(page, "Run").click()
+        wait_flow(page, lambda st: st["status"] == "done" and not st["busy"])
+        panel.locator("select").first.select_option(label="facts")
+        button(page, "Show output").click()
+        shown = panel.locator(".flowmagic-output")
+        shown.get_by_text("<script>window.__fmPwned = 99</script>").wait_for(timeout=30_000)
+        assert "<img src=x onerror=" in shown.inner_text()
+        assert shown.locator("strong", has_text="bold").count() == 1   # Markdown still renders
+        result = panel.locator(".flowmagic-result")
+        result.get_by_text("<script>window.__fmPwned = 99</script>").wait_for(timeout=30_000)
+        _no_active_markup(page)
+        kernel_eval(page, "demo.to_notebook('exported.ipynb')")
+
+    # The exported notebook, opened and run in JupyterLab (its outputs are then trusted).
+    with contextlib.ExitStack() as stack:
+        from playwright.sync_api import sync_playwright
+
+        p = stack.enter_context(sync_playwright())
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        stack.callback(browser.close)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.goto(f"{server['base']}/lab/tree/exported.ipynb?token={server['token']}")
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # the result cell's cost table: every node cell above it has run by then
+        page.locator(".jp-OutputArea-output th", has_text="tokens in").first.wait_for(
+            timeout=120_000)
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        _no_active_markup(page)
+        outputs = _outputs_text(page)
+        assert outputs.count("<script>window.__fmPwned = 99</script>") >= 2, outputs[:2000]
+        assert outputs.count("<img src=x onerror=") >= 2, outputs[:2000]   # node cells, result
+        page.screenshot(path=str(ARTIFACTS / "browser-hostile-export.png"), full_page=True)
+    print(f"browser test (hostile output): {time.monotonic() - started:.1f} s")

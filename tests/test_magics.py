@@ -398,7 +398,8 @@ def test_export_of_an_orchestrator(shell, capsys, tmp_path):
     o = shell.user_ns["chat"].result
     assert nb.metadata["flowmagic"]["run"] == o.run_id
     text = "\n".join(c.source for c in nb.cells)
-    assert "**orchestrator → writer**" in text and "Tea, hot." in text and "replay=" in text
+    assert "<strong>orchestrator → writer</strong>" in text and "Tea, hot." in text   # sanitized
+    assert "replay=" in text
     # an Orchestration itself (e.g. flowmagic.orchestrate's result) exports too
     shell.user_ns["outcome"] = o
     out, err, _ = run(shell, capsys, f"%flow export outcome {tmp_path / 'o.ipynb'}")

@@ -19,6 +19,7 @@ from flowmagic.flow import Flow
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.ops.export import NBVAL_IGNORE, build, export, load_cache, save_cache
 from flowmagic.store import get_store
+from flowmagic.view.safe import model_bundle
 
 PLAN = {"task": "Write a short guide to green tea", "nodes": [
     {"id": "leaves", "requirement": "Pick the leaves.", "agent": "researcher"},
@@ -104,7 +105,7 @@ def test_export_layout_and_metadata(tea, tmp_path):
     steep = nb.cells[6]
     assert steep.source.splitlines()[1] == "Steep the tea."
     out = steep.outputs[0]
-    assert out.data["text/markdown"] == tea.workflow.nodes["steep"].output
+    assert out.data == model_bundle(tea.workflow.nodes["steep"].output)   # sanitized HTML
     assert out.metadata["flowmagic"]["node"] == "steep"
     assert out.metadata["flowmagic"]["cache_keys"]
     # The drawings: PNG beside SVG for the graph and the timeline.

@@ -330,7 +330,7 @@ def test_export_and_replay_from_the_cache_with_zero_calls(tmp_path):
         nb = nbformat.read(path, as_version=4)
         code = [c.source for c in nb.cells if c.cell_type == "code"]
         markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-        assert "replay=" in code[0] and "**planner → orchestrator** (reply" in markdown
+        assert "replay=" in code[0] and "<strong>planner → orchestrator</strong> (reply" in markdown
         assert nb.metadata["flowmagic"]["run"] == o.run_id
         before = server.calls
         namespace = {}

@@ -16,6 +16,7 @@ from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
 from flowmagic.jupyter.widgets import Panel, model_choices
+from flowmagic.view.safe import markdown_html, model_bundle
 
 PLAN = {"nodes": [{"id": "load", "requirement": "load the data", "agent": "coder"},
                   {"id": "stats", "requirement": "summarise each column", "agent": "analyst"},
@@ -136,8 +137,10 @@ def test_show_output_renders_markdown(server):
     pick(panel, "load")
     panel.output_button.click()
     (shown,) = panel.output.outputs
-    assert flow.workflow.nodes["load"].output + "\n\n</div>" in shown["data"]["text/markdown"]
-    assert "**load** (coder, done)" in shown["data"]["text/markdown"]
+    output = flow.workflow.nodes["load"].output
+    assert shown["data"] == model_bundle(output, head="**load** (coder, done)\n\n")
+    assert "<strong>load</strong> (coder, done)" in shown["data"]["text/html"]
+    assert "text/markdown" not in shown["data"]   # model text is shown as sanitized HTML only
     assert flow.streaming
     panel.close()
 
@@ -477,11 +480,12 @@ def test_chat_view_shows_each_message_once_in_order_and_the_answer():
     seqs = [m.seq for m in o.transcript]
     for view in [*views, ChatView(o)]:   # live from the start, joined mid-run, after the end
         assert view.shown == seqs
-        shown = [c.outputs[0]["data"]["text/markdown"] for c in view.messages.children]
-        assert shown == [message_markdown(m.to_dict()) for m in o.transcript]
+        shown = [message_markdown(m.to_dict()) for m in o.transcript]
+        assert [c.outputs[0]["data"]["text/html"] for c in view.messages.children] == [
+            markdown_html(md) for md in shown]
         (answer,) = view.answer.children
-        assert "Total: **42**" in answer.outputs[0]["data"]["text/markdown"]
-        assert "submitted, ended by submit" in answer.outputs[0]["data"]["text/markdown"]
+        assert "Total: <strong>42</strong>" in answer.outputs[0]["data"]["text/html"]
+        assert "submitted, ended by submit" in answer.outputs[0]["data"]["text/html"]
         assert view.stop_button.disabled
         assert f"6 messages · {o.calls} calls" in view.totals.value
         assert f"${o.cost_usd:.4f}" in view.totals.value
@@ -525,7 +529,7 @@ def test_chat_view_stop_button_stops_the_orchestration():
     assert time.perf_counter() - started < 5
     assert o.ended_by == "stopped" and o.answer == "best answer so far"
     (answer,) = view.answer.children
-    assert "ended by stopped" in answer.outputs[0]["data"]["text/markdown"]
+    assert "ended by stopped" in answer.outputs[0]["data"]["text/html"]
     assert view.shown == [m.seq for m in o.transcript] and "· forced ·" in view.title.value
     view.close()
 
@@ -606,10 +610,13 @@ def test_the_result_shows_when_the_run_ends_with_model_html_as_text():
         panel = Panel(flow)
         assert panel.result.outputs == ()
         flow.run()
-        shown = panel.result.outputs[0]["data"]["text/markdown"]
+        shown = panel.result.outputs[0]["data"]
         assert flow.result == "<img src=x onerror=alert(1)> **done**, $3"
-        assert shown == ('<div class="tex2jax_ignore mathjax_ignore">\n\n**Result of flow**\n\n'
-                         '&lt;img src=x onerror=alert(1)&gt; **done**, <span>\\$</span>3\n\n</div>')
+        assert "text/markdown" not in shown and "<img" not in shown["text/html"]
+        assert ("&lt;img src=x onerror=alert(1)&gt; <strong>done</strong>, $3"
+                in shown["text/html"])
+        assert 'class="flowmagic-model-text tex2jax_ignore mathjax_ignore"' in shown["text/html"]
+        assert shown["text/plain"] == f"Result of flow\n\n{flow.result}"
         panel.close()
 
 

@@ -225,8 +225,10 @@ class EvalRun:
         return f"{self.table()}\n\n{self.summary_text()}"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
+        from ..view.safe import preformatted   # plan labels are model text
+
         text = repr(self)
-        return {"text/plain": text, "text/markdown": f"```\n{text}\n```"}, {}
+        return {"text/plain": text, "text/html": preformatted(text)}, {}
 
 
 # ------------------------------------------------------------------------------ running

@@ -10,8 +10,9 @@ be shown the same way, without the live parts.
 
 from __future__ import annotations
 
-import html
 from typing import Any
+
+from ..view.safe import text_html
 
 __all__ = ["ChatView", "message_markdown"]
 
@@ -32,11 +33,14 @@ def message_markdown(m: dict) -> str:
 
 
 def _markdown_output(text: str, plain: str, layout: Any = None):
+    """An Output showing `text` (Markdown with model text in it) as sanitized HTML."""
     import ipywidgets as w
+
+    from ..view.safe import markdown_html
 
     out = w.Output(layout=layout) if layout is not None else w.Output()
     out.outputs = ({"output_type": "display_data", "metadata": {},
-                    "data": {"text/markdown": text, "text/plain": plain}},)
+                    "data": {"text/html": markdown_html(text), "text/plain": plain}},)
     return out
 
 
@@ -127,14 +131,14 @@ class ChatView:
         o = self.result
         state = "stopping" if self._stopping and not self.finished else o.status
         turn = max(self._turn, len(o.turns))
-        self.title.value = (f"<b>{html.escape(o.name)}</b> · orchestrator · {html.escape(state)}"
-                            f" · turn {turn} · run {html.escape(o.run_id)}")
+        self.title.value = (f"<b>{text_html(o.name)}</b> · orchestrator · {text_html(state)}"
+                            f" · turn {turn} · run {text_html(o.run_id)}")
         self.totals.value = (f"{len(self.shown)} messages · {o.calls} calls ({o.cached_calls} "
                              f"cached) · tokens {o.tokens_in:,} in · {o.tokens_out:,} out · "
                              f"${o.cost_usd:.4f}")
         bits = [f"working: {', '.join(self._working)}"] if self._working else []
         bits += [self._tool] if self._tool and not self.finished else []
-        self.activity.value = html.escape(" · ".join(bits))
+        self.activity.value = text_html(" · ".join(bits))
         self.stop_button.disabled = not self.live or self.finished or self._stopping
 
     # -- display --------------------------------------------------------------------------------

@@ -429,12 +429,13 @@ class FlowMagics(Magics):
 
     def handle_eval(self, name: str, gold: str) -> Report:
         from ..evaluate.run import compare_flow, format_scores
+        from ..view.safe import preformatted
 
         flow = self._flow(name)
         scores, record, note = compare_flow(flow, gold)
         labels = {i: n.requirement for i, n in flow.workflow.nodes.items()}
         text = f"flow {name!r} against {gold}\n{format_scores(scores, record, labels)}\n{note}"
-        return Report(text, f"```\n{text}\n```", run=flow.run_id)
+        return Report(text, html=preformatted(text), run=flow.run_id)   # labels are model text
 
     def handle_config(self, *pairs: str) -> Report | None:
         if pairs:

@@ -12,12 +12,12 @@ something else.
 from __future__ import annotations
 
 import asyncio
-import html
 import sys
 import traceback
 from typing import Any
 
 from ..errors import FlowError
+from ..view.safe import text_html
 
 __all__ = ["SlimControls", "derive_cheaper", "bind_slimmed"]
 
@@ -169,16 +169,16 @@ class SlimControls:
         self.slimmed, self.report = result
         self.bound = bind_slimmed(_user_ns(), self.flow.name, self.slimmed)
         name = self.flow.name
-        where = (f"bound to <code>{html.escape(self.bound)}</code> (<code>%flow show "
-                 f"{html.escape(self.bound)}</code>); also " if self.bound else "get it with ")
+        where = (f"bound to <code>{text_html(self.bound)}</code> (<code>%flow show "
+                 f"{text_html(self.bound)}</code>); also " if self.bound else "get it with ")
         self.view.value = no_math(
-            f"<div><b>{html.escape(slim_line(self.report, name))}</b>; {where}"
-            f"<code>flow2, report = {html.escape(name)}.last_slim</code></div>",
+            f"<div><b>{text_html(slim_line(self.report, name))}</b>; {where}"
+            f"<code>flow2, report = {text_html(name)}.last_slim</code></div>",
             slim_html(self.report))
 
     def _error(self, exc: Any) -> None:
         self.status.value = (f'<span style="color:{_RED}">flowmagic: '
-                             f"{html.escape(str(exc))}</span>")
+                             f"{text_html(str(exc))}</span>")
 
     # -- following the flow ---------------------------------------------------------------------
     def progress(self, event: dict) -> None:
@@ -199,7 +199,7 @@ class SlimControls:
             return
         doing = "ranking" if self._running == "importance" else "slimming"
         steps = f", {seen['tried']} steps tried, {seen['kept']} kept" if seen["tried"] else ""
-        self.status.value = html.escape(f"{doing}: {seen['evaluated']} configurations "
+        self.status.value = text_html(f"{doing}: {seen['evaluated']} configurations "
                                         f"evaluated{steps}; {last}")
 
     def sync(self) -> None:
@@ -209,7 +209,7 @@ class SlimControls:
         busy = self._running is not None or self.flow.busy
         for button in (self.importance_button, self.slim_button):
             button.disabled = no_probe or busy
-        hint = _NO_PROBE.format(name=html.escape(self.flow.name))
+        hint = _NO_PROBE.format(name=text_html(self.flow.name))
         if no_probe and not self.status.value:
             self.status.value = hint
         elif not no_probe and self.status.value == hint:

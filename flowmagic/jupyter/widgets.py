@@ -20,13 +20,13 @@ view of an orchestration.
 from __future__ import annotations
 
 import asyncio
-import html
 import secrets
 import time
 from typing import Any, Callable
 
 from .chatview import ChatView
 from ..errors import FlowError
+from ..view.safe import text_html
 from .slimpanel import SlimControls
 
 __all__ = ["Panel", "ChatView", "SlimControls", "model_choices"]
@@ -74,7 +74,7 @@ def _svg_only(content: str) -> str:
     """The <svg> element of graphviz output (an XML prolog means nothing inside HTML)."""
     start = content.find("<svg")
     if start < 0:
-        return f"<pre>{html.escape(content)}</pre>"
+        return f"<pre>{text_html(content)}</pre>"
     return content[start:]
 
 
@@ -220,7 +220,7 @@ class Panel:
 
     def _error(self, exc: BaseException) -> None:
         self.message.value = (f'<span style="color:{_RED}">flowmagic: '
-                              f"{html.escape(str(exc))}</span>")
+                              f"{text_html(str(exc))}</span>")
 
     def follow(self) -> None:
         """When a run is under way on this loop, show how it ends (a FlowError as one line)."""
@@ -246,7 +246,7 @@ class Panel:
             self.flow.resume()
 
     def show_output(self, node_id: str | None) -> None:
-        """Show a node's output as Markdown; while it runs, its text as it streams in."""
+        """Show a node's output (its Markdown, sanitized); while it runs, its text as it streams in."""
         self.flow.workflow.node(node_id)  # NodeError for an unknown id
         self._watching = node_id
         self._render_output()
@@ -256,14 +256,13 @@ class Panel:
         if node is None:
             self.output.outputs = ()
             return
-        from ..view.display import model_markdown, no_math_markdown
+        from ..view.safe import model_bundle
 
         text = node.output if node.status != "running" else self.flow.partial_output(node.id)
-        shown = model_markdown(text) if text else f"*{node.id} has no output yet ({node.status})*"
+        shown = text or f"*{node.id} has no output yet ({node.status})*"
         head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
         self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": {"text/markdown": no_math_markdown(head + shown),
-                                         "text/plain": text or ""}},
+                                "data": model_bundle(shown, head=head)},
                                *self._figures(node))
 
     def _figures(self, node) -> list[dict]:
@@ -279,15 +278,15 @@ class Panel:
 
     def _render_result(self) -> None:
         """The result and the files, once the run is over and has them."""
-        from ..view.display import result_markdown
+        from ..view.display import result_bundle
 
-        shown = None if self.flow.busy else result_markdown(self.flow)
+        shown = None if self.flow.busy else result_bundle(self.flow)
         if shown == self._shown_result:
             return
         self._shown_result = shown
         self.result.outputs = () if shown is None else (
             {"output_type": "display_data", "metadata": {"flowmagic": {"run": self.flow.run_id}},
-             "data": {"text/markdown": shown, "text/plain": shown}},)
+             "data": shown},)
 
     # -- following the flow -------------------------------------------------------------
     def _set_drawing(self, content: str) -> None:
@@ -324,7 +323,7 @@ class Panel:
                 self._render_output()
             return
         if kind == "pausing" or kind == "run" and event.get("message"):
-            self.message.value = html.escape(str(event["message"]))
+            self.message.value = text_html(str(event["message"]))
         elif kind == "run" and self.message.value.startswith("pausing"):
             self.message.value = ""
         if not _loop_running():
@@ -341,8 +340,8 @@ class Panel:
         flow, wf = self.flow, self.flow.workflow
         counts = flow.counts()
         done, total = counts.get("done", 0), flow.total()
-        self.title.value = (f"<b>{html.escape(flow.name)}</b> · {html.escape(flow.status)} · "
-                            f"run {html.escape(flow.run_id)}")
+        self.title.value = (f"<b>{text_html(flow.name)}</b> · {text_html(flow.status)} · "
+                            f"run {text_html(flow.run_id)}")
         self.progress.max = max(total, 1)
         self.progress.value = done
         self.progress.description = f"{done}/{total} done"
@@ -444,11 +443,11 @@ class Panel:
             model = f"ran on {ran} · next run: {node.model}"
         elif node.downgraded_from:
             model = f"{node.downgraded_from} → {node.model}"
-        bits = [f"<b>{html.escape(node.id)}</b> ({html.escape(node.agent)}, {node.status}"
-                f"{', stale' if node.stale else ''}) · model {html.escape(str(model))}",
-                html.escape(node.requirement)]
+        bits = [f"<b>{text_html(node.id)}</b> ({text_html(node.agent)}, {node.status}"
+                f"{', stale' if node.stale else ''}) · model {text_html(str(model))}",
+                text_html(node.requirement)]
         if node.error:
-            bits.append(f'<span style="color:{_RED}">{html.escape(node.error)}</span>')
+            bits.append(f'<span style="color:{_RED}">{text_html(node.error)}</span>')
         return "<br>".join(bits)
 
     def _candidate_lines(self) -> list[str]:
@@ -472,7 +471,7 @@ class Panel:
     def _list(title: str, items: list[str]) -> str:
         if not items:
             return ""
-        rows = "".join(f"<li>{html.escape(str(i))}</li>" for i in items[-10:])
+        rows = "".join(f"<li>{text_html(str(i))}</li>" for i in items[-10:])
         return f"<details><summary>{title} ({len(items)})</summary><ul>{rows}</ul></details>"
 
     @property

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
                         handle_flow_code, is_code_node)
 from ..errors import ConfigError, NodeError, write_error
+from ..view.safe import markdown_cell
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, record_signature,
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
                      plan_summary, result_bundle, setting_value, settle, show_result,
@@ -293,6 +295,12 @@ def _node_line(flow, name: str, node_id: str) -> str:
     return " ".join(parts)
 
 
+def _code_span(text: str) -> str:
+    """`text` as a Markdown code span, whatever backticks it holds (a file name can)."""
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}"
+
+
 def _files_cell(record: dict):
     import nbformat.v4 as v4
 
@@ -301,8 +309,8 @@ def _files_cell(record: dict):
     lines = [f"### Files of this run ({len(files)})", "",
              (f"Written next to this notebook, in `{where}/`:" if where else
               "In the run's workspace:")]
-    lines += [f"- `{f}`" for f in files]
-    return v4.new_markdown_cell("\n".join(lines))
+    lines += [f"- {_code_span(f)}" for f in files]
+    return v4.new_markdown_cell(markdown_cell("\n".join(lines)))   # file names the code chose
 
 
 def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
@@ -320,9 +328,10 @@ def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
     failed = f"\n\n**failed**: {node.error}" if node.status == "failed" else ""
     whose = ("Code of flowmagic's working start (from the input's own columns, not written by "
              "the model)" if ran.get("starter") else "Code written by the model")
-    note = v4.new_markdown_cell(f"**{node_id}** · {node.agent}: {node.requirement.strip()}{failed}\n\n"
-                                f"*{whose}: the cell below shows its recorded "
-                                "run; it runs again only in the sandbox (`--execute`).*")
+    note = v4.new_markdown_cell(markdown_cell(
+        f"**{node_id}** · {node.agent}: {node.requirement.strip()}{failed}\n\n"
+        f"*{whose}: the cell below shows its recorded run; it runs again only in the sandbox "
+        "(`--execute`).*"))
     code = v4.new_code_cell(f"{code_line(replica, name, node_id)}\n{ran['code'].rstrip()}",
                             metadata={"flowmagic": {"node": node_id, "code": True}}, outputs=outputs)
     return [note, code]

@@ -130,7 +130,8 @@ def node_bundle(flow, node_id: str, *, replayed: bool | None = None) -> tuple[di
             "seeds": [a.get("seed") for a in attempts if a.get("seed") is not None],
             "cache_keys": [a.get("cache_key") for a in attempts if a.get("cache_key")],
             "source_run": _state(flow).record.get("run")}
-    return {"text/markdown": text, "text/plain": text}, {"flowmagic": meta}
+    from ..view.safe import model_bundle   # model text: sanitized HTML, never raw Markdown
+    return model_bundle(text), {"flowmagic": meta}
 
 
 def _cost_rows(flow) -> tuple[list[list[str]], dict]:
@@ -185,11 +186,13 @@ def result_bundle(flow) -> tuple[dict, dict]:
     rows, total = _cost_rows(flow)
     text_table, md_table = tables(
         ["node", "agent", "model", "tokens in", "tokens out", "USD", "seconds"], rows)
-    markdown = f"### Result\n\n{result}\n\n### Cost\n\n{md_table}"
     text = f"Result\n\n{result}\n\nCost\n\n{text_table}"
     meta = {"flowmagic": {"run": flow.run_id, "what": "result", "total": total,
                           "source_run": _state(flow).record.get("run")}}
-    return {"text/markdown": markdown, "text/plain": text}, meta
+    from ..view.safe import markdown_html
+    # the model's result on its own, so a fence it left open cannot swallow the cost table
+    html = markdown_html(f"### Result\n\n{result}") + markdown_html(f"### Cost\n\n{md_table}")
+    return {"text/html": html, "text/plain": text}, meta
 
 
 def _show(flow, what: str, bundle: tuple[dict, dict], *, update: bool = False) -> None:

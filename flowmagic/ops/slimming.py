@@ -28,7 +28,6 @@ optimisation itself spent and after how many runs the saving pays it back.
 from __future__ import annotations
 
 import asyncio
-import html
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,6 +39,7 @@ from ..llm.endpoints import resolve
 from ..errors import ConfigError, FlowError, NodeError
 from ..model.graph import Workflow
 from ..view.pareto import pareto_front, pareto_svg
+from ..view.safe import text_html
 
 if TYPE_CHECKING:
     from ..flow import Flow
@@ -322,7 +322,7 @@ class SlimReport:
         return self.text()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        body = f"<pre>{html.escape(self.text())}</pre>{self.svg()}"
+        body = f"<pre>{text_html(self.text())}</pre>{self.svg()}"
         return {"text/plain": self.text(), "text/html": body}
 
 

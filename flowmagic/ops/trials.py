@@ -153,8 +153,10 @@ class TrialReport:
     def __repr__(self) -> str:
         return self.text()
 
-    def _repr_markdown_(self) -> str:
-        return self.text()
+    def _repr_html_(self) -> str:
+        from ..view.safe import markdown_html   # a trial's error can quote the model
+
+        return markdown_html(self.text())
 
     def to_dict(self) -> dict:
         return {"settings": self.settings, "rows": self.rows(),

@@ -329,6 +329,8 @@ def export_notebook(o: Orchestration, path) -> Path:
     import nbformat
     from nbformat import v4
 
+    from ..view.safe import markdown_cell   # the messages are model text
+
     intro = (f"# {o.name}: orchestrator mode\n\n**Task.** {o.task}\n\n**Agents.** "
              + ", ".join(f"{a.name} ({a.summary or a.role[:60]})" for a in o.agents)
              + f"\n\n{len(o.turns)} turn(s), ended by {o.ended_by}, answer {o.status}; "
@@ -336,7 +338,7 @@ def export_notebook(o: Orchestration, path) -> Path:
              f"{o.elapsed_s:.1f} s.")
     cells = [v4.new_markdown_cell(intro), v4.new_code_cell(_replay_source(o))]
     for turn in sorted({m.turn for m in o.transcript}):
-        cells.append(v4.new_markdown_cell(_turn_markdown(o, turn)))
+        cells.append(v4.new_markdown_cell(markdown_cell(_turn_markdown(o, turn))))
     cells.append(v4.new_code_cell("print(orch.answer)"))
     meta = {"flowmagic": {"run": o.run_id, "mode": "orchestrate", "settings": o.settings,
                           "status": o.status, "ended_by": o.ended_by, "cost_usd": o.cost_usd,

@@ -8,18 +8,18 @@ it came from in the output metadata.
 
 from __future__ import annotations
 
-import html
 import re
 import time
 from typing import Any, Callable
 
 from ..errors import FlowError
+from .safe import NO_MATH, markdown_html, text_html
 
 __all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report", "cost_report",
            "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
            "importance_cells", "importance_report", "importance_html", "slim_report",
-           "slim_html", "slim_line", "deliverables", "model_markdown", "no_math_markdown",
-           "result_markdown", "status_text", "StaticView", "PlanningLine"]
+           "slim_html", "slim_line", "deliverables", "result_bundle", "status_text", "StaticView",
+           "PlanningLine"]
 
 IMPORTANCE_HEADER = ["node", "model", "degree", "betweenness", "loo", "saved_usd", "rrf",
                      "ranks", "protected"]
@@ -49,8 +49,7 @@ class Report:
 
 # Dollar amounts between two `$` would be typeset as maths by JupyterLab (Markdown goes through
 # MathJax across whole rows); tables are HTML, inside a block MathJax is told to skip.
-_NO_MATH = "flowmagic-table tex2jax_ignore mathjax_ignore"
-_IGNORE = "tex2jax_ignore mathjax_ignore"
+_NO_MATH = f"flowmagic-table {NO_MATH}"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> tuple[str, str]:
@@ -68,8 +67,8 @@ def no_math(*parts: str) -> str:
 
 def html_table(header: list[str], rows: list[list[Any]], css_class: str = "") -> str:
     """The same cells as an HTML table (every cell escaped)."""
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+    head = "".join(f"<th>{text_html(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{text_html(str(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
     cls = f' class="{css_class}"' if css_class else ""
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -122,7 +121,7 @@ def list_report(flows: dict, runs: list[dict]) -> Report:
     s_text, s_html = table(["run", "name", "status", "updated", "task"], stored)
     none = "no flows in this notebook yet (make one with a %%flow NAME cell)"
     text = (text if rows else none) + "\n\nrecent runs (flowmagic.load(RUN)):\n" + s_text
-    page = ((flows_html if rows else f"<p>{html.escape(none)}</p>")
+    page = ((flows_html if rows else f"<p>{text_html(none)}</p>")
             + "<p><b>recent runs</b> (<code>flowmagic.load(RUN)</code>)</p>" + s_html)
     return Report(text, html=page)
 
@@ -188,12 +187,12 @@ def _servers_table() -> tuple[str, str]:
 
     if not discovery.enabled():
         line = "local servers: not looked for (FLOWMAGIC_DISCOVER=0)"
-        return line, no_math(f"<p>{html.escape(line)}</p>")
+        return line, no_math(f"<p>{text_html(line)}</p>")
     servers = discovery.found()
     if not servers:
         line = ("local servers: none found on 127.0.0.1 ports "
                 + ", ".join(f"{p} ({k})" for p, k in discovery.ports()))
-        return line, no_math(f"<p>{html.escape(line)}</p>")
+        return line, no_math(f"<p>{text_html(line)}</p>")
     rows = [[s.kind, s.base_url, s.model or "(no chat model)",
              ", ".join(s.models[:6]) + (" ..." if len(s.models) > 6 else "")] for s in servers]
     return table(["local server", "base URL", "chat model used", "models listed"], rows)
@@ -238,7 +237,7 @@ def importance_report(imp, run: str | None = None) -> Report:
 
 
 def importance_html(imp) -> str:
-    return no_math(f"<div><b>{html.escape(_importance_head(imp))}</b></div>",
+    return no_math(f"<div><b>{text_html(_importance_head(imp))}</b></div>",
                    html_table(IMPORTANCE_HEADER, importance_cells(imp.to_rows()),
                               "flowmagic-importance"))
 
@@ -255,13 +254,13 @@ def slim_report(report, name: str, bound: str | None = None, run: str | None = N
     line += (f"; the slimmed flow is {bound} (%flow show {bound})" if bound else
              f"; get it with flow2, report = {name}.last_slim")
     return Report(f"{line}\n{report.text()}", svg=report.svg(), run=run,
-                  html=no_math(f"<div><b>{html.escape(line)}</b></div>", slim_html(report)))
+                  html=no_math(f"<div><b>{text_html(line)}</b></div>", slim_html(report)))
 
 
 def slim_html(report) -> str:
     """The report's text and its cost-versus-score plot (SVG needs no escaping: pareto.py
     escapes every label it writes)."""
-    return no_math(f"<pre>{html.escape(report.text())}</pre>", report.svg())
+    return no_math(f"<pre>{text_html(report.text())}</pre>", report.svg())
 
 
 # -- the end of a run, and what a viewer without the live panel sees -------------------------------
@@ -275,30 +274,22 @@ def deliverables(flow) -> list[str]:
     return [str(f) for f in files or []]
 
 
-def model_markdown(text: str) -> str:
-    """Model text to show as Markdown: HTML in it is shown as text, never run as markup, and
-    a `$` stays a dollar (JupyterLab would typeset the text between two as maths)."""
-    return html.escape(text, quote=False).replace("$", "<span>\\$</span>")
-
-
-def no_math_markdown(markdown: str) -> str:
-    """Markdown inside a block MathJax is told to skip (the `$` of model_markdown are each
-    in their own element too, so no two can pair up even where the class is ignored)."""
-    return f'<div class="{_IGNORE}">\n\n{markdown}\n\n</div>'
-
-
-
-def result_markdown(flow) -> str | None:
-    """The final result (as Markdown) and the deliverable files, once the run produced them."""
+def result_bundle(flow) -> dict[str, str] | None:
+    """The final result and the deliverable files, once the run produced them: sanitized
+    HTML (model text is never markup we trust, see view/safe.py) and the plain text. Each
+    part is rendered on its own, so a fence the model left open cannot swallow the next."""
     files = deliverables(flow)
     if flow.result is None and not files:
         return None
-    parts = []
+    parts = []   # (Markdown, plain text)
     if flow.result is not None:
-        parts.append(f"**Result of {model_markdown(flow.name)}**\n\n{model_markdown(flow.result)}")
+        parts.append((f"**Result of {flow.name}**\n\n{flow.result}",
+                      f"Result of {flow.name}\n\n{flow.result}"))
     if files:
-        parts.append("**Files**\n\n" + "\n".join(f"- `{f}`" for f in files))
-    return no_math_markdown("\n\n".join(parts))
+        parts.append(("**Files**\n\n" + "\n".join(f"- `{f}`" for f in files),
+                      "Files\n\n" + "\n".join(f"- {f}" for f in files)))
+    return {"text/html": "".join(markdown_html(md) for md, _ in parts),
+            "text/plain": "\n\n".join(text for _, text in parts)}
 
 
 def status_text(flow) -> str:
@@ -349,7 +340,7 @@ class StaticView:
         fitted = Zoom().apply(drawing)   # a big graph fits the width, as the live one does
         data = {"text/plain": text,
                 "text/html": (f'<div class="flowmagic-static {self.css_class}">{fitted}'
-                              f"<pre>{html.escape(text)}</pre></div>")}
+                              f"<pre>{text_html(text)}</pre></div>")}
         if drawing:
             data["image/svg+xml"] = drawing
         if self.png is not None:

@@ -7,7 +7,7 @@ final configuration is ringed green; every point carries a <title> tooltip.
 
 from __future__ import annotations
 
-import html
+from .safe import text_html
 
 __all__ = ["pareto_front", "pareto_svg"]
 
@@ -71,7 +71,7 @@ def pareto_svg(points: list[dict], final: str | None = None, width: int = 560,
     for i, p in enumerate(points):
         x, y = xy(p)
         on_front = i in front
-        name = html.escape(str(p.get("label", "?")))
+        name = text_html(str(p.get("label", "?")))
         tip = f"{name}: S={p['score']:.3f}, C=${p['cost_usd']:.6f}" + (" (Pareto front)" if on_front else "")
         fill = "#d62728" if on_front else "#1f77b4"
         out.append(f'<circle class="{"point front" if on_front else "point"}" cx="{x:.1f}" '
