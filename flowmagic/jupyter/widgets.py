@@ -256,13 +256,15 @@ class Panel:
         if node is None:
             self.output.outputs = ()
             return
-        from ..view.safe import model_bundle
+        from ..view.safe import model_bundle, streamed_bundle
 
-        text = node.output if node.status != "running" else self.flow.partial_output(node.id)
-        shown = text or f"*{node.id} has no output yet ({node.status})*"
         head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": model_bundle(shown, head=head)},
+        if node.status == "running":   # as it arrives; rendered as Markdown once done
+            data = streamed_bundle(self.flow.partial_output(node.id), head=head)
+        else:
+            data = model_bundle(node.output or f"*{node.id} has no output yet ({node.status})*",
+                                head=head)
+        self.output.outputs = ({"output_type": "display_data", "metadata": {}, "data": data},
                                *self._figures(node))
 
     def _figures(self, node) -> list[dict]:
