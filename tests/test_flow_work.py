@@ -184,7 +184,9 @@ def test_the_export_has_real_code_cells_that_replay_without_calls_and_rerun_in_t
     figure = code["plot"].outputs[1]
     assert figure["output_type"] == "display_data" and figure["data"]["image/png"]
     assert any(c.source.startswith("%%flow_node eda report") for c in nb.cells)   # text stays text
-    assert "`plot_figure_1.png`" in next(c.source for c in nb.cells if c.source.startswith("### Files"))
+    files = next(c.source for c in nb.cells
+                 if c.cell_type == "markdown" and "Files of this run" in c.source)
+    assert "<code>plot_figure_1.png</code>" in files   # names the code chose: sanitized HTML
 
     def run(env_execute: bool):
         monkeypatch.setenv("FLOWMAGIC_HOME", str(tmp_path / ("home-x" if env_execute else "home")))
