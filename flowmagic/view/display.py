@@ -142,7 +142,7 @@ def cost_report(flow) -> Report:
     if unpriced:
         note = (f"unknown: no price is known for {', '.join(unpriced)}; give one with "
                 "flowmagic.configure(prices={MODEL: (USD per 1M in, per 1M out)})")
-        text, page = f"{text}\n{note}", page + no_math(f"<p>{html.escape(note)}</p>")
+        text, page = f"{text}\n{note}", page + no_math(f"<p>{text_html(note)}</p>")
     return Report(text, html=page, run=flow.run_id)
 
 
