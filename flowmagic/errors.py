@@ -11,6 +11,7 @@ __all__ = [
     "EndpointError",
     "ModelOutputError",
     "TruncatedError",
+    "OffTopicError",
     "PlanError",
     "NodeError",
     "BudgetError",
@@ -42,6 +43,10 @@ class TruncatedError(ModelOutputError):
 
 class PlanError(FlowError):
     """A plan that cannot be turned into a workflow, even after repair."""
+
+
+class OffTopicError(PlanError):
+    """A plan that copies the prompt's example or is not about the task."""
 
 
 class NodeError(FlowError):

@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     # the sandbox, in the first node that explores or plots a table input; "on"; "off"
     "starter": "auto",
     "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
+    # planning: "auto" (stepwise on the embedded model), "oneshot" or "stepwise"; seconds
+    # for one planning (None: K x planner.PLAN_TIME_S on the embedded model, else no limit)
+    "plan_method": "auto", "plan_time_s": None,
     # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
     "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
     "tool_similarity": "auto",
@@ -785,10 +788,11 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
                 progress: Callable[[dict], Any] | None = None, inputs: Any = None,
                 **settings: Any) -> Flow:
-    """Plan `task` as K candidate graphs and keep the most parallel, least tangled one;
-    `progress(event)` hears each step (see planner.plan_candidates). `inputs` (file paths,
-    or {name: DataFrame / value / path}) are saved in the run's workspace; the planner and
-    every agent are told what they hold."""
+    """Plan `task` as K candidate graphs and keep the best by `planner.RULE` (connected and
+    covering first, then the most parallel, then the least tangled); `progress(event)` hears
+    each step (see planner.plan_candidates). `inputs` (file paths, or {name: DataFrame / value
+    / path}) are saved in the run's workspace; the planner and every agent are told what they
+    hold."""
     from .engine import planner
 
     if not isinstance(task, str) or not task.strip():
@@ -808,7 +812,8 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings["seed"],
         max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id,
-        progress=progress, context=context)
+        progress=progress, context=context, method=settings["plan_method"],
+        time_limit_s=settings["plan_time_s"])
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
                 llm=llm, tools=tools, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})

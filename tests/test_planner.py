@@ -13,8 +13,10 @@ from flowmagic.errors import ConfigError, PlanError
 from flowmagic.model.graph import parse_plan
 from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
-from flowmagic.engine.planner import (STRATEGIES, Candidate, plan, plan_candidates, plan_schema,
-                               planning_messages, score, select)
+from flowmagic.model.plan_checks import check_plan
+from flowmagic.engine.planner import (EXAMPLE_TEXTS, STRATEGIES, Candidate, plan,
+                                      plan_candidates, candidate_line, plan_schema,
+                                      planning_messages, score, select)
 
 from conftest import fast_llm, run
 
@@ -204,7 +206,12 @@ def test_prompt_example_is_valid_and_short():
         system, user = planning_messages(TASK, strategy=strategy, max_subtasks=5, max_agents=2)
         example = system["content"][system["content"].index('{"subtasks"'):]
         wf = parse_plan(example)
-        assert list(wf.nodes) == ["facts", "photo", "post"] and not wf.warnings
+        assert list(wf.nodes) == ["first_id", "second_id", "last_id"]
+        assert wf.edges() == [("first_id", "last_id"), ("second_id", "last_id")]
+        # Nothing in it can pass for a plan: copied as is, it is a failed candidate.
+        assert all(n.requirement.startswith("<") for n in wf.nodes.values())
+        assert "copy the prompt's example" in check_plan(
+            [n.requirement for n in wf.nodes.values()], TASK, EXAMPLE_TEXTS)
         schema_note = json.dumps(plan_schema(strategy, 5), separators=(",", ":"))
         # SmolLM2 has 8k tokens of context; the whole request stays far below (~4 chars a token).
         assert len(system["content"]) + len(user["content"]) + len(schema_note) < 3200
@@ -343,33 +350,125 @@ def test_caps_cut_subtasks_and_map_agent_roles_with_warnings():
 # -- the real embedded model -------------------------------------------------------------------
 
 @pytest.mark.embedded
-def test_embedded_model_plans_three_candidates(embedded_url):
-    task = "Build a conference website with a schedule page and a venue page with a map"
+def test_embedded_model_plans_a_connected_on_topic_data_science_plan(embedded_url):
+    task = ("Analyse customers.csv with pandas: load it, summarise each column, plot the "
+            "churn rate by region, and write three findings")
     llm = LLM(timeout=240)
     started = time.perf_counter()
-    cands = run(lambda: plan_candidates(task, k=3, llm=llm, model="local", max_tokens=400), llm)
+    cands = run(lambda: plan_candidates(task, k=1, llm=llm, model="local", time_limit_s=300), llm)
     elapsed = time.perf_counter() - started
-    print(f"\nembedded planning, k=3: {elapsed:.1f} s")
-    assert [c.seed for c in cands] == [0, 1, 2]
+    print(f"\nembedded planning (stepwise), k=1: {elapsed:.1f} s")
+    chosen = select(cands, task)
     for c in cands:
+        print(" ", candidate_line(c, chosen))
         if c.ok:
-            wf = c.workflow
-            assert nx.is_directed_acyclic_graph(wf.graph) and wf.nodes
-            assert all(n.requirement.strip() for n in wf.nodes.values())
-            assert c.scores["parallelism"] == pytest.approx(metrics.parallelism(wf))
-            assert c.model == "local:smollm2-135m-instruct" and c.tokens_out > 0
-            print(f"  candidate {c.index}: {c.tokens_out} tokens in {c.latency_s:.1f} s, "
-                  f"scores {c.scores}")
-            for node_id, node in wf.nodes.items():
-                print(f"    {node_id} [{node.agent}] {node.requirement[:70]!r} <- {wf.parents(node_id)}")
-        else:
-            assert c.workflow is None and "\n" not in c.error
-            print(f"  candidate {c.index} failed: {c.error}")
-    ok = [c for c in cands if c.ok]
-    if not ok:
-        with pytest.raises(PlanError):
-            select(cands)
-        return
-    best = cands[select(cands, task)]
-    assert best.ok and best.note.startswith("chosen:")
-    print(f"  chosen: {best.index}")
+            for node_id, node in c.workflow.nodes.items():
+                print(f"    {node_id} [{node.agent}] {node.requirement[:70]!r} <- "
+                      f"{c.workflow.parents(node_id)}")
+    best = cands[chosen]
+    wf = best.workflow
+    assert best.model == "local:smollm2-135m-instruct" and best.tokens_out > 0
+    assert 3 <= len(wf.nodes) <= 8 and nx.is_directed_acyclic_graph(wf.graph)
+    assert metrics.is_connected(wf) and len(metrics.sinks(wf)) == 1 and wf.edges()
+    assert best.scores["topic_share"] >= 0.5, best.scores
+    assert not any(c.error and c.error.startswith("OffTopicError") for c in cands)
+    calls = llm.store.recent_calls(10)
+    assert calls and all(0 < c["params"]["max_tokens"] <= 512 for c in calls)
+
+
+# -- prompts that cannot be copied, stepwise planning, bounds -------------------------------
+
+DS_TASK = "Analyse sales.csv: load it, summarise each column, plot two relationships, write findings"
+
+
+def test_a_copied_example_is_a_failed_candidate():
+    # What SmolLM2 did with the old prompt (its worked tea example, for a sales analysis), and
+    # the new prompt's placeholders copied as they are: both fail; the real plan is chosen.
+    old_copy = {"subtasks": [sub("facts", agent="researcher") | {"requirement": "List five facts about tea."},
+                             sub("photo") | {"requirement": "Describe a photo of a teacup."}]}
+    system = planning_messages(DS_TASK)[0]["content"]
+    placeholders = json.loads(system[system.index('{"subtasks"'):])
+    real = {"subtasks": [sub("load") | {"requirement": "Load sales.csv with pandas."},
+                         sub("plot", ["load"]) | {"requirement": "Plot two relationships."}]}
+    llm = fast_llm()
+    with LoopbackServer(responder=by_seed({0: placeholders, 1: real})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        cands = run(lambda: plan_candidates(DS_TASK, k=2, llm=llm), llm)
+    assert cands[0].error.startswith("OffTopicError: 3 of 3 subtasks copy the prompt's example")
+    assert cands[0].workflow is None and cands[1].ok
+    assert select(cands, DS_TASK) == 1
+    assert check_plan(["List five facts about tea.", "Describe a photo of a teacup."], DS_TASK,
+                      ["List five facts about tea.", "Describe a photo of a teacup."])
+    # The same words are no copy when they are the task's own.
+    assert check_plan(["List five facts about tea."], "List five facts about tea",
+                      ["List five facts about tea."]) is None
+
+
+def stepwise_responder(steps_by_seed, needs):
+    """Answers the steps question with steps_by_seed[seed], the dependency question with needs."""
+    def respond(body):
+        schema = body["response_format"]["json_schema"]["schema"]
+        if "steps" in schema["properties"]:
+            return json.dumps({"steps": steps_by_seed[body["seed"]]})
+        return json.dumps(needs)
+    return respond
+
+
+def test_stepwise_plans_steps_then_dependencies_and_ends_in_one_deliverable():
+    steps = ["1. Load sales.csv with pandas", "Summarise each column of sales.csv",
+             "Plot two relationships in sales.csv", "Write three findings about sales"]
+    # The model links 2 and 3 to 1 but leaves 2 unused: the last step takes it in.
+    needs = {"2": ["1"], "3": ["1"], "4": ["3"]}
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: steps}, needs)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(DS_TASK, k=1, llm=llm, method="stepwise"), llm)
+        bodies = [r["body"] for r in server.stats(bodies=True)["requests"]
+                  if r["path"].endswith("/chat/completions")]
+    first, second = (b["response_format"]["json_schema"]["schema"] for b in bodies)
+    assert first["properties"]["steps"]["maxItems"] <= 8
+    # Ids can only name earlier steps: the grammar has no way to write a cycle or a new id.
+    assert second["properties"]["4"]["items"]["enum"] == ["1", "2", "3"]
+    assert "2" not in second["properties"]["2"]["items"]["enum"]
+    # Two retrieved worked examples; the data-analysis template is the closest to this task.
+    shots = [m["content"] for m in bodies[0]["messages"] if m["role"] == "user"]
+    assert len(shots) == 3 and "exploratory data analysis" in shots[0]
+    assert all(b["max_tokens"] for b in bodies)   # every call is capped
+    wf = cand.workflow
+    assert cand.ok and len(wf.nodes) == 4 and nx.is_weakly_connected(wf.graph)
+    last = list(wf.nodes)[-1]
+    assert wf.nodes[list(wf.nodes)[0]].requirement == "Load sales.csv with pandas"
+    assert metrics.sinks(wf) == [last] and len(wf.parents(last)) == 2
+    assert any("now also uses" in w for w in cand.warnings)
+    assert cand.tokens_out > 0 and cand.scores["topic_share"] == 1.0
+    assert wf.nodes[last].agent == "writer"
+
+
+def test_stepwise_retrieves_the_users_own_finished_runs_first():
+    from flowmagic.engine.stepwise import retrieve
+    from flowmagic.store import Store
+
+    store = Store(":memory:")
+    plan_ = parse_plan({"subtasks": [sub("fetch") | {"requirement": "Fetch the ledger of invoices"},
+                                     sub("sum", ["fetch"]) | {"requirement": "Sum the invoices"},
+                                     sub("mail", ["sum"]) | {"requirement": "Mail the invoice totals"}]},
+                       task="Total the invoices of the ledger and mail them")
+    for n in plan_.nodes.values():
+        n.status = "done"
+    store.save_run("r1", task=plan_.task, workflow=plan_.to_dict(), status="done")
+    got = retrieve("Total last month's invoices from the ledger", 2, store)
+    assert got[0].source == "run r1" and got[0].needs == {"2": ["1"], "3": ["2"]}
+    assert got[1].source.startswith(("template", "shipped"))
+
+
+def test_planning_stops_at_its_time_limit():
+    llm = fast_llm()
+    with LoopbackServer(latency=3.0) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        started = time.perf_counter()
+        cands = run(lambda: plan_candidates(DS_TASK, k=2, llm=llm, time_limit_s=0.5), llm)
+        elapsed = time.perf_counter() - started
+    assert elapsed < 2.5
+    assert all(c.error.startswith("TimeoutError: no plan within 0.5 s") for c in cands)
+    with pytest.raises(PlanError, match="no plan came within the time limit"):
+        select(cands)

@@ -4,16 +4,8 @@ The K requests go out concurrently, each with its own seed (seed + i) and a mode
 temperature so the plans differ. Every reply is repaired by `graph.parse_plan`, cut to
 the caps (`max_subtasks`, `max_agents`) with a warning per cut, and scored with
 `metrics`. A candidate whose reply could not be used keeps its one-line error and is
-never chosen.
-
-`select` reports Flow's P_avg and C_dependency but does not rank by them: P_avg is 1/depth,
-so a one-node or dependency-free plan would always win. The rule (RULE) is, in order:
-coverage (a connected plan with one final, integrating subtask beats a connected plan with
-several loose ends, which beats one subtask or unconnected subtasks for a multi-step task);
-the speed-up |V|/T (width-aware parallelism); Theorem 1's expected successes per subtask at
-p = 0.1 (fewer dependencies, so Flow's Workflow 2 beats Workflow 1); fewer edges; fewer
-nodes; the earlier candidate. Every usable candidate gets a one-line `note` saying why it
-won or lost.
+never chosen. `selection.select` (re-exported here) chooses one and writes each usable
+candidate's one-line `note` saying why it won or lost.
 """
 
 from __future__ import annotations
@@ -25,17 +17,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..model import metrics
-from ..errors import ConfigError, EndpointError, ModelOutputError, PlanError
+from . import stepwise
+from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError, PlanError
 from ..model.graph import Workflow, parse_plan
+from ..model.plan_checks import check_plan, topic_share
+from .selection import RULE, candidate_line, coverage, multi_step, score, select
 
-__all__ = ["STRATEGIES", "RULE", "Candidate", "plan_schema", "planning_messages", "score",
-           "coverage", "multi_step", "candidate_line", "plan_candidates", "select", "plan"]
+__all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
+           "plan_schema", "planning_messages", "score", "coverage", "multi_step",
+           "candidate_line", "plan_candidates", "select", "plan"]
 
-TIE = 1e-9
-FAILURE_P = 0.1
-RULE = ("coverage (connected, one final subtask), then speed-up |V|/T, then Theorem 1's "
-        f"expected successes per subtask at p={FAILURE_P}, then fewer edges, fewer nodes")
 # strategy -> (instruction, usual subtask count as (lo, hi) or None)
 STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
     "balanced": ("Use as many subtasks as the task needs ({size}); balance their size "
@@ -47,16 +38,17 @@ STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
                       "\"estimate_s\", its estimated duration in seconds.", None),
 }
 HARD_MAX_K = 1000   # candidate plans per call, whatever max_k says (each one is a paid call)
-_EXAMPLE_TASK = "Write a blog post about tea with a photo"
-_EXAMPLE = [("facts", "List five facts about tea.", "researcher", [], 60),
-            ("photo", "Describe a photo of a teacup.", "designer", [], 30),
-            ("post", "Write the post from the facts and the photo.", "writer",
-             ["facts", "photo"], 90)]
-# Why a candidate failed, by error class, for PlanError's one-line summary.
-_WHY = {"TruncatedError": "the answer was cut off by the token limit",
-        "ModelOutputError": "the model did not answer with JSON",
-        "PlanError": "the plan had no usable subtasks",
-        "EndpointError": "the endpoint failed"}
+# Placeholders, not a worked example: SmolLM2 answered "List five facts about tea" to an
+# analysis of sales.csv when the prompt showed a real plan for a tea blog post.
+_EXAMPLE = [("<first_id>", "<what this subtask produces for the task>", "<role>", [], 60),
+            ("<second_id>", "<another part of the task>", "<role>", [], 60),
+            ("<last_id>", "<the deliverable, made from the results above>", "<role>",
+             ["<first_id>", "<second_id>"], 60)]
+EXAMPLE_TEXTS = tuple(r for _, r, _, _, _ in _EXAMPLE)
+# one call for the whole plan, or steps first then dependencies (see stepwise.py)
+METHODS = ("auto", "oneshot", "stepwise")
+PLAN_TIME_S = 120.0      # the embedded model's bound per candidate: K candidates, K x 120 s
+_TOKENS_PER_SUBTASK = 70
 
 
 @dataclass
@@ -172,7 +164,8 @@ def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: in
         lines.append(f"Use at most {max_subtasks} subtasks.")
     if max_agents:
         lines.append(f"Use at most {max_agents} different agent roles.")
-    lines.append(f"Example for the task \"{_EXAMPLE_TASK}\":\n{_example(strategy)}")
+    lines.append("Answer with JSON of this shape; every <...> is a placeholder to replace with "
+                 f"your own words for the task, never to copy:\n{_example(strategy)}")
     user = f"Task: {task.strip()}{_context_text(context)}"
     return [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": user}]
 
@@ -217,41 +210,59 @@ def _cap_agents(wf: Workflow, cap: int) -> None:
                        f"(max_agents={cap}): {moves}")
 
 
-def score(wf: Workflow, task: str = "") -> dict:
-    """The numbers `select` and the UI use, from metrics over the active nodes."""
-    scores = metrics.shape(wf, FAILURE_P)
-    scores["coverage"] = coverage(scores, multi_step(task or wf.task or ""))[0]
-    if any(n.estimate_s is not None for n in wf.nodes.values()):
-        scores["critical_path_s"] = metrics.critical_path(wf, "duration")[1]
-    return scores
-
-
 # ------------------------------------------------------------------------------ planning
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-async def _candidate(llm, index: int, seed: int, task: str, messages: list[dict],
-                     schema: dict, opts: dict, caps: tuple) -> Candidate:
+def _keep_usage(cand: Candidate, replies: list) -> None:
+    first = replies[0]
+    cand.call_id, cand.model = first.call_id, first.model
+    cand.tokens_in = sum(r.input_tokens for r in replies)
+    cand.tokens_out = sum(r.output_tokens for r in replies)
+    cand.cost_usd = sum(r.cost_usd for r in replies)
+    cand.latency_s = sum(r.latency_s for r in replies)
+    cand.cached = all(r.cached for r in replies)
+
+
+def _keep_error_usage(cand: Candidate, exc: BaseException) -> None:
+    # The call is logged by llm.py; its id and usage are kept when the error carries them.
+    cand.error, cand.call_id = _one_line(exc), getattr(exc, "call_id", None)
+    cand.tokens_in += getattr(exc, "input_tokens", 0) or 0
+    cand.tokens_out += getattr(exc, "output_tokens", 0) or 0
+    cand.cost_usd += getattr(exc, "cost_usd", 0.0) or 0.0
+    cand.cached = getattr(exc, "cached", False)
+
+
+async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dict,
+                     caps: tuple) -> Candidate:
     cand = Candidate(index=index, seed=seed)
+    extra: list[str] = []
     try:
-        reply = await llm.complete(messages, schema=schema, seed=seed, purpose="plan", **opts)
-    except (ModelOutputError, EndpointError) as exc:
-        # The call is logged by llm/client.py; its id and usage are kept when the error carries them.
-        cand.error, cand.call_id = _one_line(exc), getattr(exc, "call_id", None)
-        cand.tokens_in = getattr(exc, "input_tokens", 0) or 0
-        cand.tokens_out = getattr(exc, "output_tokens", 0) or 0
-        cand.cost_usd = getattr(exc, "cost_usd", 0.0) or 0.0
-        cand.cached = getattr(exc, "cached", False)
+        if job["method"] == "stepwise":
+            data, extra, replies = await stepwise.plan_stepwise(
+                llm, task, seed=seed, lo=job["lo"], hi=job["hi"], examples=job["examples"],
+                opts=dict(opts))
+        else:
+            reply = await llm.complete(job["messages"], schema=job["schema"], seed=seed,
+                                       purpose="plan", **opts)
+            data, replies = (reply.data if reply.data is not None else reply.text), [reply]
+    except (ModelOutputError, EndpointError, PlanError) as exc:
+        _keep_error_usage(cand, exc)
         return cand
-    cand.tokens_in, cand.tokens_out = reply.input_tokens, reply.output_tokens
-    cand.cost_usd, cand.call_id, cand.model = reply.cost_usd, reply.call_id, reply.model
-    cand.latency_s, cand.cached = reply.latency_s, reply.cached
+    _keep_usage(cand, replies)
     try:
-        wf = parse_plan(reply.data if reply.data is not None else reply.text, task=task)
+        wf = parse_plan(data, task=task)
+        problem = check_plan([n.requirement for n in wf.nodes.values()], task, job["copyable"])
+        if problem:
+            raise OffTopicError(problem)
     except PlanError as exc:
         cand.error = _one_line(exc)
         return cand
+    wf.warnings.extend(extra)
+    if topic_share([n.requirement for n in wf.nodes.values()], task) == 0.0:
+        wf.warnings.append("no subtask shares a word with the task; check that the plan is "
+                           "about it (a stronger model plans better)")
     max_subtasks, max_agents = caps
     if max_subtasks:
         _cap_subtasks(wf, max_subtasks)
@@ -261,18 +272,57 @@ async def _candidate(llm, index: int, seed: int, task: str, messages: list[dict]
     return cand
 
 
+def _method_of(method: str, model: str | None) -> str:
+    if method not in METHODS:
+        raise ConfigError(f"unknown planning method {method!r}; use one of {', '.join(METHODS)}")
+    if method != "auto":
+        return method
+    from ..llm.endpoints import resolve
+
+    return "stepwise" if resolve(model)[0].local else "oneshot"
+
+
+def _job(task: str, method: str, strategy: str, max_subtasks, max_agents, context,
+         store) -> dict:
+    """What every candidate of one planning shares: prompt or examples, schema, copy texts."""
+    if method == "stepwise":
+        usual = STRATEGIES[strategy][1] or (3, 6)
+        hi = min(max_subtasks or stepwise.MAX_STEPS, usual[1], stepwise.MAX_STEPS)
+        lo = max(min(usual[0], hi), min(2, hi))
+        examples = stepwise.retrieve(task, 2, store)
+        copyable = [s for e in examples for s in e.steps]
+        return {"method": method, "lo": lo, "hi": hi, "examples": examples,
+                "copyable": copyable + list(EXAMPLE_TEXTS)}
+    return {"method": method, "copyable": EXAMPLE_TEXTS,
+            "messages": planning_messages(task, strategy=strategy, max_subtasks=max_subtasks,
+                                          max_agents=max_agents, context=context),
+            "schema": plan_schema(strategy, max_subtasks)}
+
+
+def _timed_out(index: int, seed: int, limit: float) -> Candidate:
+    return Candidate(index=index, seed=seed,
+                     error=f"TimeoutError: no plan within {limit:g} s (time_limit_s); "
+                           "raise it, lower k, or use a faster model")
+
+
 async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                           strategy: str = "balanced", max_subtasks: int | None = None,
                           max_agents: int | None = None, llm=None, seed: int = 0,
                           run_id: str | None = None, context: Any = None,
                           temperature: float = 0.7, max_tokens: int | None = None,
-                          cache: bool = True,
+                          cache: bool = True, method: str = "auto",
+                          time_limit_s: float | None = None,
                           progress: Callable[[dict], Any] | None = None) -> list[Candidate]:
     """K candidate plans requested concurrently (seeds seed..seed+k-1), in index order.
 
-    Unusable replies become candidates with `error` set; configuration errors raise.
-    `progress(event)` hears {"phase": "asked", "k"} and, as each reply is read,
-    {"phase": "received", "done", "k", "ok"}.
+    method "oneshot" asks for the whole plan in one answer; "stepwise" asks for the steps
+    and then for their dependencies (stepwise.py); "auto" uses stepwise on the embedded
+    model. Every call has a token cap that fits its schema (`max_tokens` overrides it), and
+    the whole planning stops after `time_limit_s` (K x PLAN_TIME_S on the embedded model,
+    no limit elsewhere unless given): candidates still waiting then fail with a TimeoutError.
+    Unusable replies, copies of the prompt's example and off-topic plans become candidates
+    with `error` set; configuration errors raise. `progress(event)` hears {"phase": "asked",
+    "k"} and, as each reply is read, {"phase": "received", "done", "k", "ok"}.
     """
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; describe what the workflow should achieve")
@@ -282,145 +332,51 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     _check_strategy(strategy)
     _check_cap("max_subtasks", max_subtasks)
     _check_cap("max_agents", max_agents)
+    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float))
+                                         and time_limit_s > 0):
+        raise ConfigError(f"time_limit_s must be a positive number of seconds, not {time_limit_s!r}")
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
-    messages = planning_messages(task, strategy=strategy, max_subtasks=max_subtasks,
-                                 max_agents=max_agents, context=context)
-    schema = plan_schema(strategy, max_subtasks)
+    chosen_method = _method_of(method, model)
+    if time_limit_s is None and chosen_method == "stepwise" and method == "auto":
+        time_limit_s = PLAN_TIME_S * k
+    job = _job(task.strip(), chosen_method, strategy, max_subtasks, max_agents, context,
+               getattr(llm, "store", None))
+    if chosen_method == "oneshot" and max_tokens is None:
+        max_tokens = _TOKENS_PER_SUBTASK * (max_subtasks or 10) + 40
     opts = dict(model=model, temperature=temperature, max_tokens=max_tokens, cache=cache,
                 run_id=run_id)
-    jobs = [asyncio.ensure_future(_candidate(llm, i, seed + i, task.strip(), messages, schema,
-                                             opts, (max_subtasks, max_agents)))
+    jobs = [asyncio.ensure_future(_candidate(llm, i, seed + i, task.strip(), job, opts,
+                                             (max_subtasks, max_agents)))
             for i in range(k)]
     if progress is not None:
         progress({"phase": "asked", "k": k})
         received = []
 
-        def heard(job: asyncio.Future) -> None:
-            if not job.cancelled() and job.exception() is None:
-                received.append(job.result().ok)
+        def heard(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                received.append(fut.result().ok)
                 progress({"phase": "received", "done": len(received), "k": k,
                           "ok": sum(received)})
-        for job in jobs:
-            job.add_done_callback(heard)
+        for fut in jobs:
+            fut.add_done_callback(heard)
     try:
-        return list(await asyncio.gather(*jobs))
-    except BaseException:
-        # gather leaves the siblings running when one raises; stop them before re-raising.
-        for job in jobs:
-            job.cancel()
+        await asyncio.wait(jobs, timeout=time_limit_s)
+    finally:
+        for j in jobs:
+            j.cancel()
+        # A cancelled wait (the user stopped the cell) still collects every job.
         await asyncio.gather(*jobs, return_exceptions=True)
-        raise
-
-
-def _failure_summary(candidates: list[Candidate]) -> str:
-    kinds: Counter = Counter()
-    first: dict[str, str] = {}
-    for c in candidates:
-        kind, _, message = (c.error or "ModelOutputError: no plan").partition(": ")
-        why = _WHY.get(kind, "the plan could not be used")
-        kinds[why] += 1
-        first.setdefault(why, message[:120])
-    parts = [f"{why} ({first[why]})" if n == 1 else f"{n} x {why} (e.g. {first[why]})"
-             for why, n in kinds.items()]
-    return "; ".join(parts)
-
-
-_CUES = (",", ";", " and ", " then ", " after ", " before ", ":", "\n")
-
-
-def multi_step(task: str) -> bool:
-    """Whether a task reads as several steps (a list, "and", "then", or more than a line's
-    worth of words): for such a task a one-subtask plan does not cover it."""
-    text = f" {' '.join(task.lower().split())} "
-    return len(text.split()) > 8 or any(cue in text for cue in _CUES)
-
-
-def coverage(scores: dict, several_steps: bool = True) -> tuple[int, str]:
-    """(tier, why): 2 connected with one final subtask, 1 connected with several final
-    subtasks, 0 one subtask (for a multi-step task) or unconnected subtasks."""
-    n, edges, sinks = scores["nodes"], scores["edges"], scores["sinks"]
-    if n <= 1:
-        return (0, "one subtask for a multi-step task") if several_steps else (2, "one subtask")
-    if not scores["connected"]:
-        return 0, ("no dependencies (flat)" if edges == 0 else "unconnected pieces")
-    if sinks > 1:
-        return 1, f"connected but {sinks} final subtasks (no integrating last step)"
-    return 2, "connected, one final subtask"
-
-
-def _scores_of(c, task: str) -> dict:
-    scores = c.scores
-    if "speedup" not in scores or "sinks" not in scores:   # scored elsewhere (e.g. the updater)
-        scores = {**score(c.workflow, task), **scores}
-    return scores
-
-
-def _rank(c, scores: dict, several: bool) -> tuple:
-    return (-coverage(scores, several)[0], -round(scores["speedup"], 9),
-            -round(scores["success_share"], 9), scores["edges"], scores["nodes"], c.index)
-
-
-def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
-    """One line: the first criterion of RULE on which the winner beat the runner-up."""
-    (tw, why_w), (tr, why_r) = coverage(s, several), coverage(r, several)
-    if tw != tr:
-        return f"{why_w}; candidate {runner.index}: {why_r}"
-    if abs(s["speedup"] - r["speedup"]) > TIE:
-        return (f"{why_w}; speed-up |V|/T {s['speedup']:.2f} > {r['speedup']:.2f} "
-                f"(candidate {runner.index})")
-    if abs(s["success_share"] - r["success_share"]) > TIE:
-        return (f"{why_w}; same speed-up {s['speedup']:.2f}, fewer dependencies: expected "
-                f"successes (p={FAILURE_P}) {s['expected_successes']:.3f} > "
-                f"{r['expected_successes']:.3f} (candidate {runner.index})")
-    return (f"{why_w}; ties candidate {runner.index} on coverage, speed-up and expected "
-            f"successes; {s['edges']} vs {r['edges']} edges, {s['nodes']} vs {r['nodes']} nodes")
-
-
-def select(candidates: list, task: str = "") -> int:
-    """`index` of the best usable candidate by RULE; sets each usable candidate's `note`."""
-    ok = [c for c in candidates if c.ok]
-    if not ok:
-        if not candidates:
-            raise PlanError("there are no candidate plans to choose from; plan with k >= 1")
-        raise PlanError(f"all {len(candidates)} candidate plans failed: "
-                        f"{_failure_summary(candidates)}; try again, raise k, or use a "
-                        "stronger model")
-    task = task or next((c.workflow.task for c in ok if c.workflow.task), "")
-    several = multi_step(task)
-    scored = {c.index: _scores_of(c, task) for c in ok}
-    ranked = sorted(ok, key=lambda c: _rank(c, scored[c.index], several))
-    best = ranked[0]
-    head = (f"P_avg {scored[best.index]['parallelism']:.2f}, C_dependency "
-            f"{scored[best.index]['dependency_complexity']:.2f} (paper, reported); ")
-    if len(ranked) == 1:
-        _set_note(best, f"chosen: the only usable candidate; {coverage(scored[best.index], several)[1]}")
-    else:
-        _set_note(best, "chosen: " + head + _why(best, ranked[1], scored[best.index],
-                                                  scored[ranked[1].index], several))
-    for c in ranked[1:]:
-        _set_note(c, f"lost to candidate {best.index}: " + _why(best, c, scored[best.index],
-                                                                scored[c.index], several))
-    return best.index
-
-
-def candidate_line(c, chosen: int | None = None) -> str:
-    """One line per candidate for the CLI and the panel: its scores and why it won or lost."""
-    mark = "*" if c.index == chosen else " "
-    if not c.ok:
-        return f"{mark} candidate {c.index} (seed {c.seed}): failed: {c.error}"
-    s = c.scores
-    numbers = (f"{s.get('nodes')} nodes, {s.get('edges')} edges, speed-up "
-               f"{s.get('speedup', 0):.2f}, P_avg {s.get('parallelism', 0):.2f}, C_dependency "
-               f"{s.get('dependency_complexity', 0):.2f}, expected successes "
-               f"{s.get('expected_successes', 0):.3f}")
-    return f"{mark} candidate {c.index} (seed {c.seed}): {numbers}" + (f" -- {c.note}" if c.note else "")
-
-
-def _set_note(c, text: str) -> None:
-    if hasattr(c, "note"):
-        c.note = text
+    out = []
+    for i, j in enumerate(jobs):
+        if j.cancelled():
+            out.append(_timed_out(i, seed + i, time_limit_s or 0.0))
+        elif j.exception() is not None:
+            raise j.exception()
+        else:
+            out.append(j.result())
+    return out
 
 
 _RETRY_ROUNDS = 8   # earlier failed rounds of one task skipped by a retry

@@ -47,6 +47,7 @@ CONTINUE_PROMPT = ("Your answer stopped at the length limit. Continue it exactly
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
+LOCAL_MAX_TOKENS = 512   # every call on the embedded model is capped (a caller may lower it)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -374,6 +375,10 @@ class LLM:
         endpoint, model_name = _endpoints.resolve(model)
         if not model_name:
             model_name = await self._first_model(endpoint)
+        if max_tokens is None and endpoint.local:
+            # Uncapped, SmolLM2 ran to the end of its context (3,669 tokens) and the server
+            # kept generating after the client gave up.
+            max_tokens = LOCAL_MAX_TOKENS
         params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
                                     ("max_tokens", max_tokens), ("schema", schema),
                                     ("tools", tools or None)) if v is not None}

@@ -53,6 +53,15 @@ def model_path() -> Path:
     return path
 
 
+def _threads() -> int:
+    """llama.cpp threads: FLOWMAGIC_LOCAL_THREADS, else 1. On a busy 2-core machine one
+    thread generated ~8x faster than two (bench/plans.py --threads; issue 21)."""
+    raw = os.environ.get("FLOWMAGIC_LOCAL_THREADS", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"FLOWMAGIC_LOCAL_THREADS={raw!r} must be a whole number >= 1")
+    return int(raw)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -86,7 +95,7 @@ def ensure_server(timeout: float = 90.0) -> str:
         log = open(log_path, "ab")
         cmd = [sys.executable, "-m", "flowmagic.llm._server", "--model", str(gguf),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
-               "--n_threads", str(max(1, min(4, os.cpu_count() or 1))),
+               "--n_threads", str(_threads()),
                "--model_alias", "smollm2-135m-instruct"]
         env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
         _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

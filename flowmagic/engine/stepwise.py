@@ -1,0 +1,206 @@
+"""Stepwise planning for small models: list the steps, then ask what each step needs.
+
+A whole plan in one JSON answer is too much for a 135M model: SmolLM2 copied the prompt's
+example or wrote one or two unlinked subtasks (bench/plans.py measures it). So the embedded
+model is asked two small things instead:
+
+1. `{"steps": [...]}`: 3 to 8 one-sentence steps in order, after two worked examples
+   chosen by similarity to the task (TF-IDF) from the user's own finished runs in the
+   store and from the plans shipped in `templates/plans.json`.
+2. For each step, the numbers of the earlier steps it uses, under a JSON schema whose
+   items are enums of earlier numbers; llama.cpp turns it into a grammar, so the model
+   can neither invent an id nor write a cycle.
+
+Steps that no later step uses feed the last step, which delivers the result, so the plan
+is connected and ends in one integrating subtask (a warning says which links were added).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError
+from ..model.graph import SLUG_MAX, slugify
+from ..model.plans import role_for
+
+__all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_schema",
+           "steps_messages", "needs_schema", "needs_messages", "clean_steps", "build_plan",
+           "plan_stepwise", "SHIPPED"]
+
+SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
+MAX_STEPS = 8
+_NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
+_STEPS_SYSTEM = (
+    "You split a task into the steps a team of AI agents will do. Answer with JSON "
+    '{{"steps": [...]}}: {lo} to {hi} steps in the order they are done, each one short '
+    "sentence that names what it works on (the file, data or topic of the task). The last "
+    "step delivers what the task asks for.")
+_NEEDS_SYSTEM = (
+    "For each step of the plan below, give the numbers of the earlier steps whose results "
+    "it uses, or [] when it needs none. Steps that do not use each other can run at the "
+    "same time, so list only what a step really uses.")
+
+
+@dataclass
+class Example:
+    task: str
+    steps: list[str]
+    needs: dict[str, list[str]] = field(default_factory=dict)
+    source: str = "shipped"
+
+
+@lru_cache(maxsize=1)
+def shipped_examples() -> tuple[Example, ...]:
+    data = json.loads(SHIPPED.read_text(encoding="utf-8"))
+    return tuple(Example(p["task"], list(p["steps"]), dict(p.get("needs") or {}),
+                         f"template {p['template']}" if p.get("template") else "shipped")
+                 for p in data["plans"])
+
+
+def _example_of_run(run: dict) -> Example | None:
+    workflow = run.get("workflow") or {}
+    nodes = [n for n in workflow.get("nodes") or []
+             if n.get("status") != "pruned" and n.get("requirement")]
+    if not 3 <= len(nodes) <= MAX_STEPS:
+        return None
+    number = {n["id"]: i + 1 for i, n in enumerate(nodes)}
+    needs: dict[str, list[str]] = {}
+    for a, b in workflow.get("edges") or []:
+        # Only links to earlier steps: an example must show the shape asked for.
+        if a in number and b in number and number[a] < number[b]:
+            needs.setdefault(str(number[b]), []).append(str(number[a]))
+    return Example(run["task"], [n["requirement"] for n in nodes], needs, f"run {run['id']}")
+
+
+def past_examples(store, limit: int = 50) -> list[Example]:
+    """Plans of the user's runs that finished with every subtask done (newest first)."""
+    out = []
+    for row in store.list_runs(limit):
+        if row.get("status") != "done" or not row.get("task"):
+            continue
+        try:
+            example = _example_of_run(store.load_run(row["id"]))
+        except Exception:  # noqa: BLE001 - an unreadable old run is simply not an example
+            continue
+        if example is not None:
+            out.append(example)
+    return out
+
+
+def retrieve(task: str, n: int = 2, store=None) -> list[Example]:
+    """The n examples most similar to the task; the user's own runs first on equal scores."""
+    from ..model.similarity import TfidfSimilarity
+
+    pool = (past_examples(store) if store is not None else []) + list(shipped_examples())
+    if not pool or n <= 0:
+        return []
+    sims = TfidfSimilarity()([task], [f"{e.task} {' '.join(e.steps)}" for e in pool])[0]
+    order = sorted(range(len(pool)), key=lambda i: (-round(sims[i], 9), i))
+    seen, out = set(), []
+    for i in order:
+        if pool[i].task not in seen:
+            seen.add(pool[i].task)
+            out.append(pool[i])
+        if len(out) == n:
+            break
+    return out
+
+
+def steps_schema(lo: int, hi: int) -> dict:
+    return {"type": "object", "required": ["steps"], "properties": {"steps": {
+        "type": "array", "minItems": lo, "maxItems": hi,
+        "items": {"type": "string", "minLength": 8}}}}
+
+
+def steps_messages(task: str, examples: list[Example], lo: int, hi: int) -> list[dict]:
+    messages = [{"role": "system", "content": _STEPS_SYSTEM.format(lo=lo, hi=hi)}]
+    for e in examples:
+        messages += [{"role": "user", "content": f"Task: {e.task}"},
+                     {"role": "assistant", "content": json.dumps({"steps": e.steps})}]
+    return messages + [{"role": "user", "content": f"Task: {task}"}]
+
+
+def needs_schema(n: int) -> dict:
+    props = {str(i): {"type": "array", "maxItems": i - 1,
+                      "items": {"enum": [str(j) for j in range(1, i)]}} for i in range(2, n + 1)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def _listing(task: str, steps: list[str]) -> str:
+    return f"Task: {task}\nSteps:\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
+def needs_messages(task: str, steps: list[str], examples: list[Example]) -> list[dict]:
+    messages = [{"role": "system", "content": _NEEDS_SYSTEM}]
+    for e in examples[:1]:
+        shown = {str(i): e.needs.get(str(i), []) for i in range(2, len(e.steps) + 1)}
+        messages += [{"role": "user", "content": _listing(e.task, e.steps)},
+                     {"role": "assistant", "content": json.dumps(shown)}]
+    return messages + [{"role": "user", "content": _listing(task, steps)}]
+
+
+def clean_steps(raw: Any, hi: int) -> list[str]:
+    """Step texts without numbering, blanks or repeats, at most `hi`."""
+    items = raw.get("steps") if isinstance(raw, dict) else raw
+    if not isinstance(items, list):
+        raise PlanError("the model gave no list of steps; try again or use a stronger model")
+    out: list[str] = []
+    for item in items:
+        text = " ".join(_NUMBERING.sub("", item).split()) if isinstance(item, str) else ""
+        if text and text.lower() not in {s.lower() for s in out}:
+            out.append(text)
+    if len(out) < 2:
+        raise PlanError(f"the model listed {len(out)} usable step(s); a plan needs at least two")
+    return out[:hi]
+
+
+def _ids(steps: list[str]) -> list[str]:
+    ids: list[str] = []
+    for i, step in enumerate(steps, 1):
+        words = re.findall(r"[A-Za-z0-9]+", step)[:4]
+        base = slugify("_".join(words))[: SLUG_MAX - 3].rstrip("_") or f"step_{i}"
+        name, k = base, 2
+        while name in ids:
+            name, k = f"{base}_{k}", k + 1
+        ids.append(name)
+    return ids
+
+
+def build_plan(steps: list[str], needs: Any) -> tuple[dict, list[str]]:
+    """A plan dict for `parse_plan` and the warnings of the links added to the last step."""
+    ids = _ids(steps)
+    needs = needs if isinstance(needs, dict) else {}
+    deps: list[list[str]] = []
+    for i in range(1, len(steps) + 1):
+        got = needs.get(str(i)) or []
+        nums = sorted({int(x) for x in got if str(x).isdigit() and 1 <= int(x) < i})
+        deps.append([ids[j - 1] for j in nums])
+    used = {d for ds in deps for d in ds}
+    loose = [ids[i] for i in range(len(steps) - 1) if ids[i] not in used]
+    warnings = []
+    if loose:
+        deps[-1] = deps[-1] + [x for x in loose if x not in deps[-1]]
+        warnings.append(f"the last step, {ids[-1]}, now also uses {', '.join(loose)} "
+                        "(no later step used them), so the plan ends in one deliverable")
+    plan = {"subtasks": [{"id": ids[i], "requirement": steps[i], "agent": role_for(steps[i]),
+                          "depends_on": deps[i]} for i in range(len(steps))]}
+    return plan, warnings
+
+
+async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
+                        examples: list[Example], opts: dict) -> tuple[dict, list[str], list]:
+    """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
+    cap = opts.pop("max_tokens", None)
+    first = await llm.complete(steps_messages(task, examples, lo, hi), schema=steps_schema(lo, hi),
+                               seed=seed, purpose="plan", max_tokens=cap or 60 * hi + 40, **opts)
+    steps = clean_steps(first.data, hi)
+    second = await llm.complete(needs_messages(task, steps, examples),
+                                schema=needs_schema(len(steps)), seed=seed, purpose="plan",
+                                max_tokens=12 * len(steps) + 30, **opts)
+    plan, warnings = build_plan(steps, second.data)
+    return plan, warnings, [first, second]

@@ -1,0 +1,95 @@
+"""Is a plan about its task? Topic and copy checks on plain words, no model.
+
+Small models often answer with the prompt's example instead of a plan for the task
+(SmolLM2-135M planned "List five facts about tea" for an analysis of sales.csv). A
+subtask is *on topic* when it shares a content word (compared by its first five letters,
+so "analysis" meets "analyse") with the task, or with a subtask that does (so "Boil the
+water" next to "Heat water for the tea" counts). A subtask *copies* an example when it
+repeats an example's text (or a `<placeholder>`) and is not on topic. `check_plan` says
+so in one line, and the planner makes such a candidate a failed one. Being off topic alone
+is only reported (`topic_share`, a warning): "Load the data" is a fine first step for
+"Analyse sales.csv" and shares no word with it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+
+__all__ = ["content_words", "on_topic", "topic_share", "copied", "check_plan"]
+
+_STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
+these those then than into onto each every all any some one two three four five six seven
+eight nine ten first next last final step steps task tasks subtask make do does done use
+using used get give write short about your you our their them they his her which what when
+how who not no yes can will should must may might also more most other such only very""".split())
+# A whole requirement in angle brackets ("<what this subtask produces>"); "a < b > c" is not.
+_PLACEHOLDER = re.compile(r"^\s*<[A-Za-z][^<>]{0,80}>\W*$")
+COPY_RATIO = 0.8      # similarity of a whole subtask to an example
+CONTAIN_RATIO = 0.9   # share of an example found verbatim inside a subtask
+
+
+def content_words(text: str) -> set[str]:
+    """Lowercase words of 3+ letters minus common words, cut to their first five letters."""
+    return {w[:5] for w in re.findall(r"[a-z][a-z0-9]+", text.lower())
+            if len(w) > 2 and w not in _STOP}
+
+
+def on_topic(requirements: list[str], task: str) -> list[bool]:
+    """Per subtask: shares a content word with the task, or with a subtask that does."""
+    task_words = content_words(task)
+    words = [content_words(r) for r in requirements]
+    direct = [bool(w & task_words) for w in words]
+    linked = set().union(*(w for w, d in zip(words, direct) if d)) if any(direct) else set()
+    return [d or bool(w & linked) for w, d in zip(words, direct)]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _contains(mine: str, example: str) -> bool:
+    """Most of the example's text appears verbatim in `mine` (a copy with words added)."""
+    if len(example) < 20:
+        return False
+    match = difflib.SequenceMatcher(None, mine, example, autojunk=False).find_longest_match()
+    return match.size >= CONTAIN_RATIO * len(example)
+
+
+def copied(requirement: str, task: str, examples: Iterable[str]) -> bool:
+    """True when the text is a placeholder, repeats an example text without being about the
+    task, or carries most of an example verbatim whose words the task does not have."""
+    if _PLACEHOLDER.match(requirement):
+        return True
+    mine, task_words = _norm(requirement), content_words(task)
+    about_task = bool(content_words(requirement) & task_words)
+    for example in examples:
+        theirs = _norm(example)
+        if not theirs:
+            continue
+        if not about_task and difflib.SequenceMatcher(None, mine, theirs).ratio() >= COPY_RATIO:
+            return True
+        theirs_words = content_words(example)
+        foreign = len(theirs_words - task_words) > len(theirs_words) / 2
+        if foreign and _contains(mine, theirs):
+            return True
+    return False
+
+
+def topic_share(requirements: list[str], task: str) -> float:
+    """The share of subtasks on topic (1.0 when the task has no content word to match)."""
+    if not requirements or not content_words(task):
+        return 1.0
+    flags = on_topic(requirements, task)
+    return sum(flags) / len(flags)
+
+
+def check_plan(requirements: list[str], task: str, examples: Iterable[str] = ()) -> str | None:
+    """None unless a subtask copies an example; else one line saying so."""
+    examples = list(examples)
+    copies = [r for r in requirements if copied(r, task, examples)]
+    if copies:
+        return (f"{len(copies)} of {len(requirements)} subtasks copy the prompt's example "
+                f"instead of planning the task (e.g. {copies[0][:60]!r})")
+    return None
