@@ -472,3 +472,17 @@ def test_planning_stops_at_its_time_limit():
     assert all(c.error.startswith("TimeoutError: no plan within 0.5 s") for c in cands)
     with pytest.raises(PlanError, match="no plan came within the time limit"):
         select(cands)
+
+
+def test_stepwise_keeps_the_steps_when_the_dependency_answer_is_unreadable():
+    steps = ["Load sales.csv", "Summarise sales.csv", "Write the sales findings"]
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: steps}, None)) as server:
+        server.responder = lambda body: (json.dumps({"steps": steps})
+                                         if "steps" in json.dumps(body["response_format"])
+                                         else '{"2": ["1"], "3": [')   # cut off
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(DS_TASK, k=1, llm=llm, method="stepwise"), llm)
+    assert cand.ok and len(cand.workflow.nodes) == 3
+    assert metrics.sinks(cand.workflow) == [list(cand.workflow.nodes)[-1]]
+    assert "could not be read" in cand.warnings[0]

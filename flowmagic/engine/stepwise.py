@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
+from ..errors import ModelOutputError, PlanError
 from ..model.graph import SLUG_MAX, slugify
 from ..model.plans import role_for
 
@@ -34,6 +34,7 @@ __all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_sc
 
 SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
 MAX_STEPS = 8
+STEP_CHARS = 150   # a step is one sentence; the grammar stops a run-on one
 _NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
 _STEPS_SYSTEM = (
     "You split a task into the steps a team of AI agents will do. Answer with JSON "
@@ -114,7 +115,7 @@ def retrieve(task: str, n: int = 2, store=None) -> list[Example]:
 def steps_schema(lo: int, hi: int) -> dict:
     return {"type": "object", "required": ["steps"], "properties": {"steps": {
         "type": "array", "minItems": lo, "maxItems": hi,
-        "items": {"type": "string", "minLength": 8}}}}
+        "items": {"type": "string", "minLength": 8, "maxLength": STEP_CHARS}}}}
 
 
 def steps_messages(task: str, examples: list[Example], lo: int, hi: int) -> list[dict]:
@@ -197,10 +198,20 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
     """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
     cap = opts.pop("max_tokens", None)
     first = await llm.complete(steps_messages(task, examples, lo, hi), schema=steps_schema(lo, hi),
-                               seed=seed, purpose="plan", max_tokens=cap or 60 * hi + 40, **opts)
+                               seed=seed, purpose="plan",
+                               max_tokens=cap or (STEP_CHARS // 3 + 8) * hi + 30, **opts)
     steps = clean_steps(first.data, hi)
-    second = await llm.complete(needs_messages(task, steps, examples),
-                                schema=needs_schema(len(steps)), seed=seed, purpose="plan",
-                                max_tokens=12 * len(steps) + 30, **opts)
+    n = len(steps)
+    try:
+        # Room for every key and every earlier number, at a few tokens each.
+        second = await llm.complete(needs_messages(task, steps, examples),
+                                    schema=needs_schema(n), seed=seed, purpose="plan",
+                                    max_tokens=8 * n + 2 * n * (n - 1) + 30, **opts)
+    except ModelOutputError as exc:
+        plan, warnings = build_plan(steps, {})
+        warnings.insert(0, f"the model's answer on which steps need which could not be read "
+                           f"({' '.join(str(exc).split())[:100]}); the steps were kept, "
+                           "all feeding the last one")
+        return plan, warnings, [first]
     plan, warnings = build_plan(steps, second.data)
     return plan, warnings, [first, second]
