@@ -2,7 +2,7 @@
 
 import pytest
 
-from flowmagic.model.plan_checks import check_plan, copied, on_topic, topic_share
+from flowmagic.model.plan_checks import check_plan, copied, on_topic, subject_words, topic_share
 
 SALES = "Analyse sales.csv and write three findings"
 TEA_EXAMPLE = ["List five facts about tea.", "Describe a photo of a teacup."]
@@ -40,3 +40,10 @@ def test_check_plan_is_one_line_naming_a_copy():
     line = check_plan(TEA_EXAMPLE + ["Load sales.csv"], SALES, TEA_EXAMPLE)
     assert line.startswith("2 of 3 subtasks copy the prompt's example") and "\n" not in line
     assert check_plan(["Load sales.csv", "Plot it"], SALES, TEA_EXAMPLE) is None
+
+
+def test_a_plural_is_the_same_word_and_the_subject_is_the_tasks_own_words():
+    task = "How to Relieve Urinary Tract Infections in Cats"
+    assert on_topic(["Lick the cat's nose", "Give the cat fresh water"], task) == [True, True]
+    assert subject_words(task) == ["relieve", "urinary", "tract"]
+    assert subject_words("How to Prepare Saffron") == ["prepare", "saffron"]

@@ -486,3 +486,42 @@ def test_stepwise_keeps_the_steps_when_the_dependency_answer_is_unreadable():
     assert cand.ok and len(cand.workflow.nodes) == 3
     assert metrics.sinks(cand.workflow) == [list(cand.workflow.nodes)[-1]]
     assert "could not be read" in cand.warnings[0]
+
+
+def test_stepwise_asks_again_naming_the_task_when_a_step_drifts():
+    from flowmagic.engine.stepwise import REASK_SEED
+
+    task = "How to Prepare Saffron"
+    drift = ["Prepare the saffron threads", "Cook the pasta with garlic", "Serve hot ginger beer"]
+    kept = ["Crush the saffron threads", "Soak the saffron in warm water",
+            "Stir the saffron water into the rice"]
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: drift, REASK_SEED: kept},
+                                                     {"2": ["1"], "3": ["2"]})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
+        bodies = [r["body"] for r in server.stats(bodies=True)["requests"]
+                  if r["path"].endswith("/chat/completions")]
+    assert len(bodies) == 3   # steps, steps again, dependencies
+    assert bodies[1]["messages"][-1]["content"].endswith(
+        "Every step is about prepare, saffron: name it in each step.")
+    assert [n.requirement for n in cand.workflow.nodes.values()] == kept
+    assert cand.scores["topic_share"] == 1.0
+    assert any("asked again naming prepare, saffron" in w for w in cand.warnings)
+
+
+def test_a_plan_on_topic_beats_a_wider_plan_that_drifts():
+    task = "Analyse sales.csv: load it, plot it and write findings"
+    on = {"subtasks": [sub("load") | {"requirement": "Load sales.csv"},
+                       sub("plot", ["load"]) | {"requirement": "Plot the sales by month"},
+                       sub("findings", ["plot"]) | {"requirement": "Write findings on sales"}]}
+    drift = {"subtasks": [sub("load") | {"requirement": "Load sales.csv"},
+                          sub("fence") | {"requirement": "Paint the garden fence"},
+                          sub("findings", ["load", "fence"]) |
+                          {"requirement": "Write findings on sales"}]}
+    cands = [Candidate(i, i, workflow=parse_plan(p, task=task),
+                       scores=score(parse_plan(p, task=task), task))
+             for i, p in enumerate([drift, on])]
+    assert cands[0].scores["speedup"] > cands[1].scores["speedup"]
+    assert select(cands, task) == 1
+    assert "100% of subtasks on topic > 67%" in cands[1].note

@@ -4,6 +4,8 @@ Flow's P_avg and C_dependency are reported as the paper defines them, but not ra
 P_avg is 1/depth, so a one-node or dependency-free plan would always win. RULE, in order:
 coverage (a connected plan with one final, integrating subtask beats a connected plan with
 several loose ends, which beats one subtask or unconnected subtasks for a multi-step task);
+the share of subtasks on topic (plan_checks.topic_share: a plan that drifts off the task
+covers less of it);
 the speed-up |V|/T (width-aware parallelism); Theorem 1's expected successes per subtask
 at p = 0.1 (fewer dependencies, so Flow's Workflow 2 beats Workflow 1); fewer edges; fewer
 nodes; the earlier candidate. Works on planner and updater candidates alike (anything with
@@ -24,7 +26,8 @@ __all__ = ["RULE", "FAILURE_P", "TIE", "score", "coverage", "multi_step", "selec
 
 TIE = 1e-9
 FAILURE_P = 0.1
-RULE = ("coverage (connected, one final subtask), then speed-up |V|/T, then Theorem 1's "
+RULE = ("coverage (connected, one final subtask), then the share of subtasks on topic, then "
+        "speed-up |V|/T, then Theorem 1's "
         f"expected successes per subtask at p={FAILURE_P}, then fewer edges, fewer nodes")
 # Why a candidate failed, by error class, for PlanError's one-line summary.
 _WHY = {"TruncatedError": "the answer was cut off by the token limit",
@@ -91,7 +94,8 @@ def _scores_of(c, task: str) -> dict:
 
 
 def _rank(c, scores: dict, several: bool) -> tuple:
-    return (-coverage(scores, several)[0], -round(scores["speedup"], 9),
+    return (-coverage(scores, several)[0], -round(scores.get("topic_share", 1.0), 9),
+            -round(scores["speedup"], 9),
             -round(scores["success_share"], 9), scores["edges"], scores["nodes"], c.index)
 
 
@@ -100,6 +104,10 @@ def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
     (tw, why_w), (tr, why_r) = coverage(s, several), coverage(r, several)
     if tw != tr:
         return f"{why_w}; candidate {runner.index}: {why_r}"
+    topic_w, topic_r = s.get("topic_share", 1.0), r.get("topic_share", 1.0)
+    if abs(topic_w - topic_r) > TIE:
+        return (f"{why_w}; {topic_w:.0%} of subtasks on topic > {topic_r:.0%} "
+                f"(candidate {runner.index})")
     if abs(s["speedup"] - r["speedup"]) > TIE:
         return (f"{why_w}; speed-up |V|/T {s['speedup']:.2f} > {r['speedup']:.2f} "
                 f"(candidate {runner.index})")
@@ -107,9 +115,9 @@ def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
         return (f"{why_w}; same speed-up {s['speedup']:.2f}, fewer dependencies: expected "
                 f"successes (p={FAILURE_P}) {s['expected_successes']:.3f} of {s['nodes']} > "
                 f"{r['expected_successes']:.3f} of {r['nodes']} (candidate {runner.index})")
-    return (f"{why_w}; same coverage, speed-up and expected successes per subtask as "
-            f"candidate {runner.index}; then {s['edges']} vs {r['edges']} edges, {s['nodes']} vs "
-            f"{r['nodes']} nodes, then the earlier candidate")
+    return (f"{why_w}; same coverage, topic share, speed-up and expected successes per "
+            f"subtask as candidate {runner.index}; then {s['edges']} vs {r['edges']} edges, "
+            f"{s['nodes']} vs {r['nodes']} nodes, then the earlier candidate")
 
 
 def select(candidates: list, task: str = "") -> int:

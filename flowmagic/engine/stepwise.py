@@ -11,8 +11,11 @@ model is asked two small things instead:
    items are enums of earlier numbers; llama.cpp turns it into a grammar, so the model
    can neither invent an id nor write a cycle.
 
-Steps that no later step uses feed the last step, which delivers the result, so the plan
-is connected and ends in one integrating subtask (a warning says which links were added).
+When a step shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in a
+guide to green tea), the steps are asked once more with the task's words named, and the
+answer more on topic is kept. Steps that no later step uses feed the last step, which
+delivers the result, so the plan is connected and ends in one integrating subtask (a
+warning says which links were added).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelOutputError, PlanError
+from ..model.plan_checks import subject_words, topic_share
 from ..model.graph import SLUG_MAX, slugify
 from ..model.plans import role_for
 
@@ -35,6 +39,7 @@ __all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_sc
 SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
 MAX_STEPS = 8
 STEP_CHARS = 150   # a step is one sentence; the grammar stops a run-on one
+REASK_SEED = 7919  # the second ask for steps (after a drift) uses seed + this
 _NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
 _STEPS_SYSTEM = (
     "You split a task into the steps a team of AI agents will do. Answer with JSON "
@@ -118,12 +123,16 @@ def steps_schema(lo: int, hi: int) -> dict:
         "items": {"type": "string", "minLength": 8, "maxLength": STEP_CHARS}}}}
 
 
-def steps_messages(task: str, examples: list[Example], lo: int, hi: int) -> list[dict]:
+def steps_messages(task: str, examples: list[Example], lo: int, hi: int,
+                   about: list[str] | None = None) -> list[dict]:
     messages = [{"role": "system", "content": _STEPS_SYSTEM.format(lo=lo, hi=hi)}]
     for e in examples:
         messages += [{"role": "user", "content": f"Task: {e.task}"},
                      {"role": "assistant", "content": json.dumps({"steps": e.steps})}]
-    return messages + [{"role": "user", "content": f"Task: {task}"}]
+    ask = f"Task: {task}"
+    if about:
+        ask += f"\nEvery step is about {', '.join(about)}: name it in each step."
+    return messages + [{"role": "user", "content": ask}]
 
 
 def needs_schema(n: int) -> dict:
@@ -197,10 +206,26 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
                         examples: list[Example], opts: dict) -> tuple[dict, list[str], list]:
     """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
     cap = opts.pop("max_tokens", None)
+    cap = cap or (STEP_CHARS // 3 + 8) * hi + 30
     first = await llm.complete(steps_messages(task, examples, lo, hi), schema=steps_schema(lo, hi),
-                               seed=seed, purpose="plan",
-                               max_tokens=cap or (STEP_CHARS // 3 + 8) * hi + 30, **opts)
+                               seed=seed, purpose="plan", max_tokens=cap, **opts)
     steps = clean_steps(first.data, hi)
+    asked, notes = [first], []
+    share, about = topic_share(steps, task), subject_words(task)
+    if share < 1.0 and about:
+        try:
+            again = await llm.complete(steps_messages(task, examples, lo, hi, about),
+                                       schema=steps_schema(lo, hi), seed=seed + REASK_SEED,
+                                       purpose="plan", max_tokens=cap, **opts)
+            asked.append(again)
+            other = clean_steps(again.data, hi)
+        except (ModelOutputError, PlanError):
+            other = []
+        if other and topic_share(other, task) > share:
+            notes.append(f"{share:.0%} of the first steps were about the task; asked again "
+                         f"naming {', '.join(about)} and kept the second answer "
+                         f"({topic_share(other, task):.0%})")
+            steps = other
     n = len(steps)
     try:
         # Room for every key and every earlier number, at a few tokens each.
@@ -209,9 +234,9 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
                                     max_tokens=8 * n + 2 * n * (n - 1) + 30, **opts)
     except ModelOutputError as exc:
         plan, warnings = build_plan(steps, {})
-        warnings.insert(0, f"the model's answer on which steps need which could not be read "
-                           f"({' '.join(str(exc).split())[:100]}); the steps were kept, "
-                           "all feeding the last one")
-        return plan, warnings, [first]
+        why = " ".join(str(exc).split())[:100]
+        warnings[:0] = notes + [f"the model's answer on which steps need which could not be "
+                                f"read ({why}); the steps were kept, all feeding the last one"]
+        return plan, warnings, asked
     plan, warnings = build_plan(steps, second.data)
-    return plan, warnings, [first, second]
+    return plan, notes + warnings, asked + [second]

@@ -2,11 +2,12 @@
 
 Small models often answer with the prompt's example instead of a plan for the task
 (SmolLM2-135M planned "List five facts about tea" for an analysis of sales.csv). A
-subtask is *on topic* when it shares a content word (compared by its first five letters,
-so "analysis" meets "analyse") with the task, or with a subtask that does (so "Boil the
-water" next to "Heat water for the tea" counts). A subtask *copies* an example when it
-repeats an example's text (or a `<placeholder>`) and is not on topic. `check_plan` says
-so in one line, and the planner makes such a candidate a failed one. Being off topic alone
+subtask is *on topic* when it shares a content word (compared by its first five letters
+after a plural "s": "analysis" meets "analyse", "cats" meets "cat's") with the task, or
+with a subtask that does (so "Boil the water" next to "Heat water for the tea" counts).
+A subtask *copies* an example when it repeats an example's text (or a `<placeholder>`)
+and is not on topic. `check_plan` says so in one line, and the planner makes such a
+candidate a failed one. Being off topic alone
 is only reported (`topic_share`, a warning): "Load the data" is a fine first step for
 "Analyse sales.csv" and shares no word with it.
 """
@@ -17,7 +18,8 @@ import difflib
 import re
 from collections.abc import Iterable
 
-__all__ = ["content_words", "on_topic", "topic_share", "copied", "check_plan"]
+__all__ = ["content_words", "subject_words", "on_topic", "topic_share", "copied",
+           "check_plan"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -30,10 +32,29 @@ COPY_RATIO = 0.8      # similarity of a whole subtask to an example
 CONTAIN_RATIO = 0.9   # share of an example found verbatim inside a subtask
 
 
+def _words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[a-z][a-z0-9]+", text.lower()) if len(w) > 2 and w not in _STOP]
+
+
+def _stem(word: str) -> str:
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]   # "cats" and "cat's" are the cat; "glass" stays
+    return word[:5]
+
+
 def content_words(text: str) -> set[str]:
-    """Lowercase words of 3+ letters minus common words, cut to their first five letters."""
-    return {w[:5] for w in re.findall(r"[a-z][a-z0-9]+", text.lower())
-            if len(w) > 2 and w not in _STOP}
+    """Lowercase words of 3+ letters minus common words, without a plural "s", cut to their
+    first five letters."""
+    return {_stem(w) for w in _words(text)}
+
+
+def subject_words(task: str, n: int = 3) -> list[str]:
+    """The task's first `n` content words as written (lowercase): what every step is about."""
+    out: list[str] = []
+    for w in _words(task):
+        if w not in out and not w.isdigit():
+            out.append(w)
+    return out[:n]
 
 
 def on_topic(requirements: list[str], task: str) -> list[bool]:
