@@ -525,3 +525,30 @@ def test_a_plan_on_topic_beats_a_wider_plan_that_drifts():
     assert cands[0].scores["speedup"] > cands[1].scores["speedup"]
     assert select(cands, task) == 1
     assert "100% of subtasks on topic > 67%" in cands[1].note
+
+
+def test_following_the_users_own_plan_for_the_same_task_is_no_copy():
+    # `make demo` twice: the first run's plan is retrieved as a worked example for the second
+    # and SmolLM2 follows it. That is the user's own plan for this task, not a copied example.
+    task = ("Write a short guide to brewing green tea: pick the leaves, heat the water, "
+            "steep, and serve")
+    steps = ["Pick the green tea leaves", "Place them in boiling water and let it steep for 10 "
+             "minutes", "Serve hot ginger beer with a side of steamed asparagus"]
+    past = parse_plan({"subtasks": [sub("pick") | {"requirement": steps[0]},
+                                    sub("steep", ["pick"]) | {"requirement": steps[1]},
+                                    sub("serve", ["steep"]) | {"requirement": steps[2]}]},
+                      task=task)
+    for node in past.nodes.values():
+        node.status = "done"
+    llm = fast_llm()
+    llm.store.save_run("r0", task=task, workflow=past.to_dict(), status="done")
+    respond = stepwise_responder({0: steps}, {"2": ["1"], "3": ["2"]})
+    with LoopbackServer(responder=respond) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
+        shown = server.stats(bodies=True)["requests"][0]["body"]["messages"][2]["content"]
+    assert "Place them in boiling water" in shown   # the past run was the first example
+    assert cand.ok, cand.error
+    # A shipped example's steps for another task are still a copy.
+    assert check_plan(["Mix flour, eggs and milk into a batter"], task,
+                      ["Mix flour, eggs and milk into a batter"])

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import stepwise
 from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError, PlanError
 from ..model.graph import Workflow, parse_plan
-from ..model.plan_checks import check_plan, topic_share
+from ..model.plan_checks import check_plan, same_task, topic_share
 from .selection import RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -290,7 +290,9 @@ def _job(task: str, method: str, strategy: str, max_subtasks, max_agents, contex
         hi = min(max_subtasks or stepwise.MAX_STEPS, usual[1], stepwise.MAX_STEPS)
         lo = max(min(usual[0], hi), min(2, hi))
         examples = stepwise.retrieve(task, 2, store)
-        copyable = [s for e in examples for s in e.steps]
+        # A finished run of this same task (make demo twice) is the user's own plan for it:
+        # following it is no copy.
+        copyable = [s for e in examples if not same_task(e.task, task) for s in e.steps]
         return {"method": method, "lo": lo, "hi": hi, "examples": examples,
                 "copyable": copyable + list(EXAMPLE_TEXTS)}
     return {"method": method, "copyable": EXAMPLE_TEXTS,

@@ -18,8 +18,8 @@ import difflib
 import re
 from collections.abc import Iterable
 
-__all__ = ["content_words", "subject_words", "on_topic", "topic_share", "copied",
-           "check_plan"]
+__all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
+           "copied", "check_plan"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -64,6 +64,13 @@ def on_topic(requirements: list[str], task: str) -> list[bool]:
     direct = [bool(w & task_words) for w in words]
     linked = set().union(*(w for w, d in zip(words, direct) if d)) if any(direct) else set()
     return [d or bool(w & linked) for w, d in zip(words, direct)]
+
+
+def same_task(a: str, b: str) -> bool:
+    """Whether two tasks are about the same thing (half the content words of the shorter
+    one shared): the user's own plan for the task is then an example to follow, no copy."""
+    wa, wb = content_words(a), content_words(b)
+    return bool(wa and wb) and len(wa & wb) >= 0.5 * min(len(wa), len(wb))
 
 
 def _norm(text: str) -> str:
