@@ -47,7 +47,9 @@ _EXAMPLE = [("<first_id>", "<what this subtask produces for the task>", "<role>"
 EXAMPLE_TEXTS = tuple(r for _, r, _, _, _ in _EXAMPLE)
 # one call for the whole plan, or steps first then dependencies (see stepwise.py)
 METHODS = ("auto", "oneshot", "stepwise")
-PLAN_TIME_S = 120.0      # the embedded model's bound per candidate: K candidates, K x 120 s
+# The embedded model's bound per candidate (K candidates: K x 300 s). A capped candidate
+# takes ~10-20 s at load 1; 120 s cut a plan at load 30 on this 2-core machine.
+PLAN_TIME_S = 300.0
 _TOKENS_PER_SUBTASK = 70
 
 
