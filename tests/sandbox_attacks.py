@@ -452,7 +452,7 @@ def run_flow(host: Host, names: list[str]) -> dict:
 
     plan = {"nodes": [{"id": i, "requirement": f"write Python for {n}"} for i, n in ids.items()],
             "edges": []}
-    with LoopbackServer(responder=responder) as server:
+    with LoopbackServer(responder=responder, model="m") as server:
         flowmagic.configure(base_url=server.base_url, model="m", api_key=MEMORY_KEY)
         flow = Flow.from_dict(plan, task="write small programs", validate="llm",
                               max_attempts=1, update="off", consolidate=False, concurrency=2,
