@@ -282,6 +282,8 @@ def test_the_csv_eda_template_on_the_embedded_model_runs_code(embedded_url, tmp_
     # own code drew none), among the run's files written next to the export
     figures = sorted(p.name for p in (tmp_path / "eda_run_files").glob("*.png"))
     assert figures, f"no figure: {json.dumps(record['nodes'])[:3000]}"
+    assert any("image/png" in json.dumps(c.outputs) for c in nb.cells   # and in the notebook
+               if c.source.startswith("%%flow_code")), [c.source[:80] for c in nb.cells]
     assert not any(a.get("cut") and a.get("passed") for r in record["nodes"].values()
                    for a in r["attempts"])
 
@@ -394,6 +396,44 @@ def test_the_working_start_runs_first_for_a_weak_model_and_its_results_are_real(
     assert "working start (from the input's own columns, not written by the model)" in nb.cells[i - 1].source
     assert nb.cells[i].source.split("\n", 1)[1].startswith("import pandas as pd")
     assert nb.cells[i].outputs[-1]["data"]["image/png"]
+
+
+def test_the_working_starts_figure_stays_in_the_export_when_the_models_code_draws_none(tmp_path,
+                                                                                       monkeypatch):
+    """The model's own code ran (and drew nothing) after the working start: the export keeps
+    both cells, the start's first with its figure as image/png, and a replay shows both
+    without a model call."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Load the data and plot it.", "agent": "analyst"}],
+        "edges": []}
+    code = "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(df.shape)"
+    with LoopbackServer(responder=lambda body: f"```python\n{code}\n```", model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="both", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", consolidate=False)
+        flow.run()
+        calls = len(prompts(server))
+    look = flow.workflow.nodes["look"]
+    assert look.status == "done" and not look.execution.get("starter")   # the model's code
+    assert look.execution["stdout"] == "(44, 3)\n" and look.execution["figures"] == []
+    assert look.execution["working_start"]["figures"] == ["look_figure_1.png"]
+    path = flow.to_notebook(tmp_path / "both.ipynb")
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if c.source.startswith("%%flow_code both look")]
+    assert [c.source.split("\n", 1)[0] for c in cells] == [
+        "%%flow_code both look --agent analyst --start", "%%flow_code both look --agent analyst"]
+    assert cells[0].outputs[-1]["data"]["image/png"]
+    assert cells[1].source.split("\n", 1)[1] == code and cells[1].outputs[0]["text"] == "(44, 3)\n"
+    monkeypatch.setenv("FLOWMAGIC_HOME", str(tmp_path / "home"))
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    again = [c for c in nb.cells if c.source.startswith("%%flow_code both look")]
+    assert again[0].outputs[-1]["data"]["image/png"] == cells[0].outputs[-1]["data"]["image/png"]
+    assert again[1].outputs[0]["text"] == "(44, 3)\n"
+    assert len(prompts(server)) == calls   # the replay asked the model nothing
 
 
 def test_starter_setting_is_checked():

@@ -24,9 +24,12 @@ from pathlib import PurePosixPath
 from .sandbox import extract_code, run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "run_python", "report", "wants_execution",
-           "EXECUTE_MODES", "instructions", "made_files", "about_files_or_code"]
+           "EXECUTE_MODES", "WORKING_START", "instructions", "made_files", "about_files_or_code"]
 
 EXECUTE_MODES = ("auto", "off")
+# The key, in the execution of a node whose model's code ran after flowmagic's working start,
+# holding the working start's own run (its code, outputs and figures), so neither is lost.
+WORKING_START = "working_start"
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)$")
 _FILE_NAME = re.compile(r"^[\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8}$")
 _NAMED_ABOVE = re.compile(r"^\s*(?:#+\s*|\*\*|`|(?:file(?:name)?|path)\s*:\s*)*"

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import EndpointError, FlowError, SandboxError
 from ..llm.endpoints import scrub
-from .execution import (Execution, about_files_or_code, aexecute, instructions, made_files,
-                        report, run_python)
+from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, instructions,
+                        made_files, report, run_python)
 from .executor import Outcome
 from .validation import retry_prompt
 
@@ -284,6 +284,8 @@ class NodeRunner:
                 output = f"{start_report}\n\n{output}"
                 if ex is None or not ex.ran:
                     record["execution"] = {**start.to_dict(), "saved": ex.saved if ex else []}
+                else:   # both ran: the export shows the start's cell (its figures) before the model's
+                    record["execution"][WORKING_START] = start.to_dict()
             try:
                 passed, feedback = await self._verdict(node, output, bool(ex and ex.ran),
                                                       reply.finish_reason)

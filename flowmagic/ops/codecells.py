@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
 
 __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs", "figure_data",
@@ -32,14 +33,18 @@ __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs
 EXECUTE_ENV = "FLOWMAGIC_EXECUTE_CODE"
 
 
-def code_run(node_or_record) -> dict | None:
+def code_run(node_or_record, *, start: bool = False) -> dict | None:
     """What the code of a node (or of its record) did: the run it finished with, or, for a
-    node that failed, its last attempt's run. None when no code of it ran."""
+    node that failed, its last attempt's run. None when no code of it ran. With `start`,
+    the run of flowmagic's working start that came before the model's own code ran (None
+    when there was none, or when the start's run is the node's run itself)."""
     get = (node_or_record.get if isinstance(node_or_record, dict)
            else lambda key, default=None: getattr(node_or_record, key, default))
     ex = get("execution")
     if not ex and get("status") == "failed" and get("attempts"):
         ex = get("attempts")[-1].get("execution")
+    if start and ex:
+        ex = ex.get(WORKING_START)
     return ex if ex and ex.get("ran") and ex.get("code") else None
 
 
@@ -110,18 +115,27 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
     parser = node_parser()
     parser.prog = "%%flow_code"
     parser.add_argument("--execute", action="store_true")
+    parser.add_argument("--start", action="store_true")   # the working start's cell
     args = parser.parse_args(split_line(line))
     flow = user_flow(shell, args.name)
     node = flow.workflow.node(args.node)
     state = session(flow)
     rec = state.record.get("nodes", {}).get(args.node)
-    ran = code_run(rec) if rec is not None else None
+    ran = code_run(rec, start=args.start) if rec is not None else None
     if ran is None:
-        raise NodeError(f"the record has no code run of {args.node!r}; export the flow again")
+        what = "working start" if args.start else "code run"
+        raise NodeError(f"the record has no {what} of {args.node!r}; export the flow again")
     waiting = [p for p in flow.workflow.parents(args.node)
                if flow.workflow.nodes[p].status != "done"]
     if waiting:
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
+    if args.start:   # shown (or run again in the sandbox); the node's own cell settles it
+        code = (cell or "").strip("\n") + "\n"
+        if args.execute or os.environ.get(EXECUTE_ENV) == "1":
+            _execute(flow, args.node, code, state.record)
+        else:
+            _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
+        return
     stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
     apply_record(flow, args.node, rec)
     state.replayed.add(args.node)

@@ -175,7 +175,8 @@ def _node_record(node, folder: Path | None = None) -> dict:
            "cost_usd": node.cost_usd, "start": node.start, "end": node.end,
            "clone": node.clone, "attempts": attempts, "execution": node.execution}
     if is_code_node(node):   # the figures travel with the notebook, so a replay shows them
-        rec["figures_png"] = figure_data(folder, code_run(node).get("figures", []))
+        runs = [r for r in (code_run(node, start=True), code_run(node)) if r]
+        rec["figures_png"] = figure_data(folder, [f for r in runs for f in r.get("figures", [])])
     return rec
 
 
@@ -313,28 +314,44 @@ def _files_cell(record: dict):
     return v4.new_markdown_cell(markdown_cell("\n".join(lines)))   # file names the code chose
 
 
+_STARTER_WHOSE = ("Code of flowmagic's working start (from the input's own columns, not written "
+                  "by the model)")
+
+
 def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
+    """A note and a code cell for the node's code run; when the model's code ran after the
+    working start, the start's own cell (what it printed and drew) comes first."""
     import nbformat.v4 as v4
 
     node = replica.workflow.nodes[node_id]
     rec = record["nodes"][node_id]
-    outputs = []
-    ran = code_run(node)
-    for item in code_outputs(replica.run_id, node_id, ran, rec.get("figures_png") or {}):
-        if item[0] == "stream":
-            outputs.append(v4.new_output("stream", name=item[1], text=item[2]))
-        else:
-            outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
+    figures = rec.get("figures_png") or {}
+
+    def code_cell(ran: dict, line: str):
+        outputs = []
+        for item in code_outputs(replica.run_id, node_id, ran, figures):
+            if item[0] == "stream":
+                outputs.append(v4.new_output("stream", name=item[1], text=item[2]))
+            else:
+                outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
+        return v4.new_code_cell(f"{line}\n{ran['code'].rstrip()}", outputs=outputs,
+                                metadata={"flowmagic": {"node": node_id, "code": True}})
+
+    cells = []
     failed = f"\n\n**failed**: {node.error}" if node.status == "failed" else ""
-    whose = ("Code of flowmagic's working start (from the input's own columns, not written by "
-             "the model)" if ran.get("starter") else "Code written by the model")
-    note = v4.new_markdown_cell(markdown_cell(
-        f"**{node_id}** · {node.agent}: {node.requirement.strip()}{failed}\n\n"
-        f"*{whose}: the cell below shows its recorded run; it runs again only in the sandbox "
-        "(`--execute`).*"))
-    code = v4.new_code_cell(f"{code_line(replica, name, node_id)}\n{ran['code'].rstrip()}",
-                            metadata={"flowmagic": {"node": node_id, "code": True}}, outputs=outputs)
-    return [note, code]
+    head = f"**{node_id}** · {node.agent}: {node.requirement.strip()}"
+    start = code_run(node, start=True)
+    if start:
+        cells += [v4.new_markdown_cell(markdown_cell(
+            f"{head}\n\n*{_STARTER_WHOSE}, run before the model's own code: the cell below "
+            "shows its recorded run; it runs again only in the sandbox (`--execute`).*")),
+            code_cell(start, f"{code_line(replica, name, node_id)} --start")]
+    ran = code_run(node)
+    whose = _STARTER_WHOSE if ran.get("starter") else "Code written by the model"
+    cells += [v4.new_markdown_cell(markdown_cell(
+        f"{head}{failed}\n\n*{whose}: the cell below shows its recorded run; it runs again "
+        "only in the sandbox (`--execute`).*")), code_cell(ran, code_line(replica, name, node_id))]
+    return cells
 
 
 def build(flow, *, name: str | None = None, files_dir: str | None = None):
