@@ -77,3 +77,17 @@ def test_tool_calls_show_inside_their_node_bar(tmp_path):
     tx, tw = float(tools[0].get("x")), float(tools[0].get("width"))
     assert tx == pytest.approx(x0 + 0.3 * w, abs=1) and tw == pytest.approx(0.3 * w, abs=1)
     assert "1 tool call(s)" in bar.find(f"{SVG_NS}title").text
+
+
+def test_the_text_table_says_which_idle_stretch_the_chart_skips():
+    from flowmagic.view.display import timeline_report
+
+    plan = {"nodes": [{"id": "load", "requirement": "load", "agent": "coder"},
+                      {"id": "plot", "requirement": "plot", "agent": "coder"}],
+            "edges": [["load", "plot"]]}
+    flow = Flow.from_dict(plan, task="stepped by hand")
+    for node, (start, end) in zip(flow.workflow.nodes.values(), [(100.0, 102.0), (702.0, 705.0)]):
+        node.status, node.start, node.end = "done", start, end
+    text = timeline_report(flow).text
+    assert "idle: nothing ran for 10.0 min from 2.00 s (the chart skips it)" in text
+    assert "plot" in text and "602.00" in text   # the table keeps real times
