@@ -259,8 +259,12 @@ class Flow:
         """Add to what the run cost; `unpriced` names a model whose calls have no known price
         (their cost is unknown, not $0)."""
         self.spent_usd += usd or 0.0
-        if unpriced:
+        if unpriced and unpriced not in self.unpriced:
             self.unpriced.add(unpriced)
+            if self.settings["budget_usd"] is not None:   # said once per model and Flow
+                print(f"flowmagic: budget_usd cannot count the calls to {unpriced}: no price is "
+                      "known for it, so they count as $0; give one with flowmagic.configure("
+                      "prices={MODEL: (USD per 1M in, per 1M out)})", file=sys.stderr)
 
     def _budget_left(self) -> str | None:
         budget = self.settings["budget_usd"]

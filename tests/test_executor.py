@@ -216,6 +216,18 @@ def test_budget_stops_new_nodes_and_keeps_finished_ones():
         assert done == ["s0"] and flow.spent_usd >= 0.5
 
 
+def test_a_budget_on_an_unpriced_model_says_once_that_it_cannot_count_it(capsys):
+    with LoopbackServer() as server:
+        flowmagic.configure(base_url=server.base_url, model="my-local-model")
+        flow = Flow.from_dict(chain(3), task="t", consolidate=False, budget_usd=0.5,
+                              llm=LLM(backoff_base=0.01)).run()
+        Flow.from_dict(chain(2), task="t", consolidate=False, llm=LLM(backoff_base=0.01)).run()
+    assert flow.status == "done"   # unknown, not stopped: nothing was counted against it
+    err = capsys.readouterr().err
+    assert err.count("budget_usd cannot count the calls to") == 1, err
+    assert "my-local-model" in err and "prices=" in err
+
+
 def test_result_is_consolidated_and_costs_add_up():
     with LoopbackServer() as server:
         flow = make_flow(DIAMOND, server, consolidate=True).run()
