@@ -141,8 +141,8 @@ def _plan() -> dict:
                       for i, text in enumerate(HOSTILE)], "edges": []}
 
 
-def _hostile_flow(**settings) -> Flow:
-    return Flow.from_dict(_plan(), task="t", llm=LLM(backoff_base=0.01), consolidate=True,
+def _hostile_flow(task: str = "t", **settings) -> Flow:
+    return Flow.from_dict(_plan(), task=task, llm=LLM(backoff_base=0.01), consolidate=True,
                           **settings)
 
 
@@ -222,7 +222,8 @@ def _notebook_problems(nb, where: str) -> list[str]:
 
 
 def test_an_exported_notebook_and_its_replay_show_hostile_text_as_text(hostile, tmp_path):
-    flow = _hostile_flow()
+    # the task too (its {{df}} part quotes the columns of a data file that came from elsewhere)
+    flow = _hostile_flow(task=f"Explore the table {SHOWN[1]}")
     flow.run()
     assert flow.status == "done"
     # a code node (its note cell quotes the model's requirement), and files named by its code
@@ -245,6 +246,7 @@ def test_an_exported_notebook_and_its_replay_show_hostile_text_as_text(hostile, 
     replayed = [o for o in outputs if (o.get("metadata", {}).get("flowmagic") or {}).get("node")]
     assert not problems, "\n".join(problems)
     assert "answer #0: <script>" in markdown   # the code node's note
+    assert f"Explore the table {SHOWN[1]}" in markdown   # the title cell shows the task as text
     assert "a`<img src=x onerror=window.pwned=1>`.csv" in markdown   # the files, as code
     assert any(SHOWN[1] in _shown_as_text(_rendered(o["data"])) for o in replayed)
 

@@ -369,7 +369,8 @@ def build(flow, *, name: str | None = None, files_dir: str | None = None):
         return v4.new_output("display_data", data=data, metadata=meta)
 
     cells = [
-        v4.new_markdown_cell(f"# {name}\n\n{flow.task}"),
+        # the task quotes an input's columns (a {{df}} task), which may come from anywhere
+        v4.new_markdown_cell(markdown_cell(f"# {name}\n\n{flow.task}")),
         v4.new_code_cell(_config_source(flow, endpoints)),
         v4.new_code_cell(f"%%flow_plan {name}\n" + plan_json(_plan(flow)),
                          outputs=[v4.new_output("stream", name="stdout",
