@@ -674,24 +674,34 @@ class Store:
               item: Any = None) -> bool:
         """Write a run exported from another store (and, with `fingerprint`, mark that
         map input done) in one commit; False when the run was here already (idempotent)."""
-        rows = export["rows"]
-        with self._transaction("merge a worker's run") as db:
-            if fingerprint is not None:
-                db.execute("INSERT OR REPLACE INTO map_inputs (fingerprint, run_id, created, item)"
-                           " VALUES (?,?,?,?)", _scrub_args(
-                               (fingerprint, export["run_id"], time.time(), _dumps(item)),
-                               _secrets()))
-            if db.execute("SELECT 1 FROM runs WHERE id = ?", (export["run_id"],)).fetchone():
-                return False
-            for table in (*_RUN_TABLES, "cache"):
-                if not rows.get(table):
+        return self.merge_many([(export, fingerprint, item)])[0]
+
+    def merge_many(self, runs: list[tuple[dict, str | None, Any]]) -> list[bool]:
+        """`merge` for many (export, fingerprint or None, item) in one commit: a map's
+        driver merges what a worker sent back in bulk. Per run, False when it was here."""
+        secrets = _secrets()
+        merged = []
+        with self._transaction("merge a worker's runs") as db:
+            for export, fingerprint, item in runs:
+                if fingerprint is not None:
+                    db.execute("INSERT OR REPLACE INTO map_inputs (fingerprint, run_id, created,"
+                               " item) VALUES (?,?,?,?)", _scrub_args(
+                                   (fingerprint, export["run_id"], time.time(), _dumps(item)),
+                                   secrets))
+                if db.execute("SELECT 1 FROM runs WHERE id = ?", (export["run_id"],)).fetchone():
+                    merged.append(False)
                     continue
-                names = list(rows[table][0])
-                verb = "INSERT OR IGNORE" if table == "cache" else "INSERT"
-                self._executemany(db, f"{verb} INTO {table} ({', '.join(names)}) VALUES"
-                                  f" ({', '.join('?' * len(names))})",
-                                  [tuple(r[n] for n in names) for r in rows[table]])
-        return True
+                for table in (*_RUN_TABLES, "cache"):
+                    rows = export["rows"].get(table)
+                    if not rows:
+                        continue
+                    names = list(rows[0])
+                    verb = "INSERT OR IGNORE" if table == "cache" else "INSERT"
+                    self._executemany(db, f"{verb} INTO {table} ({', '.join(names)}) VALUES"
+                                      f" ({', '.join('?' * len(names))})",
+                                      [tuple(r[n] for n in names) for r in rows])
+                merged.append(True)
+        return merged
 
     def map_done(self, fingerprints: list[str]) -> dict[str, dict]:
         """fingerprint -> the finished item, for the given map inputs that are done."""

@@ -1,10 +1,14 @@
 """What runs on a Dask worker for `flow.map(engine="dask")` (see flowmagic.ops.distributed).
 
-A worker process keeps, per map (its payload tag), one Flow with its own LLM and its own
-SQLite store in the worker's local directory (SQLite is not shared over a network; Dask
-deletes that directory when the worker closes). Each input runs through `batch.run_one`
-and comes back as the batch Item plus every row of its run (`Store.export_run`), which the
-driver merges into the user's store.
+A worker process keeps, per map (its payload tag), one `_Runner`: a Flow with its own LLM
+and its own SQLite store in the worker's local directory (SQLite is not shared over a
+network), and one event loop in a thread of its own that lives as long as the map. A task
+is a chunk of inputs (or a Dask DataFrame partition): its inputs run on that loop through
+`batch.run_one`, at most `concurrency` at once per worker whatever the number of chunks,
+with the same HTTP clients for the whole map, and come back as the batch Items plus every
+row of their runs (`Store.export_run`), which the driver merges into the user's store.
+When the map ends its plugin's teardown closes the loop and deletes the store file, so a
+long-lived cluster does not keep a Flow per map.
 
 Keys: the payload carries the endpoints with their keys blanked. The keys travel once per
 map in a `WorkerPlugin` (held in memory by the scheduler and the workers, never spilled to
@@ -29,16 +33,17 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-__all__ = ["KeyPlugin", "ClusterGate", "run_input", "run_partition"]
+__all__ = ["KeyPlugin", "ClusterGate", "run_chunk", "run_partition"]
 
 _lock = threading.Lock()
 _keys: dict[str, dict[str, str]] = {}   # payload tag -> endpoint name -> key (memory only)
-_flows: dict[str, Any] = {}             # payload tag -> this process's Flow for that map
+_runners: dict[str, "_Runner"] = {}     # payload tag -> this process's runner for that map
 
 
 class KeyPlugin(WorkerPlugin):
     """A Dask worker plugin that hands the endpoints' keys of one map to every worker,
-    present and future (a restarted worker gets them again)."""
+    present and future (a restarted worker gets them again); its teardown, when the map
+    ends, closes that map's runner in the worker."""
 
     def __init__(self, tag: str, keys: dict[str, str]):
         self.tag, self.keys = tag, keys
@@ -54,7 +59,9 @@ class KeyPlugin(WorkerPlugin):
     def teardown(self, worker: Any = None) -> None:
         with _lock:
             _keys.pop(self.tag, None)
-            _flows.pop(self.tag, None)
+            runner = _runners.pop(self.tag, None)
+        if runner is not None:
+            runner.close()
 
 
 class ClusterGate:
@@ -100,11 +107,12 @@ def _folder() -> str:
         return tempfile.mkdtemp(prefix="flowmagic-worker-")
 
 
-def _flow(payload: bytes, tag: str):
-    """This process's Flow for a map: its own LLM, gate and store file."""
-    with _lock:
-        if tag in _flows:
-            return _flows[tag]
+class _Runner:
+    """One map in one worker process: its Flow, and the event loop (in a thread of its
+    own) on which every input of that map runs, so the LLM's HTTP clients, semaphores and
+    the store's connection are made once per map, not once per input."""
+
+    def __init__(self, payload: bytes, tag: str):
         from ..flow import Flow
         from ..llm import endpoints
         from ..llm.client import LLM
@@ -118,60 +126,95 @@ def _flow(payload: bytes, tag: str):
                 name: dataclasses.replace(e, api_key=keys.get(name, ""))
                 for name, e in spec["endpoints"].items()})
         endpoints.PRICES.update(spec["prices"])
-        store = Store(os.path.join(_folder(), f"flowmagic-{tag}.db"))
-        llm = LLM(store, rpm=None, concurrency=spec["llm_concurrency"])
+        self.path = os.path.join(_folder(), f"flowmagic-{tag}.db")
+        self.store = Store(self.path)
+        llm = LLM(self.store, rpm=None, concurrency=spec["llm_concurrency"])
         llm.gate = ClusterGate(spec["rpm"], spec["at_once"], spec["window_s"])
-        flow = Flow(spec["workflow"], name=spec["name"], llm=llm, store=store, save=False,
-                    **spec["settings"])
+        self.flow = Flow(spec["workflow"], name=spec["name"], llm=llm, store=self.store,
+                         save=False, **spec["settings"])
         if spec["tools"] is not None:   # else the tools registered in this process
-            flow.tools = spec["tools"]
-        _flows[tag] = flow
-        return flow
+            self.flow.tools = spec["tools"]
+        self.concurrency = spec["concurrency"]
+        self.loop = asyncio.new_event_loop()
+        self._limit: asyncio.Semaphore | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name=f"flowmagic-map-{tag}")
+        self._thread.start()
 
+    def run(self, coro) -> Any:
+        """Run a coroutine on this map's loop and wait for it (from a Dask task's thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-async def _one(flow, fingerprint: str, index: int, example: Any) -> dict:
-    from .batch import run_one
+    async def one(self, fingerprint: str, index: int, example: Any) -> dict:
+        """One input, when one of this worker's `concurrency` places for the map is free."""
+        from .batch import run_one
 
-    item = await run_one(flow, flow.workflow, example, index)
-    return {"fingerprint": fingerprint, "item": item.to_dict(),
-            "export": flow.store.export_run(item.run_id)}
-
-
-def run_input(payload: bytes, tag: str, fingerprint: str, index: int, example: Any) -> dict:
-    """One input (a Dask task): its batch Item as a dict and every row of its run."""
-    flow = _flow(payload, tag)
-
-    async def main():
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self.concurrency)
         try:
-            return [await _one(flow, fingerprint, index, example)]
-        finally:
-            await flow.llm.aclose()
+            async with self._limit:
+                item = await run_one(self.flow, self.flow.workflow, example, index)
+        except Exception as exc:   # this input's own mistake (a missing field): its row says so
+            return {"fingerprint": fingerprint, "export": None,
+                    "item": {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}}
+        return {"fingerprint": fingerprint, "item": item.to_dict(),
+                "export": self.flow.store.export_run(item.run_id)}
 
-    return {"results": asyncio.run(main())}
+    async def _shutdown(self) -> None:
+        """Cancel what still runs (inputs of tasks the driver cancelled: their Dask threads
+        wait on them), then close the HTTP clients."""
+        me = asyncio.current_task()
+        running = [t for t in asyncio.all_tasks() if t is not me]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await self.flow.llm.aclose()
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            with contextlib.suppress(Exception):   # closing is best effort
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+        if not self.loop.is_running():
+            self.loop.close()
+        self.store.close()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.remove(self.path + suffix)
 
 
-def run_partition(payload: bytes, tag: str, base: str, done: set, frame: Any, number: int,
-                  concurrency: int) -> dict:
+def _runner(payload: bytes, tag: str) -> _Runner:
+    with _lock:
+        if tag not in _keys:   # a task the driver cancelled, started after its map ended
+            raise RuntimeError(f"the map {tag} has ended on this worker")
+        if tag not in _runners:
+            _runners[tag] = _Runner(payload, tag)
+        return _runners[tag]
+
+
+def run_chunk(payload: bytes, tag: str, chunk: list[tuple[str, int, Any]]) -> dict:
+    """A chunk of inputs (a Dask task), each (fingerprint, index, input): per input its
+    batch Item as a dict and every row of its run."""
+    from .batch import gather_all
+
+    runner = _runner(payload, tag)
+    return {"results": runner.run(gather_all([runner.one(*unit) for unit in chunk]))}
+
+
+def run_partition(payload: bytes, tag: str, base: str, done: set, frame: Any,
+                  number: int) -> dict:
     """One partition of a Dask DataFrame, on the worker that holds it: its rows, and per
-    row the result of `run_input` (or a resumed marker for a row already done)."""
-    from .batch import fingerprint
+    row the result of `run_chunk` (or a resumed marker for a row already done)."""
+    from .batch import fingerprint, gather_all
 
-    flow = _flow(payload, tag)
+    runner = _runner(payload, tag)
     rows = [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
     prints = [fingerprint(base, x) for x in rows]
 
-    async def main():
-        gate = asyncio.Semaphore(concurrency)
+    async def one(i: int) -> dict:
+        if prints[i] in done:
+            return {"fingerprint": prints[i], "resumed": True}
+        return await runner.one(prints[i], number * 1_000_000 + i, rows[i])
 
-        async def one(i: int) -> dict:
-            if prints[i] in done:
-                return {"fingerprint": prints[i], "resumed": True}
-            async with gate:
-                return await _one(flow, prints[i], number * 1_000_000 + i, rows[i])
-
-        try:
-            return await asyncio.gather(*(one(i) for i in range(len(rows))))
-        finally:
-            await flow.llm.aclose()
-
-    return {"rows": rows, "results": asyncio.run(main())}
+    return {"rows": rows, "results": runner.run(gather_all([one(i) for i in range(len(rows))]))}

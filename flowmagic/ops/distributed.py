@@ -2,17 +2,18 @@
 
 Where the engine comes from: a `dask.distributed.Client` passed as `engine=`; else the
 scheduler address in `FLOWMAGIC_DASK` (``tcp://host:8786``); else a LocalCluster of worker
-processes (one per core) started for this map and closed after it. Dask schedules: one task
-per distinct input; the driver submits them in a window (so a budget can stop it), merges
-each finished input's run into the user's store as it arrives, and puts the rows back in
-input order. What runs on a worker is in flowmagic.ops.dask_worker.
+processes (one per core) started for this map and closed after it. Dask schedules: the
+distinct inputs go in chunks, one task per chunk of up to `concurrency` inputs (a worker runs
+that many at once); the driver submits two chunks per worker at a time (so a budget can stop
+it), merges each finished chunk's runs into the user's store in one commit as it arrives,
+and puts the rows back in input order. What runs on a worker is in
+flowmagic.ops.dask_worker.
 
 Resume: each input has a fingerprint (sha256 of the workflow, the settings, the models and
 the input). A finished input is recorded in the user's store in the same commit as its
 merged run, and a map started again (after Ctrl-C, a killed worker, a closed laptop) takes
-it from there instead of running it. The fingerprint is also the task's Dask key, so an
-input given twice runs once, and a task that Dask retries after a worker died is merged
-once.
+it from there instead of running it. An input given twice runs once, and a chunk that Dask
+retries after a worker died (its key is made of its inputs' fingerprints) is merged once.
 
 The answer is a pandas DataFrame, one row per input in input order: the input's fields,
 `result`, `status`, `tokens_in`, `tokens_out`, `cost_usd`, `time_s`, `error`, `run_id`,
@@ -185,11 +186,12 @@ def _endpoints() -> dict:
 
 # -- the map ------------------------------------------------------------------------------------
 def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
-                 at_once: int | None = None, window_s: float = 60.0) -> bytes:
-    """What every task of a map shares (pickled once, one task whose result
-    the workers share): the
-    workflow, settings, the flow's chosen tools, endpoints with their keys blanked (the keys
-    go in a KeyPlugin), prices and cluster-wide limits."""
+                 at_once: int | None = None, window_s: float = 60.0,
+                 concurrency: int = 4) -> bytes:
+    """What every task of a map shares (pickled once, one task whose result the workers
+    share): the workflow, settings, the flow's chosen tools, endpoints with their keys
+    blanked (the keys go in a KeyPlugin), prices, inputs at once per worker and the
+    cluster-wide limits."""
     from ..llm import endpoints
 
     import cloudpickle   # Dask's own: the user's tool functions from a notebook go by value
@@ -199,7 +201,8 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
         "tools": getattr(flow, "_tools", None),
         "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
         "prices": dict(endpoints.PRICES), "llm_concurrency": flow.llm.concurrency,
-        "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s})
+        "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s,
+        "concurrency": concurrency})
 
 
 def _is_dask_frame(inputs: Any) -> bool:
@@ -234,7 +237,7 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
     threads = int(concurrency or 4)
     report = _reporter(progress)
     job = _Job(flow, task_payload(flow, found, rpm=rpm, at_once=requests_at_once,
-                                  window_s=window_s),
+                                  window_s=window_s, concurrency=threads),
                {n: e.api_key for n, e in found.items() if e.api_key}, report, budget_usd)
     if _is_dask_frame(inputs):
         fields = [str(c) for c in inputs.columns]
@@ -294,10 +297,11 @@ class _Job:
             # A task, not scattered data: if the worker holding it dies, Dask makes it again.
             shipped = client.submit(_given, self.payload, key=f"flowmagic-payload-{self.tag}",
                                     pure=False)
-            window = max(2, 2 * threads * max(1, len(client.scheduler_info()["workers"])))
-            if units[0][0] == "partition":
-                window = max(2, len(client.scheduler_info()["workers"]))
-            queue, running = list(units), as_completed()
+            workers = max(1, len(client.scheduler_info()["workers"]))
+            if units[0][0] == "input":
+                units = _chunks(units, threads, workers)
+            # Two units per worker: one runs while the next is on its way.
+            queue, running, window = list(units), as_completed(), 2 * workers
 
             def submit_more() -> None:
                 while queue and len(pending) < window:
@@ -305,7 +309,7 @@ class _Job:
                         queue.clear()   # the rows left are reported as not run
                         return
                     unit = queue.pop(0)
-                    future = self._submit(client, shipped, threads, unit)
+                    future = self._submit(client, shipped, unit)
                     pending[future] = unit
                     running.add(future)
 
@@ -325,46 +329,55 @@ class _Job:
                 client.close()
                 cluster.close()
 
-    def _submit(self, client, shipped, threads: int, unit: tuple):
-        from .dask_worker import run_input, run_partition
+    def _submit(self, client, shipped, unit: tuple):
+        from .dask_worker import run_chunk, run_partition
 
-        if unit[0] == "input":
-            _, fp, index, example = unit
-            return client.submit(run_input, shipped, self.tag, fp, index, example,
-                                 key=f"flowmagic-{fp[:32]}", retries=2)
+        if unit[0] == "chunk":
+            chunk = unit[1]   # its key: its inputs, so a task Dask retried is merged once
+            key = hashlib.sha256("".join(fp for fp, _, _ in chunk).encode()).hexdigest()[:32]
+            return client.submit(run_chunk, shipped, self.tag, chunk, key=f"flowmagic-{key}",
+                                 retries=2)
         _, number, part, base, done = unit
         data = client.compute(part)   # stays on the worker that makes it
         return client.submit(run_partition, shipped, self.tag, base, done, data, number,
-                             threads, key=f"flowmagic-{self.tag}-part-{number}", retries=2)
+                             key=f"flowmagic-{self.tag}-part-{number}", retries=2)
 
     def _collect(self, future, unit: tuple) -> None:
-        """Merge what one unit ran into the user's store (done inputs marked for resume)."""
+        """Merge what one unit ran into the user's store in one commit (done inputs marked
+        for resume)."""
         try:
             answer = future.result()
         except Exception as exc:   # the task itself broke (a bug, or its workers kept dying)
-            if unit[0] == "input":
-                self.items[unit[1]] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                self.state.failed += 1
+            if unit[0] == "chunk":
+                for fp, _, _ in unit[1]:
+                    self.items[fp] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                self.state.failed += len(unit[1])
                 return
             raise
         if unit[0] == "partition":
             self.rows[unit[1]] = answer["rows"]
             self.state.total += len(answer["rows"])   # known as partitions come back
             self.prints[unit[1]] = [r["fingerprint"] for r in answer["results"]]
-        for result in answer["results"]:
-            if result.get("resumed"):
-                self.state.resumed += 1
-                continue
+        ran = [r for r in answer["results"] if not r.get("resumed")]
+        self.state.resumed += len(answer["results"]) - len(ran)
+        self.flow.store.merge_many([
+            (r["export"], r["fingerprint"] if r["item"]["state"] == "done" else None, r["item"])
+            for r in ran if r["export"] is not None])
+        for result in ran:
             item = result["item"]
-            done = item["state"] == "done"
-            self.flow.store.merge(result["export"], fingerprint=result["fingerprint"] if done
-                                  else None, item=item)
             self.items[result["fingerprint"]] = item
             self.state.cost_usd += float(item.get("cost_usd") or 0.0)
-            if done:
+            if item["state"] == "done":
                 self.state.done += 1
             else:
                 self.state.failed += 1
+
+
+def _chunks(units: list[tuple], threads: int, workers: int) -> list[tuple]:
+    """Inputs grouped into tasks: up to `threads` inputs (what one worker runs at once) per
+    task, fewer when there are few inputs, so every worker still gets several tasks."""
+    size = max(1, min(threads, -(-len(units) // (4 * workers))))
+    return [("chunk", [u[1:] for u in units[i:i + size]]) for i in range(0, len(units), size)]
 
 
 def _given(payload: bytes) -> bytes:
