@@ -294,6 +294,16 @@ def test_markdown_and_code_stay_what_they_are():
     assert not _active(_trusting_markdown(cell))
 
 
+def test_a_models_image_shows_its_alt_text_and_loads_nothing():
+    from flowmagic.view.safe import markdown_html
+
+    html = markdown_html('Sales:\n\n![monthly <b>sales</b> chart](https://evil.example/p.png "t")'
+                         "\n\n![](https://evil.example/q.png)")
+    assert not _active(html) and "evil.example" not in html, html
+    assert "[image: monthly <b>sales</b> chart]" in _shown_as_text(html)
+    assert "[image]" in _shown_as_text(html)
+
+
 def test_a_bundle_has_html_and_the_plain_text_but_no_markdown():
     from flowmagic.view.safe import model_bundle
 

@@ -26,20 +26,19 @@ IMPORTANCE_HEADER = ["node", "model", "degree", "betweenness", "loo", "saved_usd
 
 
 class Report:
-    """A display object: a text table in a terminal, Markdown, SVG or HTML in a notebook."""
+    """A display object: a text table in a terminal, SVG or HTML in a notebook. No Markdown:
+    HTML here is built from escaped or sanitized parts (view/safe.py); Markdown would hand
+    any model text in it to the front end's own renderer."""
 
-    def __init__(self, text: str, markdown: str | None = None, *, svg: str | None = None,
-                 run: str | None = None, html: str | None = None):
-        self.text, self.markdown, self.svg, self.run = text, markdown, svg, run
-        self.html = html
+    def __init__(self, text: str, *, svg: str | None = None, run: str | None = None,
+                 html: str | None = None):
+        self.text, self.svg, self.run, self.html = text, svg, run, html
 
     def __repr__(self) -> str:
         return self.text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         data = {"text/plain": self.text}
-        if self.markdown:
-            data["text/markdown"] = self.markdown
         if self.svg:
             data["image/svg+xml"] = self.svg
         if self.html:   # front ends prefer Markdown to SVG; HTML shows text and plot together

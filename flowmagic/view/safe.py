@@ -11,7 +11,7 @@ the final result, the Markdown cells of an exported notebook) calls `model_bundl
   `<img onerror=...>` or `<iframe>` written by the model shows as the text it is;
 - the HTML then goes through nh3 (ammonia): no script or style, no event handlers, no
   `javascript:` or `data:` URLs, no iframes, forms or images (an image URL would call out
-  to a server the model chose);
+  to a server the model chose: a Markdown image shows as `[image: its alt text]`);
 - fenced code stays code (`<pre><code>`), never run, never turned into markup.
 
 The result is wrapped in a block that MathJax leaves alone, so "$5 and $10" stays text.
@@ -36,7 +36,16 @@ def _markdown():
     """The Markdown renderer, raw HTML off (imported on first use: %load_ext stays fast)."""
     from markdown_it import MarkdownIt
 
-    return MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+    md = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+    md.add_render_rule("image", _image_as_text)
+    return md
+
+
+def _image_as_text(renderer, tokens, idx, options, env) -> str:
+    """An image in model Markdown shows as its alt text, `[image: ...]`: loading it would call
+    a server the model chose, and dropping it would hide that the model meant one."""
+    alt = renderer.renderInlineAsText(tokens[idx].children or [], options, env)
+    return f"<em>[image: {text_html(alt)}]</em>" if alt.strip() else "<em>[image]</em>"
 
 
 @lru_cache(maxsize=None)
