@@ -60,6 +60,24 @@ def _scrub_args(args: tuple, secrets: list[str]) -> tuple:
     return tuple(out)
 
 
+def _scrub_rows(rows: list[tuple], secrets: list[str]) -> list[tuple]:
+    """`_scrub_args` of every row, checked at once: the rows themselves when no text in them
+    holds a secret or a lone surrogate, the usual case (one join and a few searches in C
+    instead of a new tuple per row). A secret cannot hide across the joins: it is found in
+    the joined text whenever it is in one of the texts."""
+    texts = [value for row in rows for value in row if isinstance(value, str)]
+    joined = "\x00".join(texts)
+    if not any(secret in joined for secret in secrets):
+        if joined.isascii():
+            return rows
+        try:
+            joined.encode("utf-8")
+            return rows
+        except UnicodeEncodeError:
+            pass
+    return [_scrub_args(row, secrets) for row in rows]
+
+
 def home() -> Path:
     """The flowmagic home folder ($FLOWMAGIC_HOME or ~/.flowmagic), created on demand."""
     path = Path(os.environ.get("FLOWMAGIC_HOME") or Path.home() / ".flowmagic").expanduser()
@@ -403,12 +421,11 @@ class Store:
         with self._lock, self._guard(doing):
             if write:
                 self._check_writable(doing)
-                args = _scrub_args(args, _secrets())
+                args = _scrub_rows([args], _secrets())[0]
             return self._db.execute(sql, args)
 
     def _executemany(self, db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
-        secrets = _secrets()
-        db.executemany(sql, [_scrub_args(row, secrets) for row in rows])
+        db.executemany(sql, _scrub_rows(rows, _secrets()))
 
     def _query(self, sql: str, args: tuple = (), doing: str = "read") -> list[dict]:
         with self._lock, self._guard(doing):
@@ -438,15 +455,16 @@ class Store:
                  latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
                  cached: bool = False, error: str | None = None, run_id: str | None = None,
                  node_id: str | None = None, purpose: str | None = None,
-                 cache_payload: dict | None = None, messages_json: str | None = None) -> int:
+                 cache_payload: dict | None = None, messages_json: str | None = None,
+                 params_json: str | None = None) -> int:
         """Log one call; with `cache_payload`, also cache it under `cache_key` (same commit).
-        `messages_json` is the messages already dumped (valid UTF-8), saving a second dump."""
+        `messages_json` and `params_json` are those already dumped, saving a second dump."""
         return self.log_calls([dict(
             endpoint=endpoint, model=model, messages=messages, params=params, response=response,
             input_tokens=input_tokens, output_tokens=output_tokens, latency_s=latency_s,
             cost_usd=cost_usd, cache_key=cache_key, cached=cached, error=error, run_id=run_id,
             node_id=node_id, purpose=purpose, cache_payload=cache_payload,
-            messages_json=messages_json)])[0]
+            messages_json=messages_json, params_json=params_json)])[0]
 
     def log_calls(self, calls: list[dict]) -> list[int]:
         """Log several calls (each the keyword arguments of `log_call`) in one commit; their
@@ -459,7 +477,8 @@ class Store:
             text = None if response is None else _dumps(response)
             rows.append((now, c["endpoint"], c["model"],
                          c.get("messages_json") or _dumps(c["messages"]),
-                         _dumps(c["params"]), text, c.get("input_tokens", 0),
+                         c.get("params_json") or _dumps(c["params"]), text,
+                         c.get("input_tokens", 0),
                          c.get("output_tokens", 0), c.get("latency_s", 0.0),
                          c.get("cost_usd", 0.0), c.get("cache_key"), int(c.get("cached", False)),
                          c.get("error"), c.get("run_id"), c.get("node_id"), c.get("purpose")))
@@ -467,13 +486,14 @@ class Store:
             if payload is not None and c.get("cache_key") is not None:
                 caches.append((c["cache_key"], text if payload is response else _dumps(payload),
                                now))
-        secrets = _secrets()
         with self._transaction("record the model call") as db:
-            ids = [int(db.execute(self._CALL_SQL, _scrub_args(row, secrets)).lastrowid)
-                   for row in rows]
-            self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
-                              " VALUES (?, ?, ?)", caches)
-        return ids
+            self._executemany(db, self._CALL_SQL, rows)
+            # Under the write lock, in one transaction, the rows took consecutive ids.
+            last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+            if caches:
+                self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
+                                  " VALUES (?, ?, ?)", caches)
+        return list(range(last - len(rows) + 1, last + 1)) if rows else []
 
     def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
         where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
@@ -506,11 +526,26 @@ class Store:
         return int(self._execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
 
     def cache_get(self, key: str) -> dict | None:
-        rows = self._query("SELECT payload FROM cache WHERE key = ?", (key,))
-        try:   # a damaged cache entry is a miss: the call is made again and replaces it
-            return json.loads(rows[0]["payload"]) if rows else None
-        except ValueError:
-            return None
+        return self.cache_get_many([key])[0]
+
+    def cache_get_many(self, keys: list[str]) -> list[dict | None]:
+        """The cached answers under `keys`, in order (None for a miss), in one statement per
+        500 keys: the LLM door looks up the calls of one event-loop turn together."""
+        texts: dict[str, str] = {}
+        unique = list(dict.fromkeys(keys))
+        with self._lock, self._guard("read the cache"):
+            for i in range(0, len(unique), 500):
+                chunk = unique[i:i + 500]
+                texts.update(self._db.execute(
+                    f"SELECT key, payload FROM cache WHERE key IN ({','.join('?' * len(chunk))})",
+                    chunk))
+        out = []
+        for key in keys:
+            try:   # a damaged cache entry is a miss: the call is made again and replaces it
+                out.append(json.loads(texts[key]) if key in texts else None)
+            except ValueError:
+                out.append(None)
+        return out
 
     def cache_put(self, key: str, payload: dict) -> None:
         self._execute(

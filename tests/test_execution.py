@@ -108,3 +108,21 @@ def test_no_table_input_no_working_start(tmp_path):
     assert ws.example() == ""
     ws.add({"threshold": 0.5})
     assert ws.example() == ""
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Plot the sales by month", True), ("Write a PYTHON script", True),
+    ("Load the CSV and summarise it", True), ("Build a dataframe", True),
+    ("Build a data frame", True), ("Make a Web Page about tea", True),
+    ("Compute the mean", True), ("Analyse the results", True), ("Write slides.tex", True),
+    ("Write a haiku about autumn", False), ("Do step 3 of the benchmark workflow.", False),
+    ("Describe the database schema", False),   # 'data' inside a word is not \bdata\b
+    ("", False), ("Ｗrite a poem", False),
+    ("ſcript the release", True),   # beyond ASCII the regex's IGNORECASE still decides
+])
+def test_about_files_or_code_matches_its_word_list(text, expected):
+    """The quick check before the regex (plain substrings, for ASCII texts) says exactly
+    what the regex says: a prompt explains code and files only when a text asks for them."""
+    from flowmagic.engine.execution import about_files_or_code
+    assert about_files_or_code(text) is expected
+    assert about_files_or_code("Write a haiku", text) is expected

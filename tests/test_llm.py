@@ -308,6 +308,32 @@ def test_calls_ending_together_each_get_their_own_committed_log_row(loopback, fl
         assert rows[0]["response"]["text"] == reply.text
 
 
+def test_cache_lookups_made_together_each_find_their_own_answer(loopback):
+    """The door looks up the calls of one loop turn in one SELECT: each call must still get
+    the answer cached for its own messages, a miss among hits must reach the server, and
+    a duplicate must get its own copy of the answer."""
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    llm = fast_llm(concurrency=50)
+
+    async def ask(prompts):
+        try:
+            return await asyncio.gather(*(llm.complete(p, max_tokens=16) for p in prompts))
+        finally:
+            await llm.aclose()
+
+    first = asyncio.run(ask([f"question {i}" for i in range(0, 20, 2)]))
+    before = loopback.calls
+    prompts = [f"question {i}" for i in range(20)] + ["question 4"]
+    replies = asyncio.run(ask(prompts))
+    assert loopback.calls - before == 10   # only the odd ones were new
+    cached = {f"question {i}": r.text for i, r in zip(range(0, 20, 2), first)}
+    for prompt, reply in zip(prompts, replies):
+        assert reply.cached == (prompt in cached)
+        if prompt in cached:
+            assert reply.text == cached[prompt]
+    assert len({r.call_id for r in replies}) == len(prompts)
+
+
 def test_streaming_delivers_text_and_usage(loopback):
     flowmagic.configure(base_url=loopback.base_url, model="m")
     pieces = []

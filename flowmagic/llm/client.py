@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -74,19 +75,29 @@ class Reply:
 
 
 def cache_key(identity: str, model: str, messages: list, params: dict, *,
-              messages_json: str | None = None) -> str:
+              messages_json: str | None = None, params_json: str | None = None) -> str:
     """SHA-256 of the JSON of [identity, model, messages, params] (sorted keys).
 
-    `messages_json` is `_messages_json(messages)[1]` when the caller has it: the blob is
-    then joined from the parts, byte for byte the dump of the whole list (a list's items
-    are encoded one by one and joined with ", "), so stored keys still match."""
+    `messages_json` is `_messages_json(messages)[1]` and `params_json` is `_params_json(params)`
+    when the caller has them: the blob is then joined from the parts, byte for byte the dump
+    of the whole list (a list's items are encoded one by one and joined with ", "), so stored
+    keys still match."""
     if messages_json is None:
         blob = json.dumps([identity, model, messages, params], sort_keys=True, ensure_ascii=False)
     else:
-        blob = (f"[{json.dumps(identity, ensure_ascii=False)}, "
-                f"{json.dumps(model, ensure_ascii=False)}, {messages_json}, "
-                f"{json.dumps(params, sort_keys=True, ensure_ascii=False)}]")
+        blob = (f"{_key_head(identity, model)}{messages_json}, "
+                f"{params_json if params_json is not None else _params_json(params)}]")
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()   # lone ones too
+
+
+@functools.lru_cache(maxsize=64)
+def _key_head(identity: str, model: str) -> str:
+    return f"[{json.dumps(identity, ensure_ascii=False)}, {json.dumps(model, ensure_ascii=False)}, "
+
+
+def _params_json(params: dict) -> str:
+    """A call's parameters as they enter its cache key and its log row."""
+    return json.dumps(params, sort_keys=True, ensure_ascii=False)
 
 
 def _messages_json(messages: list) -> tuple[list, str]:
@@ -240,7 +251,7 @@ class LLM:
         with self._loop_lock:
             state = self._per_loop.get(loop)
             if state is None:
-                state = {"clients": {}, "limits": {}, "log": [],
+                state = {"clients": {}, "limits": {}, "log": [], "reads": [],
                          "all": asyncio.Semaphore(self.concurrency)}
                 self._per_loop[loop] = state
                 state["closer"] = _arm(_close_with_loop(self, loop))
@@ -271,31 +282,41 @@ class LLM:
         """Log a call (see `Store.log_call`) together with every other call that ended in
         this event-loop turn, in one commit; returns its row id once it is committed, so
         no result is handed back before its log row is durable."""
+        return await self._in_turn("log", call, Store.log_calls)
+
+    async def _cache_get(self, key: str) -> dict | None:
+        """The cached answer under `key` (None for a miss); the look-ups of one event-loop
+        turn are one SELECT (a wide level of a DAG starts its nodes in one turn)."""
+        return await self._in_turn("reads", key, Store.cache_get_many)
+
+    async def _in_turn(self, queue: str, item: Any, handle: Callable[[Store, list], list]) -> Any:
+        """`handle(store, items)[i]` for this item, with the items queued in this event-loop
+        turn handled together in the next one (one SQLite statement or commit per store)."""
         loop = asyncio.get_running_loop()
         state = self._state()
-        if not state["log"]:
-            loop.call_soon(self._write_log, state)
-        written = loop.create_future()
-        state["log"].append((self.store, call, written))
-        return await written
+        if not state[queue]:
+            loop.call_soon(self._handle_queue, state, queue, handle)
+        done = loop.create_future()
+        state[queue].append((self.store, item, done))
+        return await done
 
     @staticmethod
-    def _write_log(state: dict) -> None:
-        pending, state["log"] = state["log"], []
+    def _handle_queue(state: dict, queue: str, handle: Callable[[Store, list], list]) -> None:
+        pending, state[queue] = state[queue], []
         by_store: dict[Store, list] = {}
-        for store, call, written in pending:
-            by_store.setdefault(store, []).append((call, written))
+        for store, item, done in pending:
+            by_store.setdefault(store, []).append((item, done))
         for store, items in by_store.items():
             try:
-                ids = store.log_calls([call for call, _ in items])
-            except Exception as exc:   # the callers raise it, as a direct write would
-                for _, written in items:
-                    if not written.done():
-                        written.set_exception(exc)
+                results = handle(store, [item for item, _ in items])
+            except Exception as exc:   # the callers raise it, as a direct call would
+                for _, done in items:
+                    if not done.done():
+                        done.set_exception(exc)
                 continue
-            for (_, written), call_id in zip(items, ids):
-                if not written.done():
-                    written.set_result(call_id)
+            for (_, done), result in zip(items, results):
+                if not done.done():
+                    done.set_result(result)
 
     async def aclose(self) -> None:
         """Close the HTTP clients of the running loop. A loop that ends through `asyncio.run`
@@ -333,15 +354,19 @@ class LLM:
     async def _slot(self, endpoint: Endpoint):
         """One request's place: the requests-per-minute pace, the process-wide cap and the
         endpoint's own cap (the embedded server serves one request at a time)."""
-        await self._pace()
+        if self.rpm:
+            await self._pace()
         limit = self._limit(endpoint)
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(self._state()["all"])
-            if limit is not None:
-                await stack.enter_async_context(limit)
-            if self.gate is not None:
-                await stack.enter_async_context(self.gate(endpoint))
-            yield
+        async with self._state()["all"]:
+            if limit is None and self.gate is None:   # the usual case: no stack to build
+                yield
+                return
+            async with contextlib.AsyncExitStack() as stack:
+                if limit is not None:
+                    await stack.enter_async_context(limit)
+                if self.gate is not None:
+                    await stack.enter_async_context(self.gate(endpoint))
+                yield
 
     async def _pace(self) -> None:
         if not self.rpm:
@@ -382,14 +407,15 @@ class LLM:
         params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
                                     ("max_tokens", max_tokens), ("schema", schema),
                                     ("tools", tools or None)) if v is not None}
+        params_json = _params_json(params)
         key = cache_key(endpoint.identity, model_name, messages, params,
-                        messages_json=messages_json)
+                        messages_json=messages_json, params_json=params_json)
         model_id = f"{endpoint.name}:{model_name}"
         log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
-                   messages_json=messages_json, params=params, cache_key=key, run_id=run_id,
-                   node_id=node_id, purpose=purpose)
+                   messages_json=messages_json, params=params, params_json=params_json,
+                   cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
         if cache:
-            hit = self.store.cache_get(key)
+            hit = await self._cache_get(key)
             if hit is not None:
                 call_id = await self._log(**log, response=hit, cached=True,
                                           input_tokens=hit["input_tokens"],
@@ -518,8 +544,8 @@ class LLM:
         keys = {t: cache_key(endpoint.identity, model_name, [t], {"embed": True})
                 for t in texts if t.strip()}
         found: dict[str, list[float]] = {}
-        for text, key in keys.items() if cache else ():
-            hit = self.store.cache_get(key)
+        hits = self.store.cache_get_many(list(keys.values())) if cache else []
+        for text, hit in zip(keys, hits):
             if hit is not None:
                 found[text] = hit["vector"]
         missing = [t for t in keys if t not in found]
