@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError, FlowError, write_error
+from .parsers import add_map_options, map_options
 
 __all__ = ["main", "build_parser"]
 
@@ -330,9 +331,7 @@ def cmd_map(args: argparse.Namespace) -> int:
 
     flow = load(args.run)
     out = Path(args.out or f"{flow.name}.map.csv")
-    options = {k: v for k, v in (("budget_usd", args.budget_usd), ("rpm", args.rpm),
-                                 ("requests_at_once", args.at_once)) if v is not None}
-    frame = flow.map_file(args.data, engine="dask", concurrency=args.concurrency, **options)
+    frame = flow.map_file(args.data, **map_options(args))
     write_results(frame, out)
     counts = frame["status"].value_counts().to_dict()
     print(f"wrote {out}: {len(frame)} rows, " + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -552,16 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     mp = sub.add_parser("map", help="run a stored flow once per row of a data file on Dask",
                         description="Run the workflow of RUN once per row of DATA (.csv, "
-                        ".parquet or .jsonl; columns fill {{field}}) on Dask: a LocalCluster, "
-                        "or the scheduler in FLOWMAGIC_DASK. Resumable: rows already done are "
-                        "not run again. Writes one row per input to OUT.")
+                        ".parquet or .jsonl; columns fill {{field}}) on Dask: the scheduler "
+                        "in FLOWMAGIC_DASK or --engine, else a LocalCluster. Resumable: rows "
+                        "already done are not run again. Writes one row per input to OUT.")
     mp.add_argument("run", metavar="RUN", help="run id or flow name (see `flowmagic log`)")
     mp.add_argument("data", metavar="DATA")
     mp.add_argument("--out", help="results file, .csv/.parquet/.jsonl (default NAME.map.csv)")
-    mp.add_argument("--concurrency", type=int, default=4, help="inputs at once per worker")
-    mp.add_argument("--budget-usd", type=float, help="stop submitting once this is spent")
-    mp.add_argument("--rpm", type=int, help="requests per minute per endpoint, cluster-wide")
-    mp.add_argument("--at-once", type=int, help="requests in flight per endpoint, cluster-wide")
+    add_map_options(mp)
     mp.set_defaults(func=cmd_map)
 
     log = sub.add_parser("log", help="recent model calls, newest first")

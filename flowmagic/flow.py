@@ -751,7 +751,7 @@ class Flow:
         """`map` over the rows of a .csv, .parquet or .jsonl file (columns as {{field}});
         a DataFrame in row order (`flowmagic map` and `%flow map` call this)."""
         from .ops import distributed
-        return self.map(distributed.read_inputs(path), engine=engine, **options)
+        return distributed.map_file(self, path, engine=engine, **options)
 
     async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
         from .ops import batch

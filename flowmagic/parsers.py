@@ -21,7 +21,8 @@ from .errors import ConfigError
 __all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
            "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
            "is_flow_name",
-           "parse_cheaper", "parse_slim_options", "single_brace_names"]
+           "parse_cheaper", "parse_slim_options", "single_brace_names", "add_map_options",
+           "map_options", "parse_map_options"]
 
 # name -> (argument names, one line of help)
 SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -38,7 +39,9 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "cost": (("NAME",), "tokens and USD of a flow, by node and purpose"),
     "timeline": (("NAME",), "when each node ran (a Gantt chart)"),
     "export": (("NAME", "PATH"), "write the executed flow as a notebook"),
-    "map": (("NAME", "DATA"), "run a flow once per row of DATA (.csv/.parquet/.jsonl) on Dask"),
+    "map": (("NAME", "DATA", "[--engine dask|inprocess|ADDRESS]", "[--workers N]",
+             "[--concurrency N]", "[--budget-usd B]", "[--rpm N]", "[--at-once N]"),
+            "run a flow once per row of DATA (.csv/.parquet/.jsonl), on Dask by default"),
     "eval": (("NAME", "GOLD.json"), "score a flow's plan against a gold task graph"),
     "importance": (("NAME",), "rank a flow's nodes on its probe set (flow.attach_probe)"),
     "slim": (("NAME", "[--cheaper A=B,...]", "[--tau T]"),
@@ -48,7 +51,7 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "log": (("[N]",), "the last N model calls (default 10)"),
     "help": ((), "this list"),
 }
-_VARIADIC = {"config": (0, None), "log": (0, 1), "slim": (1, 5)}
+_VARIADIC = {"config": (0, None), "log": (0, 1), "slim": (1, 5), "map": (2, None)}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
@@ -254,6 +257,37 @@ def parse_slim_options(words: list[str]) -> dict[str, Any]:
     if not 0 < ns.tau <= 1:
         raise ConfigError(f"%flow slim: --tau must be in (0, 1], e.g. 0.95, not {ns.tau:g}")
     return {"cheaper": parse_cheaper(ns.cheaper), "tau": ns.tau}
+
+
+def add_map_options(p: argparse.ArgumentParser) -> None:
+    """The options of a batch map, shared by `%flow map` and `flowmagic map`."""
+    p.add_argument("--engine", default="dask", metavar="E",
+                   help="dask (FLOWMAGIC_DASK, else a LocalCluster), inprocess, or a "
+                        "scheduler address tcp://host:8786")
+    p.add_argument("--workers", type=_positive(int, "--workers", 1), metavar="N",
+                   help="worker processes of the LocalCluster (default: one per core)")
+    p.add_argument("--concurrency", type=_positive(int, "--concurrency", 1), default=4, metavar="N",
+                   help="inputs at once per worker")
+    p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0),
+                   metavar="B", help="stop submitting once this is spent")
+    p.add_argument("--rpm", type=_positive(int, "--rpm", 1), metavar="N",
+                   help="requests per minute per endpoint, cluster-wide")
+    p.add_argument("--at-once", dest="requests_at_once", type=_positive(int, "--at-once", 1),
+                   metavar="N",
+                   help="requests in flight per endpoint, cluster-wide")
+
+
+def map_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """`Flow.map_file` keywords from parsed map options (the ones given, and the engine)."""
+    names = ("engine", "workers", "concurrency", "budget_usd", "rpm", "requests_at_once")
+    return {n: getattr(ns, n) for n in names if getattr(ns, n) is not None}
+
+
+def parse_map_options(words: list[str]) -> dict[str, Any]:
+    """The options of `%flow map NAME DATA` as `Flow.map_file` keywords."""
+    p = _Parser(prog="%flow map", add_help=False, allow_abbrev=False)
+    add_map_options(p)
+    return map_options(p.parse_args(words))
 
 
 _WORD_SETTINGS = frozenset(("sandbox", "validate"))

@@ -195,34 +195,54 @@ def test_a_budget_stops_submitting_new_inputs(cluster):
 
 def test_flowmagic_map_command_and_flow_map_magic_on_a_data_file(cluster, tmp_path, monkeypatch,
                                                                   capsys):
+    from IPython.core.error import UsageError
+
     from conftest import ipython_shell
     from flowmagic.cli import main
     from flowmagic.jupyter.mapbar import map_progress_bar
 
     cities(8).to_csv(tmp_path / "in.csv", index=False)
     cities(3).to_json(tmp_path / "in.jsonl", orient="records", lines=True)
-    monkeypatch.setenv("FLOWMAGIC_DASK", cluster.scheduler.address)
+    address = cluster.scheduler.address
     with LoopbackServer(responder=echo) as server:
         monkeypatch.setenv("FLOWMAGIC_BASE_URL", server.base_url)
         monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
         flow = Flow.from_dict(PLAN, task="answer questions", name="lookup")
         assert main(["map", "lookup", str(tmp_path / "in.csv"), "--out",
-                     str(tmp_path / "out.jsonl")]) == 0
+                     str(tmp_path / "out.jsonl"), "--engine", address, "--concurrency", "2",
+                     "--at-once", "2", "--budget-usd", "5"]) == 0
         printed = capsys.readouterr()
         assert main(["map", "lookup", str(tmp_path / "in.txt")]) == 1
         bad = capsys.readouterr().err
+        before = len(asked(server))
+        assert main(["map", "lookup", str(tmp_path / "in.jsonl"), "--engine", "inprocess",
+                     "--out", str(tmp_path / "here.csv")]) == 0
+        here = len(asked(server)) - before
+        capsys.readouterr()
         with ipython_shell() as ip:
             ip.user_ns["lookup"] = flow
-            frame = ip.run_line_magic("flow", f"map lookup {tmp_path / 'in.jsonl'}")
+            frame = ip.run_line_magic("flow", f"map lookup {tmp_path / 'in.jsonl'} --engine "
+                                              f"{address} --concurrency 2 --budget-usd 1")
+            mistakes = []
+            for words in ("--workers 0", f"--engine {address} --workers 2", "--speed 3"):
+                with pytest.raises(UsageError) as caught:
+                    ip.run_line_magic("flow", f"map lookup {tmp_path / 'in.jsonl'} {words}")
+                mistakes.append(str(caught.value))
     out = pd.read_json(tmp_path / "out.jsonl", lines=True)
     assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(8)]
     assert "wrote" in printed.out and "8 done" in printed.out
-    assert "map 8/8 | done 8" in printed.err
+    assert "map 8/8 | done 8" in printed.err and printed.err.rstrip().endswith("| 2 workers")
     assert bad.strip().splitlines() == [
         f"flowmagic: {tmp_path / 'in.txt'}: give the inputs as .csv, .parquet or .jsonl "
         "(one input per row, columns as {{field}})"]
+    # In this process: the same answers, from the cache the Dask map merged into the store.
+    assert here == 0 and list(pd.read_csv(tmp_path / "here.csv")["result"]) == list(out["result"][:3])
     assert list(frame["result"]) == [f"found c{i}/{2000 + i}" for i in range(3)]
     assert frame["resumed"].all()            # the same rows as the command's first three
+    assert "--workers: must be at least 1, not 0" in mistakes[0]
+    assert "workers= sizes the LocalCluster" in mistakes[1]
+    assert "unrecognized arguments: --speed 3" in mistakes[2]
+    assert all("\n" not in m for m in mistakes)
     # The notebook's bar: shown once, then kept current with the progress line.
     shown = []
     update = map_progress_bar(shown.append)
@@ -271,12 +291,14 @@ def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():
     with LoopbackServer(responder=echo) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(PLAN, task="answer questions")
-        out = flow.map(cities(6), engine="dask", progress=False)
+        lines = []
+        out = flow.map(cities(6), engine="dask", workers=1, progress=lambda p: lines.append(p.line()))
         with pytest.raises(ConfigError, match="for engine='dask'"):
             flow.map(cities(2), budget_usd=1)
         with pytest.raises(ConfigError, match="finite amount"):
             flow.map(cities(2), engine="dask", budget_usd=float("nan"))
     assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(6)]
+    assert lines[-1].startswith("map 6/6 | done 6") and lines[-1].endswith("| 1 worker")
     # A list is one input per item; a single string is a one-line mistake, not 30 inputs.
     assert to_inputs(["a", "b"]) == (["a", "b"], [])
     with pytest.raises(ConfigError, match="wrap a single input in a list"):

@@ -28,7 +28,8 @@ from .._internal.aio import run_blocking
 from ..view.display import Report, table
 from ..errors import BudgetError, ConfigError, FlowError
 from ..parsers import (Command, command_usage, interpolate, parse_assignments,
-                       parse_command, parse_flow_line, parse_slim_options, single_brace_names)
+                       parse_command, parse_flow_line, parse_map_options, parse_slim_options,
+                       single_brace_names)
 
 __all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
            "pyproject_settings"]
@@ -416,16 +417,16 @@ class FlowMagics(Magics):
         bound = bind_slimmed(self.shell.user_ns, name, slim)
         return slim_report(report, name, bound, run=flow.run_id)
 
-    def handle_map(self, name: str, data: str):
-        """Run a flow once per row of a data file on Dask; the result DataFrame."""
+    def handle_map(self, name: str, data: str, *words: str):
+        """Run a flow once per row of a data file (on Dask by default); the result DataFrame."""
+        options = parse_map_options(list(words))
         flow = self._flow(name)
-        progress = None
-        if self._in_kernel():
+        if self._in_kernel() and options["engine"] != "inprocess":
             from IPython.display import display
 
             from .mapbar import map_progress_bar
-            progress = map_progress_bar(display)
-        return flow.map_file(data, progress=progress)
+            options["progress"] = map_progress_bar(display)
+        return flow.map_file(data, **options)
 
     def handle_eval(self, name: str, gold: str) -> Report:
         from ..evaluate.run import compare_flow, format_scores

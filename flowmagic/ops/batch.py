@@ -272,6 +272,8 @@ async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None =
                scorer: Any = None, workflow: Workflow | None = None,
                limit: asyncio.Semaphore | None = None) -> BatchRun:
     """Run `workflow` (default: the flow's) once per input, at most `concurrency` at once."""
+    if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):   # a pandas DataFrame
+        inputs = [{str(k): v for k, v in row.items()} for row in inputs.to_dict("records")]
     inputs = list(inputs)
     if not inputs:
         raise ConfigError("map() needs at least one input")

@@ -36,8 +36,8 @@ from .batch import canonical, fingerprint, fresh_copy
 if TYPE_CHECKING:
     from ..flow import Flow
 
-__all__ = ["dask_map", "to_inputs", "MapProgress", "read_inputs", "write_results",
-           "ENV", "task_payload"]
+__all__ = ["dask_map", "map_file", "to_inputs", "MapProgress", "read_inputs", "write_results",
+           "batch_frame", "ENV", "task_payload"]
 
 ENV = "FLOWMAGIC_DASK"
 READERS = {".csv": "read_csv", ".parquet": "read_parquet", ".jsonl": "read_json"}
@@ -71,6 +71,21 @@ def read_inputs(path: str | os.PathLike):
     except (ValueError, OSError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{path}: cannot read it as {suffix[1:]} ({first}); fix the file") from None
+
+
+def map_file(flow: "Flow", path: str | os.PathLike, engine: Any = "dask", **options: Any):
+    """`flow.map` over the rows of a data file; a DataFrame in row order on either engine."""
+    frame = read_inputs(path)
+    out = flow.map(frame, engine=engine, **options)
+    return batch_frame(frame, out) if engine == "inprocess" else out
+
+
+def batch_frame(inputs: Any, batch: Any):
+    """The in-process engine's BatchRun as the DataFrame a Dask map returns."""
+    import pandas as pd
+
+    rows, fields = to_inputs(inputs)
+    return _frame(pd, rows, fields, [item.to_dict() for item in batch])
 
 
 def write_results(frame: Any, path: str | os.PathLike) -> None:
@@ -108,6 +123,8 @@ class MapProgress:
     started: float = dataclasses.field(default_factory=time.monotonic)
     dashboard: str | None = None
     budget_usd: float | None = None
+    workers: int = 0      # the cluster's workers when the map started
+
 
     @property
     def finished(self) -> int:
@@ -131,6 +148,8 @@ class MapProgress:
                  f"{self.rate:.2f}/s", f"${self.cost_usd:.4f}", f"ETA {eta}"]
         if self.skipped:
             parts.append(f"{self.skipped} not run (budget ${self.budget_usd:g} reached)")
+        if self.workers:
+            parts.append(f"{self.workers} worker{'s' * (self.workers != 1)}")
         return " | ".join(parts)
 
 
@@ -150,25 +169,39 @@ def _reporter(progress: Any) -> Callable[[MapProgress], None]:
 
 
 # -- the cluster ----------------------------------------------------------------------------
-def _client(engine: Any, threads: int):
-    """(Client, cluster we started or None) for `engine`."""
+def _address(engine: Any) -> str | None:
+    """The scheduler address a map goes to: `engine` itself ("tcp://host:8786"), else
+    $FLOWMAGIC_DASK for engine="dask"; None for a Client or a LocalCluster of our own."""
+    if isinstance(engine, str) and "://" in engine:
+        return engine
+    if engine == "dask":
+        return os.environ.get(ENV, "").strip() or None
+    if not hasattr(engine, "submit"):
+        raise ConfigError(f"engine {engine!r} is not 'inprocess', 'dask', a scheduler address "
+                          "(tcp://host:8786) nor a dask.distributed.Client")
+    return None
+
+
+def _client(engine: Any, threads: int, workers: int | None):
+    """(Client, what to close after the map: [client, cluster] we opened, or [])."""
     from dask.distributed import Client, LocalCluster
 
-    if isinstance(engine, Client):
-        return engine, None
-    if engine != "dask":
-        raise ConfigError(f"engine {engine!r} is not 'inprocess', 'dask' nor a "
-                          "dask.distributed.Client")
-    address = os.environ.get(ENV, "").strip()
+    address = _address(engine)
+    if address is None and engine != "dask":
+        return engine, []
     if address:
         try:
-            return Client(address, timeout="10s"), None
+            client = Client(address, timeout="10s")
         except OSError as exc:
-            raise ConfigError(f"{ENV}={address} : no Dask scheduler answered ({exc}); start one "
-                              f"(`dask scheduler`) or unset {ENV} for a local cluster") from None
-    cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=threads,
+            where = f"{ENV}={address}" if engine == "dask" else f"engine={address!r}"
+            raise ConfigError(f"{where}: no Dask scheduler answered ({exc}); start one "
+                              f"(`dask scheduler`) or use engine='dask' without {ENV} for a "
+                              "local cluster") from None
+        return client, [client]
+    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=threads,
                            processes=True, dashboard_address=":0")
-    return Client(cluster), cluster
+    client = Client(cluster)
+    return client, [client, cluster]
 
 
 def _endpoints() -> dict:
@@ -209,10 +242,14 @@ def _is_dask_frame(inputs: Any) -> bool:
     return hasattr(inputs, "npartitions") and hasattr(inputs, "to_delayed")
 
 
-def _check(concurrency, rpm, requests_at_once, budget_usd) -> None:
+def _check(engine, concurrency, rpm, requests_at_once, budget_usd, workers) -> None:
     if concurrency is not None and int(concurrency) < 1:
         raise ConfigError("concurrency must be at least 1 (or None for no limit)")
-    for name, value in (("rpm", rpm), ("requests_at_once", requests_at_once)):
+    if workers is not None and (engine != "dask" or os.environ.get(ENV, "").strip()):
+        raise ConfigError("workers= sizes the LocalCluster flowmagic starts (engine='dask' "
+                          f"without {ENV}); a cluster you give has its own workers")
+    for name, value in (("rpm", rpm), ("requests_at_once", requests_at_once),
+                        ("workers", workers)):
         if value is not None and int(value) < 1:
             raise ConfigError(f"{name} must be at least 1 (or None for no limit)")
     if budget_usd is not None and not (float(budget_usd) >= 0 and float(budget_usd) < float("inf")):
@@ -221,17 +258,20 @@ def _check(concurrency, rpm, requests_at_once, budget_usd) -> None:
 
 def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: int | None = 4,
              budget_usd: float | None = None, progress: Any = None, rpm: int | None = None,
-             requests_at_once: int | None = None, window_s: float = 60.0):
+             requests_at_once: int | None = None, window_s: float = 60.0,
+             workers: int | None = None):
     """Run the flow's workflow once per input on Dask; a DataFrame in input order.
 
-    `concurrency`: inputs at once per worker; `rpm` / `requests_at_once`: per endpoint,
+    `engine`: "dask" ($FLOWMAGIC_DASK, else a LocalCluster of `workers` processes, one per
+    core by default), a scheduler address or a Client; `concurrency`: inputs at once per
+    worker; `rpm` / `requests_at_once`: per endpoint,
     across the whole cluster; `budget_usd`: no new input is submitted once the list-price
     cost of this map reaches it; `progress`: True (a line on stderr), False, or a function
     called with a MapProgress after each result. A Dask DataFrame is run partition by
     partition where each partition is (its rows are not gathered to the driver first)."""
     import pandas as pd
 
-    _check(concurrency, rpm, requests_at_once, budget_usd)
+    _check(engine, concurrency, rpm, requests_at_once, budget_usd, workers)
     found = _endpoints()
     base = _base(flow, found)
     threads = int(concurrency or 4)
@@ -243,7 +283,7 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
         fields = [str(c) for c in inputs.columns]
         parts = inputs.to_delayed()
         done = flow.store.map_fingerprints()
-        job.run(engine, threads, [("partition", n, part, base, done)
+        job.run(engine, threads, workers, [("partition", n, part, base, done)
                                   for n, part in enumerate(parts)])
         rows = [r for n in range(len(parts)) for r in job.rows.get(n, [])]
         prints = [fp for n in range(len(parts)) for fp in job.prints.get(n, [])]
@@ -260,7 +300,7 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
         job.state.total = len(rows)
         job.state.resumed = sum(fp in job.items for fp in prints)
         first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
-        job.run(engine, threads, [("input", fp, first[fp], rows[first[fp]])
+        job.run(engine, threads, workers, [("input", fp, first[fp], rows[first[fp]])
                                   for fp in first if fp not in job.items])
     job.state.skipped = sum(fp not in job.items for fp in prints)
     report(job.state)
@@ -280,14 +320,14 @@ class _Job:
         self.rows: dict[int, list] = {}     # partition -> its rows (Dask DataFrame inputs)
         self.prints: dict[int, list] = {}   # partition -> its rows' fingerprints
 
-    def run(self, engine: Any, threads: int, units: list[tuple]) -> None:
+    def run(self, engine: Any, threads: int, workers: int | None, units: list[tuple]) -> None:
         if not units:
             return
         from dask.distributed import as_completed
 
         from .dask_worker import KeyPlugin
 
-        client, cluster = _client(engine, threads)
+        client, opened = _client(engine, threads, workers)
         if "dashboard" in client.scheduler_info().get("services", {}):
             self.state.dashboard = client.dashboard_link
         plugin = KeyPlugin(self.tag, self.keys)
@@ -297,7 +337,7 @@ class _Job:
             # A task, not scattered data: if the worker holding it dies, Dask makes it again.
             shipped = client.submit(_given, self.payload, key=f"flowmagic-payload-{self.tag}",
                                     pure=False)
-            workers = max(1, len(client.scheduler_info()["workers"]))
+            workers = self.state.workers = max(1, len(client.scheduler_info()["workers"]))
             if units[0][0] == "input":
                 units = _chunks(units, threads, workers)
             # Two units per worker: one runs while the next is on its way.
@@ -325,9 +365,8 @@ class _Job:
                 client.unregister_worker_plugin(plugin.name)
             except Exception:   # a closed or restarted cluster forgets its plugins anyway
                 pass
-            if cluster is not None:
-                client.close()
-                cluster.close()
+            for thing in opened:
+                thing.close()
 
     def _submit(self, client, shipped, unit: tuple):
         from .dask_worker import run_chunk, run_partition
