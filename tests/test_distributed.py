@@ -274,10 +274,16 @@ def test_a_dask_dataframe_runs_partition_by_partition_and_resumes(cluster):
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(PLAN, task="answer questions")
         flow.tools = [population]
-        out = flow.map(frame, engine=cluster, progress=False)
+        lazy = flow.map(frame, engine=cluster, progress=False)
+        held = [k for k in cluster.who_has() if str(k).endswith("-frame")]
         first = asked(server)
-        again = flow.map(frame, engine=cluster, progress=False)
+        again = flow.map(frame, engine=cluster, progress=False).compute()
         second = asked(server)[len(first):]
+    # A Dask DataFrame out: one partition per input partition, held by the workers.
+    assert isinstance(lazy, dd.DataFrame) and lazy.npartitions == 4
+    assert len(held) == 4 and lazy.divisions == frame.divisions
+    out = lazy.compute()
+    assert list(out.index) == list(range(20))
     assert list(out["city"]) == [f"c{i}" for i in range(20)]
     assert list(out["result"]) == [f"found c{i}/{2000 + i} (c{i} has {len(f'c{i}') * 1000} people)"
                                    for i in range(20)]
@@ -288,11 +294,17 @@ def test_a_dask_dataframe_runs_partition_by_partition_and_resumes(cluster):
 
 
 def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():
+    import dask.dataframe as dd
+
     with LoopbackServer(responder=echo) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(PLAN, task="answer questions")
         lines = []
-        out = flow.map(cities(6), engine="dask", workers=1, progress=lambda p: lines.append(p.line()))
+        # A Dask DataFrame on a cluster that closes with the map: its partitions come here.
+        out = flow.map(dd.from_pandas(cities(6), npartitions=2), engine="dask", workers=1,
+                       progress=lambda p: lines.append(p.line()))
+        assert isinstance(out, dd.DataFrame) and out.npartitions == 2
+        out = out.compute()
         with pytest.raises(ConfigError, match="for engine='dask'"):
             flow.map(cities(2), budget_usd=1)
         with pytest.raises(ConfigError, match="finite amount"):

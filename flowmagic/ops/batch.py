@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["Item", "BatchRun", "Probe", "Evaluation", "amap", "evaluate", "probe_set",
            "instantiate", "fresh_copy", "sinks", "exact_match", "contains", "LLMJudge",
            "get_scorer", "score", "price_call", "run_sync", "gather_all", "EXPECTED_KEYS",
-           "canonical", "fingerprint"]
+           "canonical", "fingerprint", "result_frame", "NOT_RUN"]
 
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 EXPECTED_KEYS = ("expected", "answer", "target")
@@ -465,3 +465,32 @@ async def evaluate(flow: "Flow", workflow: Workflow, probe: Probe, *,
                       tokens_out=sum(i.tokens_out for i in batch) / n,
                       failures=sum(i.state != "done" for i in batch),
                       node_cost=node_cost, batch=batch, unpriced=unpriced)
+
+
+# -- a map's answer as a table ----------------------------------------------------------------
+NOT_RUN = "not run: the map's budget was reached"
+
+
+def result_frame(rows: list, fields: list[str], items: list[dict | None],
+                 nodes: list[str] | None = None):
+    """A map's answer: one row per input (its fields, or `input`), in order, with its
+    item's result, state, tokens, cost, time, error, run and one column per node (`nodes`,
+    else every node any item ran)."""
+    import pandas as pd
+
+    node_ids: list[str] = list(nodes or [])
+    if nodes is None:
+        for item in items:
+            node_ids += [n for n in (item or {}).get("outputs", {}) if n not in node_ids]
+    table = []
+    for example, item in zip(rows, items):
+        item = item or {"state": "skipped", "error": NOT_RUN}
+        row = dict(example) if fields else {"input": example}
+        row.update(result=item.get("result"), status=item["state"],
+                   tokens_in=item.get("tokens_in", 0), tokens_out=item.get("tokens_out", 0),
+                   cost_usd=item.get("cost_usd", 0.0), time_s=item.get("duration_s", 0.0),
+                   error=item.get("error"), run_id=item.get("run_id"),
+                   resumed=bool(item.get("resumed")))
+        row.update({f"node:{n}": (item.get("outputs") or {}).get(n) for n in node_ids})
+        table.append(row)
+    return pd.DataFrame(table)

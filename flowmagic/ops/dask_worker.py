@@ -33,7 +33,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-__all__ = ["KeyPlugin", "ClusterGate", "run_chunk", "run_partition"]
+__all__ = ["KeyPlugin", "ClusterGate", "run_chunk", "run_partition", "partition_prints"]
 
 _lock = threading.Lock()
 _keys: dict[str, dict[str, str]] = {}   # payload tag -> endpoint name -> key (memory only)
@@ -202,19 +202,37 @@ def run_chunk(payload: bytes, tag: str, chunk: list[tuple[str, int, Any]]) -> di
     return {"results": runner.run(gather_all([runner.one(*unit) for unit in chunk]))}
 
 
-def run_partition(payload: bytes, tag: str, base: str, done: set, frame: Any,
-                  number: int) -> dict:
-    """One partition of a Dask DataFrame, on the worker that holds it: its rows, and per
-    row the result of `run_chunk` (or a resumed marker for a row already done)."""
-    from .batch import fingerprint, gather_all
+def _rows(frame: Any) -> list[dict]:
+    return [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
 
-    runner = _runner(payload, tag)
-    rows = [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
-    prints = [fingerprint(base, x) for x in rows]
 
-    async def one(i: int) -> dict:
-        if prints[i] in done:
-            return {"fingerprint": prints[i], "resumed": True}
-        return await runner.one(prints[i], number * 1_000_000 + i, rows[i])
+def partition_prints(base: str, frame: Any) -> list[str]:
+    """The fingerprints of a Dask DataFrame partition's rows, on the worker that holds it."""
+    from .batch import fingerprint
 
-    return {"rows": rows, "results": runner.run(gather_all([one(i) for i in range(len(rows))]))}
+    return [fingerprint(base, x) for x in _rows(frame)]
+
+
+def run_partition(payload: bytes, tag: str, frame: Any, number: int, prints: list[str],
+                  resumed: dict[str, dict], spec: dict,
+                  not_run: tuple[str, str] | None = None) -> dict:
+    """One partition of a Dask DataFrame, on the worker that holds it: its rows not in
+    `resumed` are run (unless `not_run` = (state, why) says they are not), and it returns
+    the runs (for the driver's store) and the partition of the answer, indexed as the
+    input partition was (it stays on this worker)."""
+    from .batch import gather_all, result_frame
+
+    rows = _rows(frame)
+    todo = [i for i, fp in enumerate(prints) if fp not in resumed]
+    results: list[dict] = []
+    if todo and not_run is None:
+        runner = _runner(payload, tag)
+        results = runner.run(gather_all([runner.one(prints[i], number * 1_000_000 + i, rows[i])
+                                         for i in todo]))
+    items = dict(resumed)
+    items.update({r["fingerprint"]: r["item"] for r in results})
+    missing = {"state": not_run[0], "error": not_run[1]} if not_run else None
+    answer = result_frame(rows, spec["fields"], [items.get(fp, missing) for fp in prints],
+                          spec["nodes"])
+    answer.index = frame.index
+    return {"results": results, "frame": answer}

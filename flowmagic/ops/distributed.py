@@ -22,6 +22,7 @@ The answer is a pandas DataFrame, one row per input in input order: the input's 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
-from .batch import canonical, fingerprint, fresh_copy
+from .batch import NOT_RUN, canonical, fingerprint, fresh_copy, result_frame
 
 if TYPE_CHECKING:
     from ..flow import Flow
@@ -82,10 +83,8 @@ def map_file(flow: "Flow", path: str | os.PathLike, engine: Any = "dask", **opti
 
 def batch_frame(inputs: Any, batch: Any):
     """The in-process engine's BatchRun as the DataFrame a Dask map returns."""
-    import pandas as pd
-
     rows, fields = to_inputs(inputs)
-    return _frame(pd, rows, fields, [item.to_dict() for item in batch])
+    return result_frame(rows, fields, [item.to_dict() for item in batch])
 
 
 def write_results(frame: Any, path: str | os.PathLike) -> None:
@@ -182,13 +181,20 @@ def _address(engine: Any) -> str | None:
     return None
 
 
-def _client(engine: Any, threads: int, workers: int | None):
-    """(Client, what to close after the map: [client, cluster] we opened, or [])."""
-    from dask.distributed import Client, LocalCluster
+def _client(engine: Any, threads: int, workers: int | None, current: bool = False):
+    """(Client, what to close after the map: [client, cluster] we opened, or []).
+    `current`: for engine="dask" without an address, the notebook's own Client when there
+    is one (a Dask DataFrame's partitions live on its cluster)."""
+    from dask.distributed import Client, LocalCluster, default_client
 
     address = _address(engine)
     if address is None and engine != "dask":
         return engine, []
+    if address is None and current and workers is None:
+        try:
+            return default_client(), []
+        except ValueError:   # no client in this process: a LocalCluster of our own
+            pass
     if address:
         try:
             client = Client(address, timeout="10s")
@@ -264,145 +270,190 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
 
     `engine`: "dask" ($FLOWMAGIC_DASK, else a LocalCluster of `workers` processes, one per
     core by default), a scheduler address or a Client; `concurrency`: inputs at once per
-    worker; `rpm` / `requests_at_once`: per endpoint,
-    across the whole cluster; `budget_usd`: no new input is submitted once the list-price
-    cost of this map reaches it; `progress`: True (a line on stderr), False, or a function
-    called with a MapProgress after each result. A Dask DataFrame is run partition by
-    partition where each partition is (its rows are not gathered to the driver first)."""
-    import pandas as pd
-
+    worker; `rpm` / `requests_at_once`: per endpoint, across the whole cluster;
+    `budget_usd`: no new input is submitted once the list-price cost of this map reaches
+    it; `progress`: True (a line on stderr), False, or a function called with a MapProgress
+    after each result. A Dask DataFrame is run partition by partition where each partition
+    is, and the answer is a Dask DataFrame whose partitions stay on the workers (see
+    `_map_partitions`)."""
     _check(engine, concurrency, rpm, requests_at_once, budget_usd, workers)
     found = _endpoints()
     base = _base(flow, found)
     threads = int(concurrency or 4)
-    report = _reporter(progress)
     job = _Job(flow, task_payload(flow, found, rpm=rpm, at_once=requests_at_once,
                                   window_s=window_s, concurrency=threads),
-               {n: e.api_key for n, e in found.items() if e.api_key}, report, budget_usd)
+               {n: e.api_key for n, e in found.items() if e.api_key}, _reporter(progress),
+               budget_usd)
     if _is_dask_frame(inputs):
-        fields = [str(c) for c in inputs.columns]
-        parts = inputs.to_delayed()
-        done = flow.store.map_fingerprints()
-        job.run(engine, threads, workers, [("partition", n, part, base, done)
-                                  for n, part in enumerate(parts)])
-        rows = [r for n in range(len(parts)) for r in job.rows.get(n, [])]
-        prints = [fp for n in range(len(parts)) for fp in job.prints.get(n, [])]
-        resumed = [fp for fp in prints if fp in done and fp not in job.items]
-        job.items.update({fp: dict(item, resumed=True)
-                          for fp, item in flow.store.map_done(resumed).items()})
-    else:
-        rows, fields = to_inputs(inputs)
-        if not rows:
-            raise ConfigError("map() needs at least one input")
-        prints = [fingerprint(base, x) for x in rows]
-        job.items.update({fp: dict(item, resumed=True) for fp, item in
-                          flow.store.map_done(list(dict.fromkeys(prints))).items()})
-        job.state.total = len(rows)
-        job.state.resumed = sum(fp in job.items for fp in prints)
-        first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
-        job.run(engine, threads, workers, [("input", fp, first[fp], rows[first[fp]])
-                                  for fp in first if fp not in job.items])
+        with job.session(engine, threads, workers, current=True) as client:
+            return _map_partitions(job, client, inputs, base)
+    rows, fields = to_inputs(inputs)
+    if not rows:
+        raise ConfigError("map() needs at least one input")
+    prints = [fingerprint(base, x) for x in rows]
+    job.items.update({fp: dict(item, resumed=True) for fp, item in
+                      flow.store.map_done(list(dict.fromkeys(prints))).items()})
+    job.state.total = len(rows)
+    job.state.resumed = sum(fp in job.items for fp in prints)
+    first = {fp: i for i, fp in reversed(list(enumerate(prints)))}
+    todo = [(fp, first[fp], rows[first[fp]]) for fp in first if fp not in job.items]
+    if todo:
+        with job.session(engine, threads, workers) as client:
+            job.drive(client, _chunks(todo, threads, job.state.workers))
     job.state.skipped = sum(fp not in job.items for fp in prints)
-    report(job.state)
-    return _frame(pd, rows, fields, [job.items.get(fp) for fp in prints])
+    job.report(job.state)
+    return result_frame(rows, fields, [job.items.get(fp) for fp in prints])
+
+
+def _map_partitions(job: "_Job", client, inputs: Any, base: str):
+    """A Dask DataFrame: each partition is fingerprinted, run and turned into its part of
+    the answer on the worker that holds it. Only the runs travel to the driver (to be merged
+    into the user's store); the answer is a Dask DataFrame over the result partitions, left
+    on the workers, or gathered when the cluster closes with this map."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from .dask_worker import partition_prints
+
+    datas = client.compute(inputs.to_delayed())   # each stays on the worker that makes it
+    prints = client.gather([client.submit(partition_prints, base, d, retries=2) for d in datas])
+    done = job.flow.store.map_done(list({fp for part in prints for fp in part}))
+    job.state.total = sum(map(len, prints))
+    job.state.resumed = sum(fp in done for part in prints for fp in part)
+    fields = [str(c) for c in inputs.columns]
+    job.frame_spec = {"fields": fields, "nodes": [n.id for n in job.flow.workflow.nodes.values()
+                                                  if n.status != "pruned"]}
+    job.drive(client, [("partition", n, datas[n], prints[n],
+                        {fp: dict(done[fp], resumed=True) for fp in prints[n] if fp in done})
+                       for n in range(len(datas))])
+    for unit in job.not_run:   # past the budget: their rows say so, resumed ones are kept
+        job.frames[unit[1]] = job.partition(client, unit, ("skipped", NOT_RUN))
+    frames = [job.frames[n] for n in range(len(datas))]
+    job.report(job.state)
+    if job.opened:   # the cluster goes with this map: bring the partitions here first
+        return dd.from_pandas(pd.concat(client.gather(frames)), npartitions=len(frames),
+                              sort=False)
+    meta = client.submit(_head, frames[0]).result()
+    return dd.from_delayed(frames, meta=meta, divisions=inputs.divisions, verify_meta=False)
 
 
 class _Job:
-    """One map's driver side: submits units (an input, or a partition of a Dask DataFrame)
-    in a window, merges each result into the user's store as it arrives."""
+    """One map's driver side: submits units (a chunk of inputs, or a partition of a Dask
+    DataFrame) two per worker at a time, merges each result into the user's store as it
+    arrives."""
 
     def __init__(self, flow, payload: bytes, keys: dict, report, budget_usd):
         self.flow, self.payload, self.keys = flow, payload, keys
         self.tag = hashlib.sha256(payload).hexdigest()[:16]
+        self.nonce = os.urandom(4).hex()   # this map's partition keys, apart from the last map's
         self.report, self.budget_usd = report, budget_usd
         self.state = MapProgress(total=0, budget_usd=budget_usd)
         self.items: dict[str, dict] = {}
-        self.rows: dict[int, list] = {}     # partition -> its rows (Dask DataFrame inputs)
-        self.prints: dict[int, list] = {}   # partition -> its rows' fingerprints
+        self.frames: dict[int, Any] = {}    # partition -> future of its result frame
+        self.frame_spec: dict = {}
+        self.not_run: list[tuple] = []      # units the budget stopped
+        self.opened: list = []
+        self.shipped: Any = None
 
-    def run(self, engine: Any, threads: int, workers: int | None, units: list[tuple]) -> None:
-        if not units:
-            return
-        from dask.distributed import as_completed
-
+    @contextlib.contextmanager
+    def session(self, engine: Any, threads: int, workers: int | None, current: bool = False):
+        """The cluster for this map, with its keys plugin and the shared payload; closed
+        (what this map opened) and the plugin removed afterwards."""
         from .dask_worker import KeyPlugin
 
-        client, opened = _client(engine, threads, workers)
-        if "dashboard" in client.scheduler_info().get("services", {}):
-            self.state.dashboard = client.dashboard_link
+        client, self.opened = _client(engine, threads, workers, current)
         plugin = KeyPlugin(self.tag, self.keys)
-        pending: dict[Any, tuple] = {}
         try:
+            if "dashboard" in client.scheduler_info().get("services", {}):
+                self.state.dashboard = client.dashboard_link
+            self.state.workers = max(1, len(client.scheduler_info()["workers"]))
             client.register_plugin(plugin, name=plugin.name)
             # A task, not scattered data: if the worker holding it dies, Dask makes it again.
-            shipped = client.submit(_given, self.payload, key=f"flowmagic-payload-{self.tag}",
-                                    pure=False)
-            workers = self.state.workers = max(1, len(client.scheduler_info()["workers"]))
-            if units[0][0] == "input":
-                units = _chunks(units, threads, workers)
-            # Two units per worker: one runs while the next is on its way.
-            queue, running, window = list(units), as_completed(), 2 * workers
+            self.shipped = client.submit(_given, self.payload, pure=False,
+                                         key=f"flowmagic-payload-{self.tag}")
+            yield client
+        finally:
+            try:
+                client.unregister_worker_plugin(plugin.name)
+            except Exception:   # a closed or restarted cluster forgets its plugins anyway
+                pass
+            for thing in self.opened:
+                thing.close()
 
-            def submit_more() -> None:
-                while queue and len(pending) < window:
-                    if self.budget_usd is not None and self.state.cost_usd >= self.budget_usd:
-                        queue.clear()   # the rows left are reported as not run
-                        return
-                    unit = queue.pop(0)
-                    future = self._submit(client, shipped, unit)
-                    pending[future] = unit
-                    running.add(future)
+    def drive(self, client, units: list[tuple]) -> None:
+        """Submit the units in a window (two per worker: one runs while the next is on its
+        way), collect each as it finishes; the budget stops the submitting."""
+        from dask.distributed import as_completed
 
+        queue, running, window = list(units), as_completed(), 2 * self.state.workers
+        pending: dict[Any, tuple] = {}
+
+        def submit_more() -> None:
+            while queue and len(pending) < window:
+                if self.budget_usd is not None and self.state.cost_usd >= self.budget_usd:
+                    self.not_run, queue[:] = list(queue), []
+                    return
+                unit = queue.pop(0)
+                future = self._submit(client, unit)
+                pending[future] = unit
+                running.add(future)
+
+        try:
             submit_more()
             for future in running:
-                self._collect(future, pending.pop(future))
+                self._collect(client, future, pending.pop(future))
                 self.report(self.state)
                 submit_more()
         finally:
             if pending:
                 client.cancel(list(pending))
-            try:
-                client.unregister_worker_plugin(plugin.name)
-            except Exception:   # a closed or restarted cluster forgets its plugins anyway
-                pass
-            for thing in opened:
-                thing.close()
 
-    def _submit(self, client, shipped, unit: tuple):
-        from .dask_worker import run_chunk, run_partition
+    def partition(self, client, unit: tuple, not_run: tuple[str, str] | None = None):
+        """The future of a partition's task (its runs and its result frame), or, with
+        `not_run` (state, why), of a frame saying so."""
+        from .dask_worker import run_partition
+
+        _, number, data, prints, resumed = unit
+        key = f"flowmagic-{self.nonce}-part-{number}" + ("-not-run" if not_run else "")
+        return client.submit(run_partition, self.shipped, self.tag, data, number, prints,
+                             resumed, self.frame_spec, not_run, key=key, retries=2)
+
+    def _submit(self, client, unit: tuple):
+        from operator import getitem
+
+        from .dask_worker import run_chunk
 
         if unit[0] == "chunk":
             chunk = unit[1]   # its key: its inputs, so a task Dask retried is merged once
             key = hashlib.sha256("".join(fp for fp, _, _ in chunk).encode()).hexdigest()[:32]
-            return client.submit(run_chunk, shipped, self.tag, chunk, key=f"flowmagic-{key}",
-                                 retries=2)
-        _, number, part, base, done = unit
-        data = client.compute(part)   # stays on the worker that makes it
-        return client.submit(run_partition, shipped, self.tag, base, done, data, number,
-                             key=f"flowmagic-{self.tag}-part-{number}", retries=2)
+            return client.submit(run_chunk, self.shipped, self.tag, chunk,
+                                 key=f"flowmagic-{key}", retries=2)
+        both, key = self.partition(client, unit), f"flowmagic-{self.nonce}-part-{unit[1]}"
+        self.frames[unit[1]] = client.submit(getitem, both, "frame", key=f"{key}-frame",
+                                             retries=2)
+        return client.submit(getitem, both, "results", key=f"{key}-runs", retries=2)
 
-    def _collect(self, future, unit: tuple) -> None:
+    def _collect(self, client, future, unit: tuple) -> None:
         """Merge what one unit ran into the user's store in one commit (done inputs marked
         for resume)."""
         try:
-            answer = future.result()
+            results = future.result()
         except Exception as exc:   # the task itself broke (a bug, or its workers kept dying)
+            error = f"{type(exc).__name__}: {exc}"
             if unit[0] == "chunk":
                 for fp, _, _ in unit[1]:
-                    self.items[fp] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                    self.items[fp] = {"state": "failed", "error": error}
                 self.state.failed += len(unit[1])
-                return
-            raise
-        if unit[0] == "partition":
-            self.rows[unit[1]] = answer["rows"]
-            self.state.total += len(answer["rows"])   # known as partitions come back
-            self.prints[unit[1]] = [r["fingerprint"] for r in answer["results"]]
-        ran = [r for r in answer["results"] if not r.get("resumed")]
-        self.state.resumed += len(answer["results"]) - len(ran)
+            else:
+                self.frames[unit[1]] = self.partition(client, unit, ("failed", error))
+                self.state.failed += len(unit[3]) - len(unit[4])
+            return
+        if unit[0] == "chunk":
+            results = results["results"]
         self.flow.store.merge_many([
             (r["export"], r["fingerprint"] if r["item"]["state"] == "done" else None, r["item"])
-            for r in ran if r["export"] is not None])
-        for result in ran:
+            for r in results if r["export"] is not None])
+        for result in results:
             item = result["item"]
             self.items[result["fingerprint"]] = item
             self.state.cost_usd += float(item.get("cost_usd") or 0.0)
@@ -412,30 +463,17 @@ class _Job:
                 self.state.failed += 1
 
 
-def _chunks(units: list[tuple], threads: int, workers: int) -> list[tuple]:
-    """Inputs grouped into tasks: up to `threads` inputs (what one worker runs at once) per
-    task, fewer when there are few inputs, so every worker still gets several tasks."""
-    size = max(1, min(threads, -(-len(units) // (4 * workers))))
-    return [("chunk", [u[1:] for u in units[i:i + size]]) for i in range(0, len(units), size)]
+def _chunks(todo: list[tuple], threads: int, workers: int) -> list[tuple]:
+    """Inputs (fingerprint, index, input) grouped into tasks: up to `threads` inputs (what
+    one worker runs at once) per task, fewer when there are few inputs, so every worker
+    still gets several tasks."""
+    size = max(1, min(threads, -(-len(todo) // (4 * workers))))
+    return [("chunk", todo[i:i + size]) for i in range(0, len(todo), size)]
+
+
+def _head(frame):
+    return frame.iloc[:0]
 
 
 def _given(payload: bytes) -> bytes:
     return payload
-
-
-def _frame(pd, rows: list, fields: list[str], items: list[dict | None]):
-    node_ids: list[str] = []
-    for item in items:
-        node_ids += [n for n in (item or {}).get("outputs", {}) if n not in node_ids]
-    table = []
-    for example, item in zip(rows, items):
-        item = item or {"state": "skipped", "error": "not run: the map's budget was reached"}
-        row = dict(example) if fields else {"input": example}
-        row.update(result=item.get("result"), status=item["state"],
-                   tokens_in=item.get("tokens_in", 0), tokens_out=item.get("tokens_out", 0),
-                   cost_usd=item.get("cost_usd", 0.0), time_s=item.get("duration_s", 0.0),
-                   error=item.get("error"), run_id=item.get("run_id"),
-                   resumed=bool(item.get("resumed")))
-        row.update({f"node:{n}": (item.get("outputs") or {}).get(n) for n in node_ids})
-        table.append(row)
-    return pd.DataFrame(table)
