@@ -227,12 +227,18 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_too
 _RUN_TABLES = ("runs", "nodes", "events", "updates", "calls", "tool_calls", "orchestrator")
 
 
+# Built once: json.dumps with arguments builds an encoder on every call.
+_encode = json.JSONEncoder(ensure_ascii=False, default=str).encode
+_encode_ascii = json.JSONEncoder(ensure_ascii=True, default=str).encode
+
+
 def _dumps(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:   # lone surrogates: SQLite refuses them, \u escapes keep them
-        text = json.dumps(value, ensure_ascii=True, default=str)
+    text = _encode(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:   # lone surrogates: SQLite refuses them, \u escapes keep them
+            text = _encode_ascii(value)
     return text
 
 

@@ -95,15 +95,22 @@ def _key_head(identity: str, model: str) -> str:
     return f"[{json.dumps(identity, ensure_ascii=False)}, {json.dumps(model, ensure_ascii=False)}, "
 
 
+# json.dumps(value, sort_keys=True, ensure_ascii=False), byte for byte, with the encoder
+# built once instead of per call.
+_sorted_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
+
+
 def _params_json(params: dict) -> str:
     """A call's parameters as they enter its cache key and its log row."""
-    return json.dumps(params, sort_keys=True, ensure_ascii=False)
+    return _sorted_json(params)
 
 
 def _messages_json(messages: list) -> tuple[list, str]:
     """(messages, their JSON with sorted keys), lone surrogates as U+FFFD in both (see
     `_valid_unicode`). One dump per call serves the check, the cache key and the log row."""
-    text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+    text = _sorted_json(messages)
+    if text.isascii():
+        return messages, text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:   # in JSON text they can only be inside strings
@@ -237,6 +244,7 @@ class LLM:
             weakref.WeakKeyDictionary())
         self._sent: deque[float] = deque()
         self._loop_lock = threading.Lock()
+        self._last: tuple | None = None   # the last loop's state (see _state)
         # A caller-supplied async context manager factory, gate(endpoint), entered around
         # each request: e.g. limits shared by the workers of a cluster (ops.dask_worker).
         self.gate: Callable[[Endpoint], Any] | None = None
@@ -248,6 +256,9 @@ class LLM:
     # -- per event loop state (httpx clients and semaphores belong to one loop) --
     def _state(self) -> dict:
         loop = asyncio.get_running_loop()
+        last = self._last   # (weak ref to a loop, its state): a call asks ~5 times a request
+        if last is not None and last[0]() is loop:
+            return last[1]
         with self._loop_lock:
             state = self._per_loop.get(loop)
             if state is None:
@@ -256,6 +267,7 @@ class LLM:
                 self._per_loop[loop] = state
                 state["closer"] = _arm(_close_with_loop(self, loop))
                 _live.add(self)
+            self._last = (weakref.ref(loop), state)
             return state
 
     async def _client(self, endpoint: Endpoint):
@@ -800,6 +812,8 @@ async def _close_with_loop(llm: LLM, loop: asyncio.AbstractEventLoop):
         yield
     finally:
         state = llm._per_loop.pop(loop, None)
+        if llm._last is not None and llm._last[1] is state:
+            llm._last = None
         if state is not None:
             await llm._close_clients(state)
 
