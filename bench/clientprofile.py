@@ -17,7 +17,7 @@ import time
 import runners as R
 from dags import family
 
-__all__ = ["client_profile"]
+__all__ = ["client_profile", "node_runner_profile"]
 
 # (bucket, path fragments), first match wins.
 _BUCKETS = [
@@ -43,13 +43,8 @@ def _bucket(filename: str, name: str) -> str:
     return "other (interpreter built-ins, harness)"
 
 
-def client_profile(fam: str, n: int, max_tokens: int = 64) -> dict:
-    """cProfile of one flowmagic run of `fam`-`n`; CPU seconds per bucket and the top functions."""
-    dag = family(fam, n)
-    task = f"Benchmark workflow {fam}-{n}: do every step in order."
-    # CPU time, not wall time: waiting in epoll for the server is not client time.
-    profiler = cProfile.Profile(time.process_time)
-    result = asyncio.run(R.run_flowmagic(dag, task, max_tokens, profiler=profiler))
+def _split(profiler) -> tuple[float, list, list]:
+    """(profiled CPU seconds, [(layer, seconds, share)] heaviest first, the 8 heaviest functions)."""
     stats = pstats.Stats(profiler).stats
     buckets: dict[str, float] = {}
     funcs = []
@@ -62,7 +57,31 @@ def client_profile(fam: str, n: int, max_tokens: int = 64) -> dict:
             continue
         buckets[_bucket(filename, name)] = buckets.get(_bucket(filename, name), 0.0) + tottime
     total = sum(buckets.values()) or 1.0
+    return (total, sorted(((b, t, t / total) for b, t in buckets.items()), key=lambda x: -x[1]),
+            sorted(funcs, reverse=True)[:8])
+
+
+def client_profile(fam: str, n: int, max_tokens: int = 64) -> dict:
+    """cProfile of one flowmagic run of `fam`-`n`; CPU seconds per bucket and the top functions."""
+    dag = family(fam, n)
+    task = f"Benchmark workflow {fam}-{n}: do every step in order."
+    # CPU time, not wall time: waiting in epoll for the server is not client time.
+    profiler = cProfile.Profile(time.process_time)
+    result = asyncio.run(R.run_flowmagic(dag, task, max_tokens, profiler=profiler))
+    total, buckets, top = _split(profiler)
     return {"case": f"{fam}-{n}", "nodes": len(result.spans), "wall_s": result.makespan,
-            "profiled_s": total,
-            "buckets": sorted(((b, t, t / total) for b, t in buckets.items()), key=lambda x: -x[1]),
-            "top": sorted(funcs, reverse=True)[:8]}
+            "profiled_s": total, "buckets": buckets, "top": top}
+
+
+def node_runner_profile(n: int) -> dict:
+    """cProfile of `Flow.arun()` on a layered DAG of n nodes through the node runner and the
+    LLM door with the HTTP call answered in-process (`overhead.node_runner_overhead`'s run):
+    where the per-node overhead goes, by layer."""
+    import overhead
+
+    overhead.stub_endpoint()
+    profiler = cProfile.Profile(time.process_time)
+    _, run_s, _, calls = overhead.node_runner_once(family("layered", n), profiler=profiler)
+    total, buckets, top = _split(profiler)
+    return {"case": f"layered-{n}, HTTP answered in-process", "nodes": n, "calls": calls,
+            "wall_s": run_s, "profiled_s": total, "buckets": buckets, "top": top}

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dags import family  # noqa: E402
 
-__all__ = ["flowmagic_overhead", "node_runner_overhead", "langgraph_overhead", "executor_only",
+__all__ = ["flowmagic_overhead", "node_runner_overhead", "node_runner_once", "stub_endpoint", "langgraph_overhead", "executor_only",
            "memory", "memory_in_child"]
 
 # A fixed chat completion, as the server would send it (the zero-latency model's answer).
@@ -98,7 +98,16 @@ def _no_network():
     return NoNetwork()
 
 
-def _node_runner_once(dag: dict) -> tuple[float, float, str, int]:
+def stub_endpoint() -> None:
+    """An endpoint for the runs with the HTTP call answered in-process (it is never reached)."""
+    import flowmagic
+
+    flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m")
+
+
+def node_runner_once(dag: dict, profiler=None) -> tuple[float, float, str, int]:
+    """(build s, run s, run state, calls logged) of one `Flow.arun()` with the HTTP call
+    answered in-process; `profiler` (a cProfile.Profile) is enabled around the run alone."""
     from flowmagic.flow import Flow
     from flowmagic.llm import LLM
     from flowmagic.store import Store
@@ -117,7 +126,11 @@ def _node_runner_once(dag: dict) -> tuple[float, float, str, int]:
                 return await flow.arun()
             finally:
                 await llm.aclose()
+        if profiler is not None:
+            profiler.enable()
         state = asyncio.run(go())
+        if profiler is not None:
+            profiler.disable()
         t2 = time.perf_counter()
         calls = store.count_calls(cached=False)
         store.close()
@@ -128,11 +141,9 @@ def node_runner_overhead(n: int, repeats: int) -> dict:
     """`Flow.arun()` on n nodes with every node's model call answered at once: the executor,
     the NodeRunner (prompt, context), the LLM door (cache look-up, call log, usage) and the
     store, with only the HTTP call replaced. Best of `repeats`, ms per node."""
-    import flowmagic
-
-    flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m")   # never reached
+    stub_endpoint()
     dag = family("layered", n)
-    runs = [_node_runner_once(dag) for _ in range(repeats)]
+    runs = [node_runner_once(dag) for _ in range(repeats)]
     build, run = min(r[0] for r in runs), min(r[1] for r in runs)
     return {"n": n, "build_s": build, "run_s": run, "states": sorted({r[2] for r in runs}),
             "calls": min(r[3] for r in runs), "run_ms": 1000 * run / n,

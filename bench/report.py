@@ -131,7 +131,7 @@ def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
                      "LangGraph barrier share", "same latency per node"],
                     _makespan_rows(sections["cases"]))
     lines += ["", sections["makespan_legend"], ""]
-    for title in ("profile", "overhead", "replay", "drawing", "memory", "faults"):
+    for title in ("profile", "overhead", "node_profile", "replay", "drawing", "memory", "faults"):
         block = sections.get(title)
         if block:
             lines += [f"## {block['title']}", ""]

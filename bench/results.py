@@ -295,19 +295,25 @@ def _competitor_note(cases: list, s: dict) -> str:
     return text
 
 
-def _profile_table(pr: dict | None) -> dict | None:
+def _profile_table(pr: dict | None, node_runner: bool = False) -> dict | None:
     if not pr:
         return None
     top = "; ".join(f"`{name}` {1000 * t:.0f} ms ({calls:,} calls)" for t, calls, name in pr["top"][:5])
-    return {"title": f"Where flowmagic's client time goes ({pr['case']}, cProfile)",
-            "intro": (f"flowmagic alone on {pr['case']} against the same server, under cProfile "
-                      f"(`bench/clientprofile.py`), only `Flow.arun()` profiled, by CPU time: "
-                      f"{pr['profiled_s']:.2f} CPU-seconds for {pr['nodes']} calls "
-                      f"({1000 * pr['profiled_s'] / max(1, pr['nodes']):.2f} ms per call, profiler "
-                      f"included), makespan {pr['wall_s']:.2f} s. Each function's own time is put in "
-                      "the layer of the file it lives in (a built-in's in its callers'); the "
-                      "profiler slows Python code, so read the shares. Heaviest functions: "
-                      f"{top}."),
+    per = f"{1000 * pr['profiled_s'] / max(1, pr['nodes']):.2f} ms per {'node' if node_runner else 'call'}"
+    where = ("`Flow.arun()` through the node runner and LLM door with the HTTP call answered "
+             "in-process (the run of the overhead table's 'through the node runner' column, "
+             "`clientprofile.node_runner_profile`)" if node_runner else
+             "flowmagic alone against the same server (`bench/clientprofile.py`), only "
+             "`Flow.arun()` profiled")
+    return {"title": (f"Where the node runner's time goes ({pr['case']}, cProfile)" if node_runner
+                      else f"Where flowmagic's client time goes ({pr['case']}, cProfile)"),
+            "intro": (f"{where}, under cProfile, by CPU time: {pr['profiled_s']:.2f} CPU-seconds "
+                      f"for {pr['nodes']:,} {'nodes' if node_runner else 'calls'} ({per}, "
+                      f"profiler included; the same run unprofiled is the table's figure), "
+                      f"{'run' if node_runner else 'makespan'} {pr['wall_s']:.2f} s. Each "
+                      "function's own time is put in the layer of the file it lives in (a "
+                      "built-in's in its callers'); the profiler slows Python code, so read the "
+                      f"shares. Heaviest functions: {top}."),
             "header": ["layer", "CPU s (profiled)", "share"],
             "rows": [[b, _f(t, 3), f"{100 * share:.1f}%"] for b, t, share in pr["buckets"]]}
 
@@ -346,10 +352,11 @@ def _overhead_note(ov: dict) -> str:
                  f"the run costs {small['run_ms']:.3f} ms/node at {small['n']:,} nodes and "
                  f"{big['run_ms']:.3f} at {big['n']:,} ({big['run_ms'] / small['run_ms']:.2f}x: "
                  "flat means the bookkeeping is O(1) per node). Per node that is the prompt "
-                 "(`node_messages`), the cache key (a JSON dump and a SHA-256), one SQLite look-up "
-                 "in the cache, the call's log row and cache entry (written with the other calls "
-                 "of the same loop turn in one commit), two node state changes (written per loop "
-                 "turn) and the executor's hand-off. ")
+                 "(`node_messages`), the cache key (a JSON dump and a SHA-256), the cache look-up "
+                 "(one SELECT for the calls that start in the same loop turn), the call's log row "
+                 "and cache entry (written with the other calls of the same loop turn in one "
+                 "commit), two node state changes (written per loop turn) and the executor's "
+                 "hand-off; the table 'Where the node runner's time goes' splits it by layer. ")
         if big["run_ms"] > TARGETS["node_ms"]:
             text += (f"The {TARGETS['node_ms']} ms/node target is missed "
                      f"({big['run_ms'] / TARGETS['node_ms']:.1f}x at {big['n']:,} nodes): what "
@@ -469,6 +476,7 @@ def build(data: dict, quick: bool = False) -> tuple[list[dict], dict, list[str]]
             "had finished (1.00 = strictly level by level)."),
         "overhead": ov_table, "replay": rp_table, "drawing": dr_table, "memory": mem_table,
         "faults": _faults_table(fc), "profile": _profile_table(data.get("profile")),
+        "node_profile": _profile_table(data.get("node_profile"), node_runner=True),
     }
     notes = [_server_note(cases), _bound_note(cases, s), _competitor_note(cases, s),
              _chain_note(cases), _fan_note(cases),

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     data["faults"] = compare.fault_case(plan["faults"], {"429": 0.05, "500": 0.05},
                                         seed=args.seed, latency=(lo, hi), log=log)
     data["overhead"] = run_overhead(plan)
+    log(f"profile: the node runner on layered-{plan['overhead'][0][0]} under cProfile")
+    data["node_profile"] = clientprofile.node_runner_profile(plan["overhead"][0][0])
     data["drawing"] = []
     for n in plan["draw"]:
         log(f"drawing: {n} nodes")
