@@ -264,7 +264,10 @@ def about_files_or_code(*texts: str) -> bool:
 def _mentions_code(text: str) -> bool:
     if text.isascii():   # beyond ASCII, IGNORECASE matches more than lower() shows
         low = text.lower()
-        if not any(word in low for word in _CODE_LITERALS):
+        for word in _CODE_LITERALS:
+            if word in low:
+                break
+        else:
             return False
     return _CODE_WORDS.search(text) is not None
 
