@@ -4,7 +4,7 @@ Where the engine comes from: a `dask.distributed.Client` passed as `engine=`; el
 scheduler address in `FLOWMAGIC_DASK` (``tcp://host:8786``); else a LocalCluster of worker
 processes (one per core) started for this map and closed after it. Dask schedules: the
 distinct inputs go in chunks, one task per chunk of up to `concurrency` inputs (a worker runs
-that many at once); the driver submits two chunks per worker at a time (so a budget can stop
+that many at once); the driver keeps three chunks per worker submitted (so a budget can stop
 it), merges each finished chunk's runs into the user's store in one commit as it arrives,
 and puts the rows back in input order. What runs on a worker is in
 flowmagic.ops.dask_worker.
@@ -42,6 +42,7 @@ __all__ = ["dask_map", "map_file", "to_inputs", "MapProgress", "read_inputs", "w
 
 ENV = "FLOWMAGIC_DASK"
 READERS = {".csv": "read_csv", ".parquet": "read_parquet", ".jsonl": "read_json"}
+WINDOW = 3   # units in flight per worker: one runs, the next two are on their way
 
 
 # -- inputs and fingerprints -------------------------------------------------------------
@@ -339,7 +340,7 @@ def _map_partitions(job: "_Job", client, inputs: Any, base: str):
 
 class _Job:
     """One map's driver side: submits units (a chunk of inputs, or a partition of a Dask
-    DataFrame) two per worker at a time, merges each result into the user's store as it
+    DataFrame) a few per worker at a time, merges each result into the user's store as it
     arrives."""
 
     def __init__(self, flow, payload: bytes, keys: dict, report, budget_usd):
@@ -381,11 +382,12 @@ class _Job:
                 thing.close()
 
     def drive(self, client, units: list[tuple]) -> None:
-        """Submit the units in a window (two per worker: one runs while the next is on its
-        way), collect each as it finishes; the budget stops the submitting."""
+        """Submit the units in a window (WINDOW per worker: the next ones wait on the worker,
+        so a slow round trip to this driver leaves no worker idle), collect each as it
+        finishes; the budget stops the submitting."""
         from dask.distributed import as_completed
 
-        queue, running, window = list(units), as_completed(), 2 * self.state.workers
+        queue, running, window = list(units), as_completed(), WINDOW * self.state.workers
         pending: dict[Any, tuple] = {}
 
         def submit_more() -> None:
