@@ -28,6 +28,7 @@ PLAN = {"nodes": [{"id": "ask", "requirement": "Look up {{city}} and report its 
         "edges": []}
 ASKED = re.compile(r"Look up (c\d+)")
 WARM = 100_000   # the warm-up maps' inputs are c100000, c100001, ...
+DRIVER_CPU_MS: dict[str, float] = {}   # this process's CPU per input of the last map
 
 
 def crunch(city: str) -> str:
@@ -75,7 +76,7 @@ def _one(engine, n: int, threads: int, cpu: bool, base_url: str, first: int = 0)
     flow = Flow.from_dict(PLAN, task="look up cities", llm=llm)
     flow.tools = [crunch] if cpu else []
     inputs = [{"city": f"c{i}"} for i in range(first, first + n)]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     if engine == "inprocess":
         out = flow.map(inputs, concurrency=threads)
         results = [item.result if item.state == "done" else None for item in out]
@@ -83,6 +84,8 @@ def _one(engine, n: int, threads: int, cpu: bool, base_url: str, first: int = 0)
         out = flow.map(inputs, engine=engine, concurrency=threads, progress=False)
         results = [r if s == "done" else None for r, s in zip(out["result"], out["status"])]
     elapsed = time.perf_counter() - started
+    DRIVER_CPU_MS[engine if engine == "inprocess" else "dask"] = (
+        1000 * (time.process_time() - cpu) / n)
     ok = sum(r is not None and (not cpu or f"(c{i}: " in r)
              for i, r in zip(range(first, first + n), results))
     if ok != n:
@@ -116,6 +119,7 @@ def run(n_io: int, n_cpu: int, threads: int) -> dict:
                     row[f"startup_{workers}"] = time.perf_counter() - started
                     row[f"dask_{workers}"] = _one(client, n, threads // workers, kind == "cpu",
                                                   base_url)
+                    row[f"driver_ms_{workers}"] = DRIVER_CPU_MS["dask"]
             row["n"] = n
             results[kind] = row
         finally:
@@ -138,6 +142,10 @@ def table(r: dict, threads: int) -> str:
         lines.append(f"| {names[kind]} | {x['n']} | {x['inprocess']:.2f} | {x['dask_1']:.2f} | "
                      f"{x['dask_2']:.2f} | {x['dask_1'] / x['inprocess']:.2f} | "
                      f"{x['dask_2'] / x['inprocess']:.2f} | {x['dask_2'] / x['dask_1']:.2f} |")
+    lines += ["", "The driver's own CPU per input on Dask (the process that submits, merges "
+              "into the store and builds the frame): " + ", ".join(
+                  f"{names[k].split(' (')[0]} {r[k]['driver_ms_1']:.1f} ms (1 worker) / "
+                  f"{r[k]['driver_ms_2']:.1f} ms (2 workers)" for k in ("io", "cpu")) + "."]
     lines += ["", "LocalCluster start-up, worker imports and a first map of "
               f"{4 * threads} inputs (not in the rates): 1 worker {r['io']['startup_1']:.1f} s, "
               f"2 workers {r['io']['startup_2']:.1f} s."]
