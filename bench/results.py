@@ -115,7 +115,7 @@ def _overhead_rows(ov: dict) -> tuple[list[dict], dict]:
     table = {"title": "Scheduler overhead (zero-latency work)",
              "intro": ("Layered DAGs; every node's work returns at once. flowmagic: `Flow.from_dict` "
                        "(build, writes the run to SQLite) then the Executor with the Flow's hooks, "
-                       "so each node's two state changes go through `Flow._emit` to SQLite. "
+                       "so each node's two state changes go through `Flow.emit` to SQLite. "
                        "'executor alone' is the same Executor with no hooks. 'through the node "
                        "runner' is `Flow.arun()` itself: the executor, the NodeRunner (prompt and "
                        "context), the LLM door (cache look-up, call log, usage) and the store, "
@@ -252,11 +252,11 @@ def _bound_note(cases: list, s: dict) -> str:
     if gap["tail"] >= max(gap["gaps"], gap["head"]):
         text += ("The tail is flowmagic's own bookkeeping after the last node: its 'finished' "
                  "state and then the run's final status are written to SQLite (autocommitted "
-                 "writes, `Flow._emit` and `Flow.arun`) before `arun()` returns; a slow commit on "
+                 "writes, `Flow.emit` and `Flow.arun`) before `arun()` returns; a slow commit on "
                  "a busy disk or CPU lands there whole. ")
     else:
         text += ("Gaps come from work done on the event loop between nodes: each state change is "
-                 "written to SQLite by `Flow._emit` before the next node is started, so when many "
+                 "written to SQLite by `Flow.emit` before the next node is started, so when many "
                  "nodes become ready at once the last one starts after the others' writes; the "
                  "LLM door's cache lookup and call log are synchronous SQLite calls on the same "
                  "loop. ")
@@ -416,7 +416,7 @@ def _fan_note(cases: list) -> str | None:
             f"harness process per node, flowmagic vs level-synchronous: {cpu} ms. ")
     if max(ratios) > 1.15:
         return text + ("flowmagic spends more CPU per node (two SQLite writes per state change in "
-                       "`Flow._emit`, the LLM door's cache lookup, call log and cache write); when "
+                       "`Flow.emit`, the LLM door's cache lookup, call log and cache write); when "
                        "a whole level of requests goes out at once on 2 busy cores, that CPU is "
                        "makespan.")
     return text + ("The CPU per node is about the same, so the difference is not flowmagic's own "

@@ -105,7 +105,7 @@ async def run_flowmagic(dag: dict, task: str, max_tokens: int, profiler=None) ->
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
         flow = _flow(dag, task, Path(tmp), max_tokens, save=True)
-        # When each event reached subscribers, i.e. after Flow._emit had persisted it.
+        # When each event reached subscribers, i.e. after Flow.emit had persisted it.
         told: dict = {}
         flow.subscribe(lambda e: told.__setitem__((e["kind"], e["node"]), e["time"]))
         w0, t0 = time.time(), time.perf_counter()
@@ -138,7 +138,7 @@ class _Shadow:
         self.max_tokens = max_tokens
 
     def body(self, node_id: str) -> dict:
-        return {"model": MODEL, "messages": self._messages(self.flow, node_id), "seed": SEED,
+        return {"model": MODEL, "messages": self._messages(self.flow.context(), node_id), "seed": SEED,
                 "max_tokens": self.max_tokens}
 
     def done(self, node_id: str, text: str) -> None:

@@ -9,6 +9,7 @@ an asyncio task on the kernel's loop and returns at once; in a script it blocks.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import secrets
 import sys
@@ -24,6 +25,7 @@ from .engine.executor import Executor
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.planner import HARD_MAX_K
+from .engine.context import RunContext
 from .engine.runner import NodeRunner, cut, shares
 from .engine.sandbox import check_sandbox
 from .store import Store, get_store
@@ -164,7 +166,7 @@ class Flow:
         self._task: asyncio.Task | None = None
         self._streaming = False
         self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
-        self._pending: list[tuple] = []   # events not yet written (see _emit)
+        self._pending: list[tuple] = []   # events not yet written (see emit)
         self._flush_soon = False
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
@@ -209,7 +211,7 @@ class Flow:
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
-    def _emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
+    def emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
         """Persist a state change, then tell the subscribers.
 
         The executor's node events of one event-loop turn are written in one transaction
@@ -247,7 +249,7 @@ class Flow:
         self._partial[node_id] = ""
         if not self._streaming:
             return None
-        return lambda piece: self._emit("text", node_id, {"text": piece})
+        return lambda piece: self.emit("text", node_id, {"text": piece})
 
     def partial_output(self, node_id: str) -> str:
         """The text a running node has streamed so far ("" when none has arrived or
@@ -295,9 +297,25 @@ class Flow:
         return self.workspace.files() if made else []
 
     # -- running ----------------------------------------------------------------------
+    def context(self) -> RunContext:
+        """This flow's run as the engine sees it (the node runner, prompts, fingerprints)."""
+        return RunContext(current_workflow=lambda: self.workflow, settings=self.settings,
+                          llm=self.llm, store=self.store, run_id=self.run_id,
+                          open_workspace=lambda: self.workspace, emit=self.emit,
+                          spend=self._spend, text_sink=self._text_sink,
+                          offer_tools=self.atools_for, has_tools=lambda: bool(self.tools))
+
+    def derive(self, workflow: Workflow, *, name: str, **settings: Any) -> "Flow":
+        """A new Flow on `workflow` with this flow's settings (`settings` override them), its
+        model door, store and tool choice: a batch item, a slimmed copy."""
+        child = Flow(workflow, name=name, llm=self.llm, store=self.store,
+                     **{**self.settings, **settings})
+        child._tools = self._tools
+        return child
+
     def _make_executor(self) -> Executor:
-        return Executor(lambda: self.workflow, NodeRunner(self).run,
-                        concurrency=self.settings["concurrency"], on_event=self._emit,
+        return Executor(lambda: self.workflow, NodeRunner(self.context()).run,
+                        concurrency=self.settings["concurrency"], on_event=self.emit,
                         can_start=self._budget_left, after_node=self._wants_update,
                         update=self._update, concurrent_update=self.settings["update"] == "concurrent")
 
@@ -330,7 +348,7 @@ class Flow:
             self._executor = None
             self.status = state
             self.store.set_run_status(self.run_id, self.status, self.result)
-            self._emit("run", None, {"state": self.status, "message": self.message})
+            self.emit("run", None, {"state": self.status, "message": self.message})
         return state
 
     async def astep(self) -> str:
@@ -358,7 +376,7 @@ class Flow:
         exc = task.exception()
         self.status = "error"
         self.message = str(exc) if isinstance(exc, FlowError) else f"{type(exc).__name__}: {exc}"
-        self._emit("error", None, {"message": self.message})
+        self.emit("error", None, {"message": self.message})
         if isinstance(exc, FlowError):
             print(f"flowmagic: {exc}", file=sys.stderr)
         else:   # a bug in flowmagic: keep its traceback
@@ -396,7 +414,7 @@ class Flow:
             running = sum(n.status == "running" for n in self.workflow.nodes.values())
             self.message = (f"pausing: waiting for {running} running node"
                             f"{'s' if running != 1 else ''} to finish" if running else "pausing")
-            self._emit("pausing", None, {"running": running, "message": self.message})
+            self.emit("pausing", None, {"running": running, "message": self.message})
 
     def resume(self) -> "Flow":
         return self.run()
@@ -438,6 +456,12 @@ class Flow:
     def tools(self, value: Any) -> None:
         from .engine.tools import as_tools
         self._tools = None if value is None else as_tools(value)
+
+    @property
+    def chosen_tools(self) -> list | None:
+        """The tools set on this flow, or None when it offers every @flowmagic.tool (a copy
+        of the flow elsewhere, a Dask worker say, then offers that process's tools)."""
+        return None if self._tools is None else list(self._tools)
 
     def tools_for(self, node_id: str) -> list:
         """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
@@ -488,7 +512,7 @@ class Flow:
         self._capped = True
         self.message = (f"max_updates ({int(self.settings['max_updates'])}) reached: no update "
                         f"after {node_id}; raise max_updates (%%flow --max-updates N) to allow more")
-        self._emit("update_capped", node_id, {"message": self.message})
+        self.emit("update_capped", node_id, {"message": self.message})
 
     async def _update(self) -> None:
         """Repair cheaply first (refine the instruction, then substitute the agent of a
@@ -536,7 +560,7 @@ class Flow:
             self._save_run()
         self.update_log.append(entry)
         self.store.add_update(self.run_id, entry)
-        self._emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
+        self.emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
 
     def _restart_running(self, node_ids) -> None:
         """Running nodes whose inputs were just reset are cancelled and run again after."""
@@ -586,7 +610,7 @@ class Flow:
         self._save_run()
         if self._executor is not None:
             self._executor.recount()
-        self._emit(kind, node_id, data)
+        self.emit(kind, node_id, data)
 
     def prune(self, node_id: str) -> None:
         """Remove a node: every predecessor is linked to every successor; history kept."""
@@ -657,8 +681,7 @@ class Flow:
 
     def to_notebook(self, path, **options: Any):
         """Write the executed workflow as a notebook whose cells replay it (flowmagic.ops.export)."""
-        from .ops.export import export
-        return export(self, path, **options)
+        return _ops().export_notebook(self, path, **options)
 
     # -- reading -------------------------------------------------------------------------
     def metrics(self) -> dict:
@@ -738,54 +761,54 @@ class Flow:
             if scorer is not None:
                 raise ConfigError("map(engine='dask') does not score yet; use the in-process "
                                   "engine (engine='inprocess') with a scorer")
-            from .ops import distributed
-            return distributed.dask_map(self, inputs, engine=engine, concurrency=concurrency,
-                                        **options)
+            return _ops().dask_map(self, inputs, engine=engine, concurrency=concurrency,
+                                   **options)
         if options:
             raise ConfigError(f"map() options {sorted(options)} are for engine='dask'; "
                               "drop them or pass engine='dask'")
-        from .ops import batch
-        return batch.run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
+        return _ops().run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
 
     def map_file(self, path, engine: Any = "dask", **options: Any):
         """`map` over the rows of a .csv, .parquet or .jsonl file (columns as {{field}});
         a DataFrame in row order (`flowmagic map` and `%flow map` call this)."""
-        from .ops import distributed
-        return distributed.map_file(self, path, engine=engine, **options)
+        return _ops().map_file(self, path, engine=engine, **options)
 
     async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
-        from .ops import batch
-        return await batch.amap(self, inputs, concurrency=concurrency, scorer=scorer)
+        return await _ops().amap(self, inputs, concurrency=concurrency, scorer=scorer)
 
     def attach_probe(self, examples, scorer: Any, n: int | None = None, seed: int = 0):
         """Keep a probe set (a seeded shuffle of `examples`, first n) for importance() and slim()."""
-        from .ops import batch
-        self.probe = batch.probe_set(examples, scorer, n=n, seed=seed)
-        self._emit("probe", None, {"size": len(self.probe), "seed": seed})
+        self.probe = _ops().probe_set(examples, scorer, n=n, seed=seed)
+        self.emit("probe", None, {"size": len(self.probe), "seed": seed})
         return self.probe
 
     def importance(self, probe: Any = None, scorer: Any = None, **options: Any):
         """The node importance table (see flowmagic.ops.slimming.aimportance for the options)."""
-        from .ops import batch
-        return batch.run_sync(self, lambda: self.aimportance(probe, scorer, **options), "importance")
+        return _ops().run_sync(self, lambda: self.aimportance(probe, scorer, **options),
+                               "importance")
 
     async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
-        from .ops import slimming
-        options.setdefault("progress", lambda e: self._emit("slim", None, e))
-        return await slimming.aimportance(self, slimming.resolve_probe(self, probe, scorer), **options)
+        ops = _ops()
+        options.setdefault("progress", lambda e: self.emit("slim", None, e))
+        return await ops.aimportance(self, ops.resolve_probe(self, probe, scorer), **options)
 
     def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
         """(slimmed Flow, SlimReport), also kept as `last_slim`; this flow's workflow is
         untouched (see flowmagic.ops.slimming.aslim)."""
-        from .ops import batch
-        return batch.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
+        return _ops().run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
 
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
-        from .ops import slimming
-        options.setdefault("progress", lambda e: self._emit("slim", None, e))
-        self.last_slim = await slimming.aslim(self, slimming.resolve_probe(self, probe, scorer),
-                                              **options)
+        ops = _ops()
+        options.setdefault("progress", lambda e: self.emit("slim", None, e))
+        self.last_slim = await ops.aslim(self, ops.resolve_probe(self, probe, scorer), **options)
         return self.last_slim
+
+
+def _ops():
+    """The ops layer's facade (`flowmagic/ops/__init__.py`), imported when a Flow method first
+    needs it. ops sits above this module and drives flows; these few Flow methods are
+    conveniences for its work, and this is their one door up (see the facade's docstring)."""
+    return importlib.import_module(f"{__package__}.ops")
 
 
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",

@@ -326,9 +326,9 @@ def test_order_does_not_depend_on_the_hash_seed():
 def test_every_node_field_has_a_json_type_check():
     from dataclasses import fields
 
-    from flowmagic.model.graph import _FIELD_TYPES
+    from flowmagic.model.node import FIELD_TYPES
 
-    assert set(_FIELD_TYPES) == {f.name for f in fields(Node)} - {"id", "requirement"}
+    assert set(FIELD_TYPES) == {f.name for f in fields(Node)} - {"id", "requirement"}
 
 
 def test_an_id_longer_than_40_characters_is_shortened_with_a_word():

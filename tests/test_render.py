@@ -216,7 +216,7 @@ def finish_all(flow, n_events):
     for i in range(n_events):
         node = flow.workflow.nodes[ids[i % len(ids)]]
         node.status = "running" if i < n_events - len(ids) else "done"
-        flow._emit("finished", node.id)
+        flow.emit("finished", node.id)
 
 
 def test_live_drawing_coalesces_a_burst_and_draws_the_last_state():
@@ -242,13 +242,13 @@ def test_live_drawing_without_a_loop_draws_the_end_of_a_run():
     seen = []
     live = render.LiveDrawing(flow, update=seen.append, interval=60.0)
     finish_all(flow, 100)
-    flow._emit("text", "a", {"text": "token"})
+    flow.emit("text", "a", {"text": "token"})
     assert len(seen) == 1  # everything since the first drawing was coalesced
-    flow._emit("run", None, {"state": "done"})
+    flow.emit("run", None, {"state": "done"})
     assert len(seen) == 2
     assert all("done" in g.get("class").split() for g in groups(parse(seen[-1]), "node").values())
     live.close()
-    flow._emit("finished", "a")
+    flow.emit("finished", "a")
     assert len(seen) == 2  # closed: no longer subscribed
 
 
@@ -265,7 +265,7 @@ def test_live_drawing_updates_one_ipython_display(monkeypatch, tmp_path):
     with capture_output() as captured:
         live = render.LiveDrawing(flow, interval=0.0)
         flow.workflow.nodes["a"].status = "done"
-        flow._emit("finished", "a")
+        flow.emit("finished", "a")
         live.close()
     first, second = captured.outputs
     assert first.update is False and second.update is True

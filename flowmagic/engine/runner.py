@@ -12,17 +12,14 @@ import asyncio
 import random
 import re
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import EndpointError, FlowError, SandboxError
 from ..llm.endpoints import scrub
 from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, instructions,
                         made_files, report, run_python)
+from .context import RunContext
 from .executor import Outcome
 from .validation import retry_prompt
-
-if TYPE_CHECKING:
-    from ..flow import Flow
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
 
@@ -58,14 +55,14 @@ def shares(lengths: list[int], budget: int) -> list[int]:
     return out
 
 
-def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
+def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                   workspace: bool = True, started: str = "") -> list[dict]:
     """The node's prompt. `workspace=False` leaves out what the workspace holds (the replay
     fingerprint must not depend on a folder another machine does not have)."""
-    wf = flow.workflow
+    wf = ctx.workflow
     node = wf.nodes[node_id]
-    budget = int(flow.settings["context_chars"])
-    sources = (wf.ancestors(node_id) if flow.settings["context"] == "ancestors"
+    budget = int(ctx.settings["context_chars"])
+    sources = (wf.ancestors(node_id) if ctx.settings["context"] == "ancestors"
                else wf.parents(node_id))
     done = [p for p in sources if wf.nodes[p].status == "done"]
     texts = [wf.nodes[p].output or "" for p in done]
@@ -86,12 +83,12 @@ def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
                      "context and were cut where marked [cut here]; do not guess what is missing.")
     if later:
         parts.append(f"Later subtasks will build on your result:\n{later}")
-    if flow.settings["execute"] != "off" and (
-            about_files_or_code(wf.task, node.requirement) or (workspace and flow.workspace.inputs)):
+    if ctx.settings["execute"] != "off" and (
+            about_files_or_code(wf.task, node.requirement) or (workspace and ctx.workspace.inputs)):
         made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == "done"
                 for f in made_files(wf.nodes[a].execution)]
-        parts.append(instructions(flow.workspace.describe() if workspace else "", made,
-                                  flow.workspace.example() if workspace and not started else ""))
+        parts.append(instructions(ctx.workspace.describe() if workspace else "", made,
+                                  ctx.workspace.example() if workspace and not started else ""))
     if started:
         parts.append(f"{started}\n\nThose are real results on the input. Use them; write more "
                      "code only for what your subtask still needs.")
@@ -102,17 +99,17 @@ def node_messages(flow: "Flow", node_id: str, retry_note: str = "", *,
 
 
 class NodeRunner:
-    """`await runner.run(node_id) -> Outcome`, the executor's work for a Flow."""
+    """`await runner.run(node_id) -> Outcome`, the executor's work for a flow's run."""
 
-    def __init__(self, flow: "Flow"):
-        self.flow = flow
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
 
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
-        return random.Random(f"{self.flow.settings['seed']}:{node_id}:{what}:{attempt}").random()
+        return random.Random(f"{self.ctx.settings['seed']}:{node_id}:{what}:{attempt}").random()
 
     async def _verdict(self, node, text: str, code_ran: bool = False,
                        finish_reason: str | None = None):
-        mode = self.flow.settings["validate"]
+        mode = self.ctx.settings["validate"]
         if finish_reason == "content_filter":   # what there is was cut by the endpoint's filter
             return False, "the endpoint's content filter stopped the answer; rephrase the subtask"
         if not (text or "").strip():   # under every mode: an empty answer did not do the work
@@ -120,26 +117,26 @@ class NodeRunner:
         if mode == "none":
             return True, ""
         from .validation import validate
-        verdict = await validate(node, text, task=self.flow.workflow.task, mode=mode,
-                                 llm=self.flow.llm, model=self.flow.settings["validator_model"]
-                                 or self.flow.settings["model"], run_id=self.flow.run_id,
-                                 max_tokens=self.flow.settings["max_tokens"],
+        verdict = await validate(node, text, task=self.ctx.workflow.task, mode=mode,
+                                 llm=self.ctx.llm, model=self.ctx.settings["validator_model"]
+                                 or self.ctx.settings["model"], run_id=self.ctx.run_id,
+                                 max_tokens=self.ctx.settings["max_tokens"],
                                  run_output_code=not code_ran,
-                                 sandbox=self.flow.settings["sandbox"],
-                                 code_timeout=float(self.flow.settings["code_timeout"]))
+                                 sandbox=self.ctx.settings["sandbox"],
+                                 code_timeout=float(self.ctx.settings["code_timeout"]))
         return verdict.passed, scrub(verdict.feedback)
 
     async def _execute(self, node_id: str, answer: str):
         """Save the answer's named files and run its Python in the sandbox (None when off)."""
-        settings = self.flow.settings
+        settings = self.ctx.settings
         if settings["execute"] == "off":
             return None
-        return await aexecute(self.flow.workspace, node_id, answer, mode=settings["execute"],
+        return await aexecute(self.ctx.workspace, node_id, answer, mode=settings["execute"],
                               timeout=float(settings["code_timeout"]), sandbox=settings["sandbox"])
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
-        flow, settings = self.flow, self.flow.settings
+        ctx, settings = self.ctx, self.ctx.settings
         if settings["execute"] == "off" or settings["starter"] == "off" or node.attempts:
             return False
         if settings["starter"] == "auto":
@@ -150,7 +147,7 @@ class NodeRunner:
                 return False
             if not endpoint.local:
                 return False
-        wf = flow.workflow   # a node that explores the data, or a first node of a task that does
+        wf = ctx.workflow   # a node that explores the data, or a first node of a task that does
         explores = _EXPLORES.search(node.requirement or "") or (
             not wf.parents(node.id) and _EXPLORES.search(wf.task or ""))
         if not explores:
@@ -158,7 +155,7 @@ class NodeRunner:
         # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
         if any((n.execution or {}).get("starter") for n in wf.nodes.values()):
             return False   # once per run: one real look at the data, not one per node
-        return bool(flow.workspace.example())
+        return bool(ctx.workspace.example())
 
     async def _starter(self, node) -> Execution | None:
         """Run the working start in the sandbox for a node (None when it does not apply).
@@ -166,11 +163,11 @@ class NodeRunner:
         computed from the data, and the record says whose code it was."""
         if not self._wants_starter(node):
             return None
-        settings = self.flow.settings
+        settings = self.ctx.settings
         node.execution = {"starter": True}   # claimed now: a sibling starting meanwhile skips it
         try:
-            ex = await asyncio.to_thread(run_python, self.flow.workspace, node.id,
-                                         self.flow.workspace.example(),
+            ex = await asyncio.to_thread(run_python, self.ctx.workspace, node.id,
+                                         self.ctx.workspace.example(),
                                          timeout=float(settings["code_timeout"]),
                                          sandbox=settings["sandbox"])
         finally:
@@ -180,25 +177,25 @@ class NodeRunner:
 
     async def _reply(self, node, messages: list[dict], seed: int):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
-        flow, settings = self.flow, self.flow.settings
+        ctx, settings = self.ctx, self.ctx.settings
         kwargs = dict(model=node.model or settings["model"], seed=seed,
                       temperature=settings["temperature"], max_tokens=settings["max_tokens"],
-                      run_id=flow.run_id, node_id=node.id, purpose="node",
-                      on_text=flow._text_sink(node.id))
-        offered = await flow.atools_for(node.id) if flow.tools else []
+                      run_id=ctx.run_id, node_id=node.id, purpose="node",
+                      on_text=ctx.text_sink(node.id))
+        offered = await ctx.offer_tools(node.id) if ctx.has_tools() else []
         if not offered:
-            return await flow.llm.complete_whole(
+            return await ctx.llm.complete_whole(
                 messages, continuations=int(settings["continuations"]), **kwargs), []
         from .toolloop import run_with_tools
 
         def called(call) -> None:
-            flow.store.add_tool_call(flow.run_id, node.id, tool=call.tool, arguments=call.arguments,
-                                     result=call.summary(), duration_s=call.duration_s,
-                                     error=call.error, round=call.round, protocol=call.protocol)
-            flow._emit("tool", node.id, {"call": call.to_dict()})
+            ctx.store.add_tool_call(ctx.run_id, node.id, tool=call.tool, arguments=call.arguments,
+                                    result=call.summary(), duration_s=call.duration_s,
+                                    error=call.error, round=call.round, protocol=call.protocol)
+            ctx.emit("tool", node.id, {"call": call.to_dict()})
 
         result = await run_with_tools(
-            flow.llm, messages, offered, max_rounds=int(settings["tool_rounds"]),
+            ctx.llm, messages, offered, max_rounds=int(settings["tool_rounds"]),
             timeout_s=settings["tool_timeout_s"], protocol=settings["tool_protocol"],
             on_call=called, **kwargs)
         reply = result.reply
@@ -206,9 +203,9 @@ class NodeRunner:
         return reply, result.calls
 
     async def run(self, node_id: str) -> Outcome:
-        flow = self.flow
-        settings = flow.settings
-        node = flow.workflow.nodes[node_id]
+        ctx = self.ctx
+        settings = ctx.settings
+        node = ctx.workflow.nodes[node_id]
         history = len(node.attempts)   # earlier runs of this node (reruns vary the seed)
         attempts: list[dict] = []
         outcome = Outcome(ok=False)
@@ -230,7 +227,7 @@ class NodeRunner:
                               error="injected failure (fail_rate)")
                 attempts.append(record)
                 continue
-            messages = node_messages(flow, node_id, retry_prompt(attempts), started=start_report)
+            messages = node_messages(ctx, node_id, retry_prompt(attempts), started=start_report)
             try:
                 reply, tool_calls = await self._reply(node, messages,
                                                       settings["seed"] + history + attempt)
@@ -239,7 +236,7 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break   # the LLM door already retried; more attempts would only wait longer
-            flow._spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
+            ctx.spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
             outcome.tokens_in += reply.input_tokens
             outcome.tokens_out += reply.output_tokens
             outcome.cost_usd += reply.cost_usd
@@ -274,7 +271,7 @@ class NodeRunner:
                 if ex.ran and not ex.ok:   # the traceback goes back to the next attempt
                     record.update(end=time.time(), passed=False,
                                   feedback=f"The code failed: {ex.error}"
-                                  f"{_RESTART * bool(flow.workspace.example())}\n{ex.stderr[-2500:]}")
+                                  f"{_RESTART * bool(ctx.workspace.example())}\n{ex.stderr[-2500:]}")
                     attempts.append(record)
                     continue
                 said = report(record["execution"])

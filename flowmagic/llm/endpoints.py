@@ -21,6 +21,8 @@ __all__ = [
     "Endpoint",
     "configure",
     "reset",
+    "snapshot",
+    "restore",
     "resolve",
     "embedding_model",
     "endpoints",
@@ -187,6 +189,19 @@ def configure(base_url: str | None = None, api_key: str | None = None,
         _configured[name] = endpoint
     catalog.warn(endpoint, model, warning)
     return endpoint
+
+
+def snapshot() -> dict[str, Endpoint]:
+    """The configured endpoints by name, a copy (to hand to another process, see `restore`)."""
+    with _lock:
+        return dict(_configured)
+
+
+def restore(configured: dict[str, Endpoint]) -> None:
+    """Make `configured` (what `snapshot` returned) the configured endpoints."""
+    with _lock:
+        _configured.clear()
+        _configured.update(configured)
 
 
 def reset() -> None:

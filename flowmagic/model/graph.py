@@ -3,42 +3,22 @@
 A `Workflow` keeps the graph (ids only) and the `Node` objects side by side. Pruned nodes
 stay in `nodes` for their history but have no edges, so every query that matters works
 on `active()`. Counts such as `num_parents_not_completed` are always derived from the
-graph, never stored, so they cannot drift. `parse_plan` (in `plans`, re-exported here)
-turns whatever a model wrote into a valid DAG plus one warning per repair, or one `PlanError`.
+graph, never stored, so they cannot drift. `parse_plan` turns whatever a model wrote
+into a valid DAG plus one warning per repair (the repairs are `plans`'), or one `PlanError`.
 """
 
 from __future__ import annotations
 
 import copy as _copy
-import re
-import unicodedata
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 import networkx as nx
 
 from ..errors import NodeError, PlanError
+from .node import SLUG_MAX, STATUSES, Node, is_slug, slugify
+from .plans import RepairedPlan, repair_plan
 
 __all__ = ["STATUSES", "SLUG_MAX", "Node", "Workflow", "parse_plan", "slugify", "is_slug"]
-
-STATUSES = ("pending", "ready", "running", "done", "failed", "pruned")
-SLUG_MAX = 40
-
-
-def is_slug(text: object) -> bool:
-    """True for a valid node id: 1-40 characters of lowercase ascii letters, digits, `_`."""
-    return (isinstance(text, str) and 0 < len(text) <= SLUG_MAX
-            and all(c in "abcdefghijklmnopqrstuvwxyz0123456789_" for c in text))
-
-
-def slugify(text: object, fallback: str = "") -> str:
-    """A node id made from `text`; valid slugs come back unchanged, so this is idempotent."""
-    if is_slug(text):
-        return str(text)
-    ascii_text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode()
-    slug = re.sub(r"[^a-z0-9]+", "_", ascii_text.lower()).strip("_")
-    return slug[:SLUG_MAX].rstrip("_") or fallback
-
 
 class _Nodes(dict):
     """The plan-ordered `id -> Node` dict that also keeps each id's position, rebuilt only
@@ -83,105 +63,6 @@ class _Nodes(dict):
     def __ior__(self, other):
         self._pos = None
         return super().__ior__(other)
-
-
-@dataclass
-class Node:
-    id: str
-    requirement: str
-    agent: str = "assistant"
-    model: str | None = None
-    status: str = "pending"
-    output: str | None = None
-    attempts: list[dict] = field(default_factory=list)
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float = 0.0
-    start: float | None = None
-    end: float | None = None
-    error: str | None = None
-    clone: str | None = None
-    estimate_s: float | None = None
-    downgraded_from: str | None = None
-    stale: bool = False
-    # what prune() changed, so unprune() can undo it: {"status", "parents", "children", "added"}
-    pruned_from: dict | None = None
-    execution: dict | None = None   # code run, its outputs, files and figures (flowmagic.execution)
-
-    def to_dict(self) -> dict:
-        # asdict's generic walk was most of the cost of saving a 10,000-node plan
-        return {name: _json_copy(getattr(self, name)) for name in _NODE_FIELDS}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Node:
-        """The inverse of `to_dict`; unknown keys are ignored, a wrongly typed field is a PlanError."""
-        if not isinstance(d, dict):
-            raise PlanError(f"a node must be a JSON object, not {type(d).__name__}; "
-                            "pass what Node.to_dict() returned")
-        kwargs, bad = _node_fields(d)
-        if bad:
-            raise PlanError(f"node field {bad[0]!r} has the wrong type; "
-                            "fix it or drop it from the node dict")
-        for key in ("id", "requirement"):
-            if not isinstance(d.get(key), str) or not d[key].strip():
-                raise PlanError(f"a node needs a non-empty string {key!r}; add one to the node dict")
-        return cls(id=d["id"], requirement=d["requirement"], **kwargs)
-
-    def ran_on(self) -> str | None:
-        """The model its last attempt ran on (a later downgrade changes `model`, the model of
-        the next run, never this)."""
-        return next((str(a["model"]) for a in reversed(self.attempts) if a.get("model")), None)
-
-    @property
-    def duration(self) -> float | None:
-        if self.start is None or self.end is None:
-            return None
-        return self.end - self.start
-
-
-def _json_copy(value: Any) -> Any:
-    """A copy of a node field, as `dataclasses.asdict` makes it: containers copied all the
-    way down, dataclasses inside turned into dicts, other values shared."""
-    kind = type(value)
-    if kind is dict:
-        return {k: _json_copy(v) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return kind(_json_copy(v) for v in value)
-    if kind in (str, int, float, bool, _NONE):
-        return value
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return _copy.deepcopy(value)
-
-
-_NODE_FIELDS = tuple(f.name for f in fields(Node))
-_NONE = type(None)
-_NUM = (int, float)
-# Field -> accepted JSON types; bool is excluded from numbers explicitly below.
-_FIELD_TYPES: dict[str, tuple] = {
-    "agent": (str,), "model": (str, _NONE), "status": (str,), "output": (str, _NONE),
-    "attempts": (list,), "tokens_in": (int,), "tokens_out": (int,), "cost_usd": _NUM,
-    "start": _NUM + (_NONE,), "end": _NUM + (_NONE,), "error": (str, _NONE),
-    "clone": (str, _NONE), "estimate_s": _NUM + (_NONE,), "downgraded_from": (str, _NONE),
-    "stale": (bool,), "pruned_from": (dict, _NONE), "execution": (dict, _NONE),
-}
-
-
-def _node_fields(d: dict) -> tuple[dict, list[str]]:
-    """Node fields of `d` (other than id and requirement) with valid types, and the names of bad ones."""
-    good, bad = {}, []
-    for name, types in _FIELD_TYPES.items():
-        if name not in d:
-            continue
-        value = d[name]
-        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-        if name == "attempts" and ok:
-            ok = all(isinstance(a, dict) for a in value)
-        if ok:
-            good[name] = _copy.deepcopy(value)
-        else:
-            bad.append(name)
-    return good, bad
 
 
 class Workflow:
@@ -365,14 +246,43 @@ class Workflow:
     @classmethod
     def from_dict(cls, d: Any, task: str | None = None) -> Workflow:
         """Plain (`to_dict`) or paper (`to_paper_dict`) form, or anything `parse_plan` takes."""
-        from .plans import parse_plan
         return parse_plan(d, task=task or "")
 
+    @classmethod
+    def assemble(cls, plan: RepairedPlan) -> Workflow:
+        """The Workflow of a repaired plan: its nodes in order, and its edges but the one that
+        closes a cycle; a pruned node's parents are linked to its children."""
+        warnings = list(plan.warnings)
+        wf = cls(plan.task)
+        for node in plan.nodes:
+            wf.add_node(node)
+        pos = {node.id: i for i, node in enumerate(plan.nodes)}
+        # Edges that follow plan order can never form a cycle, so only backward ones are checked:
+        # the edge that closes a cycle is always one that contradicts the order the model wrote.
+        wf.graph.add_edges_from(e for e in plan.edges if pos[e[0]] < pos[e[1]])
+        for a, b in (e for e in plan.edges if pos[e[0]] > pos[e[1]]):
+            if nx.has_path(wf.graph, b, a):
+                warnings.append(f"dropped the edge {a} -> {b}: it closed a cycle "
+                                f"({b} already leads to {a})")
+            else:
+                wf.graph.add_edge(a, b)
+        for node_id, node in wf.nodes.items():
+            if node.status == "pruned" and wf.graph.degree(node_id):
+                node.status = "pending"
+                wf.prune(node_id)
+                warnings.append(f"linked the parents of pruned subtask {node_id} to its children")
+        wf.warnings = warnings
+        return wf
 
-def __getattr__(name: str) -> Any:
-    # plans builds Workflows, so it imports this module; importing it back here only
-    # when parse_plan is first asked for lets either module be imported first.
-    if name == "parse_plan":
-        from .plans import parse_plan
-        return parse_plan
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def parse_plan(obj_or_text: Any, task: str = "") -> Workflow:
+    """A repaired `Workflow` from what a model emitted (JSON text or parsed JSON).
+
+    Every repair is one sentence in `workflow.warnings`; a plan with nothing usable
+    raises a one-line `PlanError`, never another exception.
+    """
+    if isinstance(obj_or_text, Workflow):
+        wf = obj_or_text.copy()
+        wf.task = task or wf.task
+        return wf
+    return Workflow.assemble(repair_plan(obj_or_text, task))

@@ -1,12 +1,12 @@
-"""Plan repair: turn whatever a model wrote into a valid `Workflow`, or one `PlanError`.
+"""Plan repair: turn whatever a model wrote into valid subtasks and edges, or one `PlanError`.
 
 Models emit plans in many shapes (a bare list of steps, Flow's paper dict, `{"subtasks": ...}`,
 `{"nodes", "edges"}`, ids written as prose, dependencies by name, text or 1-based index).
-`parse_plan` reads them all, repairs what it can (slug ids, duplicates, unknown references,
-self-loops, cycles, `next`/`prev` disagreement) and records one warning sentence per repair.
+`repair_plan` reads them all, repairs what it can (slug ids, duplicates, unknown references,
+self-loops, `next`/`prev` disagreement) and records one warning sentence per repair.
 
-This module builds on `graph`; `graph` re-exports `parse_plan` and imports this module only
-when it is first asked for, so either can be imported first.
+This module builds on `node` only; `graph.parse_plan` (and `Workflow.from_dict`) call it and
+assemble the `Workflow`, dropping an edge that closes a cycle.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
-
 from ..errors import FlowError, PlanError, TruncatedError
-from .graph import _FIELD_TYPES, SLUG_MAX, STATUSES, Node, Workflow, _node_fields, slugify
+from .node import FIELD_TYPES, SLUG_MAX, STATUSES, Node, node_fields, slugify
 
-__all__ = ["parse_plan", "clean_agent", "role_for"]
+__all__ = ["RepairedPlan", "repair_plan", "clean_agent", "role_for"]
 
 # Spellings small models use, matched after slugging the key ("Depends On" -> depends_on).
 _WRAP_KEYS = ("subtasks", "sub_tasks", "tasks", "steps", "nodes", "plan", "workflow", "graph",
@@ -38,7 +36,7 @@ _KID_KEYS = ("next", "child", "children", "successors", "then")
 _AGENT_KEYS = ("agent", "role", "assignee", "assigned_to", "agent_name", "worker")
 _META_KEYS = ("task", "goal", "objective", "title", "description", "name", "summary")
 _NODE_KEYS = set(_ID_KEYS + _NAME_KEYS + _REQ_KEYS + _DEP_KEYS + _KID_KEYS + _AGENT_KEYS
-                 + tuple(_FIELD_TYPES) + ("data", "num_parents_not_completed"))
+                 + tuple(FIELD_TYPES) + ("data", "num_parents_not_completed"))
 _SUBTASK_KEYS = _NODE_KEYS - set(_ID_KEYS + _NAME_KEYS)
 _NO_REF = ("", "none", "null", "n/a", "na", "nothing", "-")
 _STATUS_WORDS = {"completed": "done", "complete": "done", "finished": "done", "success": "done",
@@ -287,7 +285,7 @@ def _extras(f: dict, label: str, r: _Repair) -> dict:
     if isinstance(f.get("status"), str):
         word = _key(f["status"])
         f = {**f, "status": _STATUS_WORDS.get(word, word)}
-    good, bad = _node_fields(f)
+    good, bad = node_fields(f)
     good.pop("agent", None)  # read with the other spellings of agent in _item
     if good.get("status", "pending") not in STATUSES:
         bad.append("status")
@@ -443,38 +441,21 @@ def _collect_edges(kept: list[_Item], refs: _Refs, r: _Repair) -> list[tuple[str
     return [e for e in edges if e[0] != e[1]]
 
 
-def _build(kept: list[_Item], edges: list[tuple[str, str]], r: _Repair) -> Workflow:
-    wf = Workflow(r.task)
-    for it in kept:
-        wf.add_node(Node(id=it.id, requirement=it.requirement, agent=it.agent, **it.extra))
-    pos = {it.id: i for i, it in enumerate(kept)}
-    # Edges that follow plan order can never form a cycle, so only backward ones are checked:
-    # the edge that closes a cycle is always one that contradicts the order the model wrote.
-    wf.graph.add_edges_from(e for e in edges if pos[e[0]] < pos[e[1]])
-    for a, b in (e for e in edges if pos[e[0]] > pos[e[1]]):
-        if nx.has_path(wf.graph, b, a):
-            r.warn(f"dropped the edge {a} -> {b}: it closed a cycle ({b} already leads to {a})")
-        else:
-            wf.graph.add_edge(a, b)
-    for node_id, node in wf.nodes.items():
-        if node.status == "pruned" and wf.graph.degree(node_id):
-            node.status = "pending"
-            wf.prune(node_id)
-            r.warn(f"linked the parents of pruned subtask {node_id} to its children")
-    wf.warnings = r.prior + r.warnings
-    return wf
+@dataclass
+class RepairedPlan:
+    """A plan after repair: its subtasks in plan order, its edges (some may still close a
+    cycle: `graph.Workflow.assemble` drops those), and one sentence per repair so far."""
+    task: str
+    nodes: list[Node]
+    edges: list[tuple[str, str]]
+    warnings: list[str]
 
 
-def parse_plan(obj_or_text: Any, task: str = "") -> Workflow:
-    """A repaired `Workflow` from what a model emitted (JSON text or parsed JSON).
+def repair_plan(obj_or_text: Any, task: str = "") -> RepairedPlan:
+    """The subtasks and edges of what a model emitted (JSON text or parsed JSON), repaired.
 
-    Every repair is one sentence in `workflow.warnings`; a plan with nothing usable
-    raises a one-line `PlanError`, never another exception.
+    A plan with nothing usable raises a one-line `PlanError`, never another exception.
     """
-    if isinstance(obj_or_text, Workflow):
-        wf = obj_or_text.copy()
-        wf.task = task or wf.task
-        return wf
     r = _Repair(task.strip() if isinstance(task, str) else "")
     entries = _entries(_load(obj_or_text), r)
     items = [it for it in (_item(i, k, v, r) for i, (k, v) in enumerate(entries, 1)) if it]
@@ -483,4 +464,6 @@ def parse_plan(obj_or_text: Any, task: str = "") -> Workflow:
         raise PlanError(f"the plan has no usable subtasks ({why}); ask the planner again or give "
                         "a JSON list of {\"id\", \"requirement\", \"dependencies\"}")
     kept = _assign_ids(items, r)
-    return _build(kept, _collect_edges(kept, _Refs(items, kept), r), r)
+    edges = _collect_edges(kept, _Refs(items, kept), r)
+    nodes = [Node(id=it.id, requirement=it.requirement, agent=it.agent, **it.extra) for it in kept]
+    return RepairedPlan(r.task, nodes, edges, r.prior + r.warnings)

@@ -178,17 +178,13 @@ def _final_result(flow: "Flow", ends: list[str], consolidated: bool) -> str | No
 async def run_one(flow: "Flow", workflow: Workflow, example: Any, index: int,
                   scorer: Callable | None = None) -> Item:
     """Run a fresh instance of `workflow` on one input with `flow`'s settings, LLM and store."""
-    from ..flow import Flow
-
     wf = instantiate(workflow, example, index)
     ends = sinks(wf)
     if not ends:
         raise ConfigError("the workflow has no active nodes; nothing to run")
     consolidated = bool(flow.settings["consolidate"]) and len(ends) > 1
     # The same workflow on every input: no updater rewriting it mid-run.
-    settings = {**flow.settings, "update": "off", "consolidate": consolidated}
-    child = Flow(wf, name=f"{flow.name}[{index}]", llm=flow.llm, store=flow.store, **settings)
-    child._tools = getattr(flow, "_tools", None)   # the same tool choice as the flow
+    child = flow.derive(wf, name=f"{flow.name}[{index}]", update="off", consolidate=consolidated)
     item = Item(index=index, input=example, run_id=child.run_id)
     started = time.perf_counter()
     try:

@@ -120,11 +120,8 @@ class _Runner:
 
         spec = pickle.loads(payload)
         keys = _keys.get(tag, {})
-        with endpoints._lock:
-            endpoints._configured.clear()
-            endpoints._configured.update({
-                name: dataclasses.replace(e, api_key=keys.get(name, ""))
-                for name, e in spec["endpoints"].items()})
+        endpoints.restore({name: dataclasses.replace(e, api_key=keys.get(name, ""))
+                           for name, e in spec["endpoints"].items()})
         endpoints.PRICES.update(spec["prices"])
         self.path = os.path.join(_folder(), f"flowmagic-{tag}.db")
         self.store = Store(self.path)

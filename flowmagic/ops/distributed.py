@@ -216,7 +216,7 @@ def _endpoints() -> dict:
     (from the environment, say), so workers call what the driver would."""
     from ..llm import endpoints
 
-    found = dict(endpoints._configured)
+    found = endpoints.snapshot()
     if "default" not in found:
         default = endpoints.resolve_default()
         if not default.local:
@@ -238,7 +238,7 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
 
     return cloudpickle.dumps({
         "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
-        "tools": getattr(flow, "_tools", None),
+        "tools": flow.chosen_tools,
         "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
         "prices": dict(endpoints.PRICES), "llm_concurrency": flow.llm.concurrency,
         "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s,

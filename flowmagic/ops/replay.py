@@ -89,7 +89,7 @@ def fingerprint(flow, node_id: str) -> str:
     from ..engine.runner import node_messages
 
     node = flow.workflow.nodes[node_id]
-    facts = {"messages": node_messages(flow, node_id, workspace=False),
+    facts = {"messages": node_messages(flow.context(), node_id, workspace=False),
              "model": node.model or flow.settings.get("model"),
              **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
@@ -482,7 +482,7 @@ def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
         state.replayed.add(node_id)
         replayed = True
         settle(flow)
-        flow._emit("replayed", node_id, {"source_run": state.record.get("run")})
+        flow.emit("replayed", node_id, {"source_run": state.record.get("run")})
     else:
         _before_call(flow, node_id, rec, allow)
         if node.status in ("done", "failed"):

@@ -430,8 +430,6 @@ async def aslim(flow: "Flow", probe: Probe, *, cheaper: dict | None = None,
     `probe` held out); `budget_usd`: mean USD per run the result must not exceed (the best
     configuration under it is chosen).
     """
-    from ..flow import Flow
-
     _check_slim(tau_prune, tau_downgrade, top_k)
     if budget_usd is not None and not float(budget_usd) >= 0:
         raise ConfigError("budget_usd must be a number >= 0 (mean USD per run)")
@@ -473,9 +471,7 @@ async def aslim(flow: "Flow", probe: Probe, *, cheaper: dict | None = None,
     spent = sum(sess.spent_usd for sess in sessions)
     report.optimisation = {"cost_usd": spent, "saving_usd": saving,
                            "break_even_runs": math.ceil(spent / saving - 1e-9) if saving > 1e-15 else None}
-    slim = Flow(fresh_copy(wf), name=f"{flow.name}-slim", llm=flow.llm, store=flow.store,
-                **flow.settings)
+    slim = flow.derive(fresh_copy(wf), name=f"{flow.name}-slim")
     slim.probe = probe
-    slim._tools = getattr(flow, "_tools", None)
     session.tell({"phase": "done", "final": report.final})
     return slim, report

@@ -1,0 +1,41 @@
+"""`RunContext`: what running a node needs from its flow, and the only ways back to it.
+
+The engine sits below `flowmagic.flow`, so the node runner is not handed the Flow. The Flow
+makes a RunContext (`Flow.context()`); the runner, the node prompt (`runner.node_messages`)
+and replay's fingerprint read the workflow, settings, model door, store and workspace through
+it, and report through three callables: `emit` (persist an event, then tell subscribers),
+`spend` (add to the run's spending) and `text_sink` (where a node's streamed text goes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+__all__ = ["RunContext"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A flow's run as the engine sees it. `workflow` and `workspace` are read through
+    getters because a flow may switch candidates or make its workspace late."""
+
+    current_workflow: Callable[[], Any]
+    settings: Mapping[str, Any]
+    llm: Any
+    store: Any
+    run_id: str
+    open_workspace: Callable[[], Any]
+    emit: Callable[[str, str | None, dict | None], None]
+    spend: Callable[..., None]   # (usd, unpriced=model or None)
+    text_sink: Callable[[str], Callable[[str], None] | None]
+    offer_tools: Callable[[str], Awaitable[list]]
+    has_tools: Callable[[], bool]
+
+    @property
+    def workflow(self):
+        return self.current_workflow()
+
+    @property
+    def workspace(self):
+        return self.open_workspace()
