@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError, FlowError, write_error
+from ._internal.text import one_line
 from .parsers import add_map_options, map_options
 
 __all__ = ["main", "build_parser"]
@@ -25,11 +26,6 @@ __all__ = ["main", "build_parser"]
 _QUIET_S = 15.0   # a "still working" line after this long without any other line
 _STOP = {"a", "an", "the", "to", "of", "and", "or", "for", "with", "on", "in", "write", "make",
          "build", "create", "short", "some", "about", "my", "your"}
-
-
-def _truncate(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class Progress:
@@ -79,7 +75,7 @@ class Progress:
             self.say(f"✓ {node}" + (" (output masked: fault injection)" if e.get("masked") else ""))
         elif kind == "failed":
             self.running.pop(node, None)
-            self.say(f"✗ {node}: {_truncate(e.get('error') or '', 100)}")
+            self.say(f"✗ {node}: {one_line(e.get('error') or '', 100)}")
         elif kind == "stopped":
             self.running.pop(node, None)
         elif kind == "updated":
@@ -158,9 +154,9 @@ def _describe(flow) -> str:
     from .view.display import node_lines
 
     def line(node_id, node, parents):
-        after = _truncate(", ".join(parents), 200)
+        after = one_line(", ".join(parents), 200)
         return (f"  {node_id} [{node.agent}]{' after ' + after if after else ''}: "
-                f"{_truncate(node.requirement, 90)}")
+                f"{one_line(node.requirement, 90)}")
 
     return "\n".join(node_lines(flow.workflow, flow.workflow.order(), line))
 
@@ -388,7 +384,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         print(f"#{row['id']} {when} {state:5} {row['model']} "
               f"in={row['input_tokens'] or 0} out={row['output_tokens'] or 0} "
               f"{(row['latency_s'] or 0):.2f}s ${(row['cost_usd'] or 0):.6f}  "
-              f"{_truncate(last, 60)}")
+              f"{one_line(last, 60)}")
     return 0
 
 

@@ -30,7 +30,7 @@ from .engine.runner import NodeRunner, cut, shares
 from .engine.sandbox import check_sandbox
 from .store import Store, get_store
 
-__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS"]
+__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "check_settings"]
 
 DEFAULTS: dict[str, Any] = {
     "k": 3, "model": None, "strategy": "balanced", "update": "on-failure", "validate": "none",
@@ -63,7 +63,8 @@ _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "t
 _NONE_MEANS_SOMETHING = frozenset(("concurrency", "max_tokens"))
 
 
-def _check_settings(settings: dict) -> dict:
+def check_settings(settings: dict) -> dict:
+    """`settings` over DEFAULTS, every value checked; one ConfigError line for a bad one."""
     unknown = sorted(set(settings) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
@@ -150,7 +151,7 @@ class Flow:
         self.name = name
         self.candidates = list(candidates or [])
         self.chosen = chosen
-        self.settings = _check_settings(settings)
+        self.settings = check_settings(settings)
         self.run_id = run_id or _new_run_id()
         self.origin = origin   # "replay": made by an exported notebook's cells (see load())
         self.llm = llm or get_llm()
@@ -825,7 +826,7 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; write what you want done in words")
     llm = llm or get_llm()
-    settings = _check_settings({**settings, "k": k, "model": model, "strategy": strategy})
+    settings = check_settings({**settings, "k": k, "model": model, "strategy": strategy})
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
     run_id = _new_run_id()
     context = None

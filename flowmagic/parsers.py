@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from ._internal.text import one_line
 
 __all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
            "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
@@ -343,16 +344,11 @@ def _lookup(node: ast.AST, ns: Mapping[str, Any], source: str) -> Any:
 _MAX_EXPRESSION = 300   # longer is not a variable reference; deep nesting would recurse
 
 
-def _short(text: str, limit: int = 80) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _evaluate(source: str, ns: Mapping[str, Any]) -> Any:
     """The value of one `{{...}}`; any failure, whatever the user's objects raise, is one
     ConfigError line (a slice step of 0, a property that raises, deep nesting)."""
     expr = source.strip()
-    shown = "{{" + _short(expr, 60) + "}}"
+    shown = "{{" + one_line(expr, 60) + "}}"
     if len(expr) > _MAX_EXPRESSION:
         raise ConfigError(f"{shown} in the cell is {len(expr):,} characters long, not a name or "
                           "index; put the value in a variable, or use --no-interpolate")
@@ -362,7 +358,7 @@ def _evaluate(source: str, ns: Mapping[str, Any]) -> Any:
         raise ConfigError(f"{shown} in the cell is not a Python name or index; "
                           "use --no-interpolate to keep {{...}} as text") from None
     try:
-        return _lookup(tree.body, ns, _short(expr, 60))
+        return _lookup(tree.body, ns, one_line(expr, 60))
     except ConfigError:
         raise
     except Exception as exc:   # the user's objects may raise anything; the cell says which
@@ -374,11 +370,11 @@ def _text(value: Any, source: str) -> str:
     try:
         return str(value)
     except Exception as exc:
-        raise _value_error("{{" + _short(source.strip(), 60) + "}}", exc) from None
+        raise _value_error("{{" + one_line(source.strip(), 60) + "}}", exc) from None
 
 
 def _value_error(shown: str, exc: Exception) -> ConfigError:
-    return ConfigError(f"{shown} in the cell: {type(exc).__name__}: {_short(exc)}; fix the "
+    return ConfigError(f"{shown} in the cell: {type(exc).__name__}: {one_line(exc)}; fix the "
                        "value, or use --no-interpolate to keep {{...}} as text")
 
 

@@ -108,3 +108,61 @@ def test_an_upward_import_or_a_cycle_breaks_the_build(copy, edits, reported):
     assert run.returncode != 0, run.stdout[-3000:]
     assert "BROKEN" in run.stdout
     assert reported in run.stdout, run.stdout[-3000:]
+
+
+def _is_private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _is_module(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:   # a name inside a module, not a submodule
+        return False
+
+
+def private_reach_ins(path, package):
+    """`from <flowmagic module> import _name` and `<flowmagic module>._name` in one file
+    (a private module such as `_internal` or `llm._server` may be imported; its names are
+    what they export)."""
+    tree = ast.parse(path.read_text())
+    modules = set()   # local names bound to flowmagic modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names
+                        if a.asname and a.name.split(".")[0] == "flowmagic"}
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                if node.level else node.module
+            if not base or base.split(".")[0] != "flowmagic":
+                continue
+            for a in node.names:
+                if _is_module(f"{base}.{a.name}"):
+                    modules.add(a.asname or a.name)
+                elif _is_private(a.name):
+                    yield f"{node.lineno}: from {base} import {a.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and _is_private(node.attr)):
+            yield f"{node.lineno}: {node.value.id}.{node.attr}"
+
+
+def test_no_module_takes_a_private_name_of_another():
+    """A name with a leading underscore belongs to its module: another module that needs it
+    gets a public name (or the code moves)."""
+    found = []
+    for path in (ROOT / "flowmagic").rglob("*.py"):
+        package = ".".join(path.relative_to(ROOT).parts[:-1])
+        found += [f"{path.relative_to(ROOT)}:{hit}" for hit in private_reach_ins(path, package)]
+    assert not found, "private names taken from another module:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_a_reach_in(tmp_path):
+    """The check above can fail: both forms of a reach-in, in a module of the package."""
+    path = ROOT / "flowmagic" / "engine" / "runner.py"
+    probe = tmp_path / "runner.py"
+    probe.write_text(path.read_text() + "\nfrom ..model.similarity import _canon\n"
+                     "from ..llm import endpoints as ep\nep._Endpoint = None\n")
+    hits = list(private_reach_ins(probe, "flowmagic.engine"))
+    assert any("import _canon" in h for h in hits), hits
+    assert any("ep._Endpoint" in h for h in hits), hits

@@ -30,7 +30,7 @@ import sys
 import threading
 
 __all__ = ["command", "runtime_dirs", "site_dirs", "sandbox_ids", "hand_over", "hand_back",
-           "SHARE", "HOME"]
+           "SHARE", "HOME", "is_within", "walk"]
 
 SHARE = "/run/flowmagic"   # where the child script, the code and its config are seen inside
 HOME = "/tmp/home"         # the code's (empty) home, on the private /tmp
@@ -45,7 +45,7 @@ def _depth(path: str) -> int:
     return len([p for p in path.split(os.sep) if p])
 
 
-def _inside(path: str, parent: str) -> bool:
+def is_within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
 
 
@@ -55,7 +55,7 @@ def _mount_parents(dests: list[str]) -> list[str]:
     parents = set()
     for dest in dests:
         parent = os.path.dirname(dest)
-        while parent not in ("/", "/tmp") and not any(_inside(parent, p) for p in present):
+        while parent not in ("/", "/tmp") and not any(is_within(parent, p) for p in present):
             parents.add(parent)
             parent = os.path.dirname(parent)
     return sorted(parents, key=lambda p: (_depth(p), p))
@@ -65,7 +65,7 @@ def runtime_dirs(python: str) -> list[str]:
     """Host directories the interpreter needs, beyond /usr (pyenv, conda, a build in /opt)."""
     dirs = []
     for path in (os.path.realpath(sys.base_prefix), os.path.dirname(python)):
-        if not _inside(path, "/usr") and not any(_inside(path, d) for d in dirs):
+        if not is_within(path, "/usr") and not any(is_within(path, d) for d in dirs):
             dirs.append(path)
     return dirs
 
@@ -183,7 +183,7 @@ _handover_lock = threading.Lock()
 _handed: dict[str, dict] = {}   # workdir -> {"count", "owners" by inode, "default"}
 
 
-def _walk(root: str):
+def walk(root: str):
     """Every path under `root` (itself first), never following symlinks."""
     yield root
     stack = [root]
@@ -207,7 +207,7 @@ def hand_over(workdir: str, ids: tuple[int, int]) -> None:
             return
         top = os.lstat(workdir)
         owners = {}
-        for path in _walk(workdir):
+        for path in walk(workdir):
             st = os.lstat(path)
             owners[st.st_ino] = (st.st_uid, st.st_gid)
             os.chown(path, *ids, follow_symlinks=False)
@@ -223,7 +223,7 @@ def hand_back(workdir: str) -> None:
         if entry["count"]:
             return
         del _handed[workdir]
-        for path in _walk(workdir):
+        for path in walk(workdir):
             try:
                 st = os.lstat(path)
                 os.chown(path, *entry["owners"].get(st.st_ino, entry["default"]),

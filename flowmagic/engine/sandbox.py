@@ -150,7 +150,7 @@ def _number(name: str, value: object, low: float) -> float:
 def _snapshot(root: str) -> dict[str, tuple]:
     """relative path -> (type, size, mtime, inode) of what is under `root` (no symlink followed)."""
     seen: dict[str, tuple] = {}
-    for path in bwrap._walk(root):
+    for path in bwrap.walk(root):
         if path == root:
             continue
         if len(seen) >= _MAX_ENTRIES:
@@ -174,7 +174,7 @@ def _changes(root: str, before: dict[str, tuple]) -> tuple[list[str], list[str]]
         path = os.path.join(root, rel)
         if info[0] == stat.S_IFREG:
             files.append(rel)
-        elif info[0] == stat.S_IFLNK and not bwrap._inside(os.path.realpath(path), real_root):
+        elif info[0] == stat.S_IFLNK and not bwrap.is_within(os.path.realpath(path), real_root):
             try:
                 os.unlink(path)
                 removed.append(rel)

@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 from ..model import metrics
 from ..errors import FlowError
+from .._internal.text import short_repr
 from ..model.graph import Workflow
-from ..model.merge import DIFF_KEYS, _short, merge, stats
+from ..model.merge import DIFF_KEYS, merge, stats
 
 __all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
@@ -240,7 +241,7 @@ def _choose(candidates: list[UpdateCandidate], select: Callable | None, warn) ->
     by_index = {c.index: c for c in pool}
     chosen = got if isinstance(got, UpdateCandidate) else by_index.get(got) if isinstance(got, int) else None
     if chosen is None or not chosen.ok:
-        warn(f"the selection rule returned {_short(got)}, not a usable candidate; "
+        warn(f"the selection rule returned {short_repr(got)}, not a usable candidate; "
              "used max P_avg, min complexity")
         chosen = by_index[_rule(pool)]
     return chosen

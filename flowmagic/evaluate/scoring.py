@@ -27,8 +27,8 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 import networkx as nx
 
 from ..errors import ConfigError, FlowError, PlanError
-from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity, _resolve,
-                                _sim_matrix, get_similarity)
+from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
+                                as_similarity, get_similarity, similarity_matrix)
 
 __all__ = [
     "Scores", "compare", "get_similarity", "TfidfSimilarity", "EmbeddingSimilarity",
@@ -265,7 +265,7 @@ def compare(pred, gold, *, similarity=None, threshold: float = 0.5, alpha: float
     tools it really called.
     """
     p, g = _as_graph(pred, "pred"), _as_graph(gold, "gold")
-    sim = _sim_matrix(_resolve(similarity), p.labels, g.labels)
+    sim = similarity_matrix(as_similarity(similarity), p.labels, g.labels)
     match = _match(sim, threshold, p, g)
     node = _prf(len(match), len(p.ids), len(g.ids))
     edge_tp = sum(1 for a, b in p.edges if a in match and b in match and (match[a], match[b]) in g.edges)
@@ -358,7 +358,7 @@ async def aevaluate_records(records: Iterable[dict], plan_fn, *, similarity=None
     raises a FlowError gives a row with `error` set; anything else propagates.
     `progress(done, total, row)` is called after each record.
     """
-    records, sim = list(records), _resolve(similarity)
+    records, sim = list(records), as_similarity(similarity)
     gate, rows, done = asyncio.Semaphore(max(1, concurrency)), [None] * len(records), 0
 
     async def one(i: int, record: dict) -> None:
@@ -399,7 +399,7 @@ def evaluate_predictions(records: Iterable[dict], preds, *, similarity=None, thr
     """Score saved predictions: `preds` maps record id -> pred, or is a list of {"id", ...}."""
     if not isinstance(preds, Mapping):
         preds = {str(p.get("id")): p for p in preds}
-    records, sim = list(records), _resolve(similarity)
+    records, sim = list(records), as_similarity(similarity)
     rows = []
     for record in records:
         pred = preds.get(str(record.get("id")))

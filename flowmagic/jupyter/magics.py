@@ -454,7 +454,7 @@ class FlowMagics(Magics):
         if not values:
             return
         # flow.py's own check, so a bad default fails here and not at the next %%flow.
-        from ..flow import DEFAULTS, _check_settings
+        from ..flow import DEFAULTS, check_settings
 
         traits, extra = {}, dict(self.settings)
         for key, value in values.items():
@@ -470,7 +470,7 @@ class FlowMagics(Magics):
                 traits[trait] = value
         merged = {k: traits.get(t, getattr(self, t)) for k, t in _TRAITS.items() if k != "mode"}
         try:
-            _check_settings({**merged, **extra})
+            check_settings({**merged, **extra})
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
         for trait, value in traits.items():

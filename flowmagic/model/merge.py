@@ -18,6 +18,7 @@ from typing import Any, Callable
 import networkx as nx
 
 from ..errors import FlowError, PlanError
+from .._internal.text import short_repr
 from .graph import Node, Workflow, slugify
 
 __all__ = ["DIFF_KEYS", "merge", "stats"]
@@ -34,11 +35,6 @@ _REQ_KEYS = ("requirement", "subtask_requirement", "description", "task", "text"
 _DEP_KEYS = ("depends_on", "dependencies", "deps", "parents", "after", "requires")
 _NO_CHANGE = ("no_change", "nochange", "none", "keep", "no_update", "unchanged")
 _MAX_REQ = 8000
-
-
-def _short(x: Any, n: int = 40) -> str:
-    text = repr(x)
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _key(k: Any) -> str:
@@ -58,7 +54,7 @@ def _as_list(value: Any, what: str, warn: Callable[[str], None]) -> list | None:
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         return [value]
     if value is not None and not isinstance(value, list):
-        warn(f"ignored {what}: {_short(value)} is not a list")
+        warn(f"ignored {what}: {short_repr(value)} is not a list")
         return None
     return value
 
@@ -98,7 +94,7 @@ def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change],
     if isinstance(update, list):
         update = {"subtasks": update}
     if not isinstance(update, dict) or not update:
-        raise PlanError(f"the update must be a non-empty JSON object, not {_short(update)}; "
+        raise PlanError(f"the update must be a non-empty JSON object, not {short_repr(update)}; "
                         "ask the updater again")
     f = _fields(update)
     action, subs, remove = f.get("action"), _first(f, _SUB_KEYS), _first(f, _REMOVE_KEYS)
@@ -114,13 +110,13 @@ def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change],
         return [], [], True
     if action is not None and not (isinstance(action, str) and _key(action) == "update"):
         if subs is None and remove is None:
-            raise PlanError(f"the update's action {_short(action)} is neither \"update\" nor "
+            raise PlanError(f"the update's action {short_repr(action)} is neither \"update\" nor "
                             "\"no_change\" and it lists no change; ask the updater again")
-        warn(f"ignored the unknown action {_short(action)}")
+        warn(f"ignored the unknown action {short_repr(action)}")
     if isinstance(subs, dict):
         subs = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in subs.items()]
     if not isinstance(subs, (list, type(None))):
-        warn(f"ignored \"subtasks\": {_short(subs)} is not a list")
+        warn(f"ignored \"subtasks\": {short_repr(subs)} is not a list")
         subs = None
     remove = _as_list(remove, '"remove"', warn)
     changes = [c for c in (_change(i, e, warn) for i, e in enumerate(subs or [], 1)) if c]
@@ -131,7 +127,7 @@ def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change],
 
 def _change(pos: int, entry: Any, warn: Callable[[str], None]) -> _Change | None:
     if not isinstance(entry, dict):
-        warn(f"ignored subtask entry {pos}: {_short(entry)} is not an object")
+        warn(f"ignored subtask entry {pos}: {short_repr(entry)} is not an object")
         return None
     f = _fields(entry)
     req = _first(f, _REQ_KEYS)
@@ -157,7 +153,7 @@ def _change(pos: int, entry: Any, warn: Callable[[str], None]) -> _Change | None
     if isinstance(rerun, str):
         rerun = rerun.strip().lower() in ("true", "yes")
     elif not isinstance(rerun, bool):
-        warn(f"ignored \"rerun\" of subtask {node_id}: {_short(rerun)} is not true or false")
+        warn(f"ignored \"rerun\" of subtask {node_id}: {short_repr(rerun)} is not true or false")
         rerun = False
     return _Change(node_id, req.strip() if req else None,
                    agent.strip() if agent else None, deps, rerun, fresh=not raw or not slugify(raw.lower()))
@@ -243,7 +239,7 @@ def _rewire(wf: Workflow, rewire: dict[str, list], diff: dict, warn) -> None:
                 parents.append(p)
         if unknown:
             warn(f"dropped {len(unknown)} dependency(ies) of {node_id} on unknown or removed "
-                 f"subtasks ({', '.join(_short(u, 30) for u in unknown[:3])})")
+                 f"subtasks ({', '.join(short_repr(u, 30) for u in unknown[:3])})")
         wf.graph.remove_edges_from((p, node_id) for p in old if p not in parents)
         introduced += [(p, node_id) for p in parents if p not in old]
         if set(parents) != set(old) and node_id not in diff["added"]:
@@ -259,7 +255,7 @@ def _remove(wf: Workflow, refs: list, diff: dict, warn) -> None:
     for ref in refs:
         node_id = _resolve(wf, ref)
         if node_id is None:
-            warn(f"could not remove {_short(ref, 30)}: no such subtask")
+            warn(f"could not remove {short_repr(ref, 30)}: no such subtask")
         elif wf.nodes[node_id].status == "running":
             warn(f"did not remove subtask {node_id}: it is running")
         elif wf.nodes[node_id].status != "pruned" and node_id not in diff["removed"]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FlowError, PlanError, TruncatedError
+from .._internal.text import short_repr
 from .node import FIELD_TYPES, SLUG_MAX, STATUSES, Node, node_fields, slugify
 
 __all__ = ["RepairedPlan", "repair_plan", "clean_agent", "role_for"]
@@ -78,11 +79,6 @@ class _Repair:
 
     def warn(self, sentence: str) -> None:
         self.warnings.append(sentence)
-
-
-def _short(x: Any, n: int = 40) -> str:
-    text = repr(x)
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _key(k: Any) -> str:
@@ -172,7 +168,7 @@ def _load(obj: Any) -> Any:
             raise PlanError("the plan's JSON was cut off before it ended; "
                             "raise max_tokens or ask for fewer subtasks") from None
         raise PlanError(f"no JSON plan could be read from the text (it began "
-                        f"{_short(obj.strip(), 40)}); ask for the subtasks as a JSON list") from None
+                        f"{short_repr(obj.strip(), 40)}); ask for the subtasks as a JSON list") from None
 
 
 def _entries(obj: Any, r: _Repair, depth: int = 0) -> list[tuple[Any, Any]]:
@@ -224,11 +220,11 @@ def _mapping(obj: dict, r: _Repair) -> list[tuple[Any, Any]]:
         if has_dicts and isinstance(v, str) and _key(k) in _META_KEYS:
             continue  # a title or goal next to the subtasks, not a subtask
         if isinstance(v, dict) and not {_key(x) for x in v} & _SUBTASK_KEYS:
-            r.warn(f"ignored the entry {_short(k)}: it has no requirement or dependencies")
+            r.warn(f"ignored the entry {short_repr(k)}: it has no requirement or dependencies")
         elif isinstance(v, (dict, str)):
             out.append((k, v))
         else:
-            r.warn(f"ignored the entry {_short(k)}: it is neither a subtask object nor a step text")
+            r.warn(f"ignored the entry {short_repr(k)}: it is neither a subtask object nor a step text")
     if out and not has_dicts:
         r.warn(f"the plan maps {len(out)} names to step texts with no dependencies; "
                "they were kept as independent subtasks")
@@ -255,7 +251,7 @@ def _item(pos: int, key: Any, value: Any, r: _Repair) -> _Item | None:
     if not text and " " in raw:
         text = raw  # an id written as prose ("Load the data") is the requirement too
     if not text:
-        r.warn(f"dropped subtask {_short(raw or pos)}: it has no usable requirement")
+        r.warn(f"dropped subtask {short_repr(raw or pos)}: it has no usable requirement")
         return None
     agent = clean_agent(next((a for a in (f.get(k) for k in _AGENT_KEYS)
                               if isinstance(a, str) and a.strip()), ""), text)
@@ -291,7 +287,7 @@ def _extras(f: dict, label: str, r: _Repair) -> dict:
         bad.append("status")
         del good["status"]
     if bad:
-        r.warn(f"ignored field(s) {', '.join(bad)} of subtask {_short(label)}: wrong type or value")
+        r.warn(f"ignored field(s) {', '.join(bad)} of subtask {short_repr(label)}: wrong type or value")
     return good
 
 
@@ -314,9 +310,9 @@ def _assign_ids(items: list[_Item], r: _Repair) -> list[_Item]:
         if not base:
             base, unnamed = f"task_{it.pos}", unnamed + (not it.textual)
         elif base != it.raw_id:
-            renamed[f"{_short(it.raw_id, 30)} -> {base}"] = None
+            renamed[f"{short_repr(it.raw_id, 30)} -> {base}"] = None
             if len(re.sub(r"[^a-z0-9]+", "_", str(it.raw_id).lower()).strip("_")) > SLUG_MAX:
-                r.warn(f"shortened the id {_short(it.raw_id, 60)} to {base}: ids are at most "
+                r.warn(f"shortened the id {short_repr(it.raw_id, 60)} to {base}: ids are at most "
                        f"{SLUG_MAX} characters")
         first = kept.get(base)
         if first is not None and first.requirement.strip() == it.requirement.strip():
@@ -411,7 +407,7 @@ def _collect_edges(kept: list[_Item], refs: _Refs, r: _Repair) -> list[tuple[str
             kids.append((it.id, c)) if c else unknown.setdefault(it.id, []).append(ref)
     for node_id, bad in unknown.items():
         r.warn(f"dropped {len(bad)} link(s) from {node_id} to unknown subtasks "
-               f"({', '.join(_short(b, 30) for b in bad[:3])}); they are not in the plan")
+               f"({', '.join(short_repr(b, 30) for b in bad[:3])}); they are not in the plan")
     explicit = []
     raw_edges = r.raw_edges if isinstance(r.raw_edges, list) else []
     if not isinstance(r.raw_edges, list):
@@ -422,7 +418,7 @@ def _collect_edges(kept: list[_Item], refs: _Refs, r: _Repair) -> list[tuple[str
         if ends and all(ends):
             explicit.append(ends)
         else:
-            r.warn(f"dropped the edge {_short(e)}: it is not a pair of known subtasks")
+            r.warn(f"dropped the edge {short_repr(e)}: it is not a pair of known subtasks")
     # An edge disagrees when one end lists the other and the other end has a list without it.
     declared = {it.id: it.declared for it in kept}
     differ = sorted({(a, b) for a, b in set(deps) - set(kids) if declared[a][1] and a != b}

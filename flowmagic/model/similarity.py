@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 from ..errors import ConfigError, ModelOutputError
 
-__all__ = ["SIMILARITIES", "TfidfSimilarity", "EmbeddingSimilarity", "get_similarity"]
+__all__ = ["SIMILARITIES", "TfidfSimilarity", "EmbeddingSimilarity", "get_similarity",
+           "as_similarity", "similarity_matrix"]
 
 SIMILARITIES = ("auto", "tfidf", "embeddings", "minilm")
 
@@ -136,7 +137,8 @@ def get_similarity(name: str = "auto", *, embed: Callable | None = None):
     raise ConfigError(f"unknown similarity {name!r}; choose one of {', '.join(SIMILARITIES)}")
 
 
-def _resolve(similarity):
+def as_similarity(similarity):
+    """A similarity function from a name (None: "auto") or a callable, checked."""
     if similarity is None or isinstance(similarity, str):
         return get_similarity(similarity or "auto")
     if not callable(similarity):
@@ -148,7 +150,8 @@ def _canon(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def _sim_matrix(similarity, a: list[str], b: list[str]) -> Matrix:
+def similarity_matrix(similarity, a: list[str], b: list[str]) -> Matrix:
+    """similarity(a, b) clamped into [0, 1], equal texts exactly 1."""
     raw = similarity(a, b) if a and b else [[] for _ in a]
     # Equal texts are exactly 1 so that identical graphs score exactly 1, not
     # 0.9999999999999998; everything else is clamped into [0, 1].

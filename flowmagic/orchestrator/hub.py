@@ -30,10 +30,9 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
-from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, as_agents,
-                       load_orchestration)
-from .protocol import (_action_schema, _new_run_id, _read_action, _read_native, _system,
-                       _tool_specs)
+from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, action_schema,
+                       as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
+                       system_prompt, tool_specs)
 
 __all__ = ["Orchestrator", "orchestrate", "aorchestrate", "start", "Agent", "Message",
            "Orchestration", "as_agents", "load_orchestration", "ROLES", "DEFAULT_AGENTS"]
@@ -109,7 +108,7 @@ class Orchestrator:
                     "budget_s": self._said_budget, "max_turns": self._said_turns,
                     "replayed": replay is not None, "protocol": protocol,
                     "reply_chars": reply_chars, "continuations": continuations, **self.opts}
-        self.result = Orchestration(run_id or _new_run_id(), self.task, self.agents, settings,
+        self.result = Orchestration(run_id or new_run_id(), self.task, self.agents, settings,
                                     name=name)
         self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
         self._memory: dict[str, list[tuple[str, str]]] = {a.name: [] for a in self.agents}
@@ -219,7 +218,7 @@ class Orchestrator:
             self._deadline = self._hard_deadline - min(_RESERVE_MAX, _RESERVE * self.budget_s)
         self._save()
         self._add(0, "user", "orchestrator", "task", self.task)
-        conv = [{"role": "system", "content": _system(self.agents, self._said_turns, self._said_budget,
+        conv = [{"role": "system", "content": system_prompt(self.agents, self._said_turns, self._said_budget,
                                                       self.protocol)},
                 {"role": "user", "content": f"The task:\n{self.task}" + self._unprompted(0)}]
         o.ended_by = "turns"
@@ -257,10 +256,10 @@ class Orchestrator:
         # A reply cut at the token limit is continued; one still cut fails the turn in words.
         if self.protocol == "native":
             call = self.llm.complete_whole(conv, continuations=self.continuations,
-                                           tools=_tool_specs(names), **kwargs)
+                                           tools=tool_specs(names), **kwargs)
         else:
             call = self.llm.complete_whole(conv, continuations=self.continuations,
-                                           schema=_action_schema(names), **kwargs)
+                                           schema=action_schema(names), **kwargs)
         task = asyncio.ensure_future(call)
         if not await self._bounded([task]):
             return None, "stopped" if self._stopped.is_set() else "time"
@@ -269,7 +268,7 @@ class Orchestrator:
         except ToolsUnsupportedError as exc:
             if len(conv) == 2:   # nothing was said yet: start over in the JSON protocol
                 self.protocol = "action"
-                conv[0]["content"] = _system(self.agents, self._said_turns, self._said_budget, "action")
+                conv[0]["content"] = system_prompt(self.agents, self._said_turns, self._said_budget, "action")
                 return await self._ask(conv, turn)
             self._add(turn, "flowmagic", "user", "error", f"the orchestrator's call failed: {exc}")
             return None, "error"
@@ -290,8 +289,8 @@ class Orchestrator:
             return cut
         self._count(reply)
         names = set(self.by_name)
-        actions = (_read_native(reply, names) if self.protocol == "native"
-                   else _read_action(reply.data, names))
+        actions = (read_native_calls(reply, names) if self.protocol == "native"
+                   else read_actions(reply.data, names))
         if self.protocol == "native" and not actions and reply.text.strip():
             actions = ([("wait", None, None, None)] if self._inflight else
                        [("invalid", "you answered in text; call send_message or submit_answer",

@@ -21,7 +21,10 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["Agent", "Message", "Orchestration", "ROLES", "DEFAULT_AGENTS", "as_agents",
-           "load_orchestration", "export_notebook", "transcript_markdown", "transcript_text"]
+           "load_orchestration", "export_notebook", "transcript_markdown", "transcript_text",
+           # the action protocol, for the hub
+           "new_run_id", "tool_specs", "action_schema", "system_prompt", "read_native_calls",
+           "read_actions"]
 
 # name -> (role prompt, what the orchestrator is told the agent does)
 ROLES: dict[str, tuple[str, str]] = {
@@ -160,11 +163,11 @@ class Orchestration:
 
 
 # ---------------------------------------------------------------------------- the protocol
-def _new_run_id() -> str:
+def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-def _tool_specs(names: list[str]) -> list[dict]:
+def tool_specs(names: list[str]) -> list[dict]:
     send = {"type": "object", "properties": {
         "agent": {"enum": names, "description": "who gets the message"},
         "content": {"type": "string", "description": "the whole instruction, self-contained"}},
@@ -182,7 +185,7 @@ def _tool_specs(names: list[str]) -> list[dict]:
                                               "description": "Submit the final answer; ends the work."}}]
 
 
-def _action_schema(names: list[str]) -> dict:
+def action_schema(names: list[str]) -> dict:
     item = {"type": "object", "properties": {"agent": {"enum": names}, "content": {"type": "string"}},
             "required": ["agent", "content"]}
     return {"anyOf": [
@@ -194,7 +197,7 @@ def _action_schema(names: list[str]) -> dict:
          "required": ["action", "answer"]}]}
 
 
-def _system(agents: list[Agent], max_turns: int | None, budget_s: float | None, protocol: str) -> str:
+def system_prompt(agents: list[Agent], max_turns: int | None, budget_s: float | None, protocol: str) -> str:
     team = "\n".join(f"- {a.name}: {a.summary or a.role[:150]}" for a in agents)
     limits = f"at most {max_turns} turns" if max_turns else "a limited number of turns"
     if budget_s:
@@ -216,7 +219,7 @@ def _system(agents: list[Agent], max_turns: int | None, budget_s: float | None, 
             f"to another agent. You have {limits}: submit as soon as the answer is good enough.\n{how}")
 
 
-def _read_native(reply, names: set[str]) -> list[tuple]:
+def read_native_calls(reply, names: set[str]) -> list[tuple]:
     """[("send", agent, content, id) | ("submit", answer, None, id) | ("invalid", why, None, id)]."""
     out = []
     for tc in reply.tool_calls or []:
@@ -253,7 +256,7 @@ def _submit(answer: Any, cid: Any = None) -> tuple:
     return ("submit", text.strip(), None, cid)
 
 
-def _read_action(data: Any, names: set[str]) -> list[tuple]:
+def read_actions(data: Any, names: set[str]) -> list[tuple]:
     """The JSON action protocol, tolerant of small models' variations."""
     if not isinstance(data, dict):
         return [("invalid", "the answer was not a JSON object", None, None)]

@@ -48,7 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from .loopback_replies import (_embeddings_reply, _normalise, _stream_chunks, _usage, default_responder,
+from .loopback_replies import (embeddings_reply, normalise_reply, stream_chunks, usage_counts, default_responder,
                                embed_text, schema_example)
 from .loopback_spawn import SpawnedLoopback
 
@@ -423,12 +423,12 @@ class LoopbackServer:
                                     "server (like llama-cpp-python); use 'json_object' with a 'schema'",
                                     "internal_server_error")
         try:
-            msg, finish, usage = _normalise(self.responder(body), body)
+            msg, finish, usage = normalise_reply(self.responder(body), body)
         except Exception as exc:  # a broken test responder should fail loudly, not hang the client
             return self._send_error(h, 500, f"responder raised {exc!r}", "responder_error")
         if fault == "length":
             msg["content"] = (msg.get("content") or "")[: len(msg.get("content") or "") // 2]
-            finish, usage = "length", _usage(body, msg, {})
+            finish, usage = "length", usage_counts(body, msg, {})
         return self._reply_chat(h, body, msg, finish, usage, fault)
 
     def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict,
@@ -442,7 +442,7 @@ class LoopbackServer:
                 "system_fingerprint": "loopback"}
         if stream:
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._send_stream(h, _stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated",
+            self._send_stream(h, stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated",
                               trickle=fault == "trickle")
         else:
             reply = {**base, "object": "chat.completion", "usage": usage,
@@ -462,7 +462,7 @@ class LoopbackServer:
         if not self._delay(body, rec):
             h.close_connection = True
             return 0
-        return self._send_json(h, 200, _embeddings_reply(body, self.dims, self.model, self.embedder))
+        return self._send_json(h, 200, embeddings_reply(body, self.dims, self.model, self.embedder))
 
     # -- another process ---------------------------------------------------------------------
     @classmethod

@@ -16,7 +16,8 @@ import re
 import struct
 from typing import Any, Callable
 
-__all__ = ["default_responder", "embed_text", "schema_example"]
+__all__ = ["default_responder", "embed_text", "schema_example", "embeddings_reply", "normalise_reply",
+           "usage_counts", "stream_chunks"]
 
 
 def _count_tokens(text: str) -> int:
@@ -120,7 +121,7 @@ def embed_text(text: str, dims: int = 64) -> list[float]:
     return [v / norm for v in vec]
 
 
-def _embeddings_reply(body: dict, dims: int, model: str, embedder=None) -> dict:
+def embeddings_reply(body: dict, dims: int, model: str, embedder=None) -> dict:
     """The /embeddings answer: one `embed_text` vector per input, as floats or base64."""
     inputs = body.get("input", "")
     if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
@@ -138,7 +139,7 @@ def _embeddings_reply(body: dict, dims: int, model: str, embedder=None) -> dict:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def _normalise(reply: Any, body: dict) -> tuple[dict, str, dict]:
+def normalise_reply(reply: Any, body: dict) -> tuple[dict, str, dict]:
     """(message, finish_reason, usage) from a responder's str or dict."""
     if isinstance(reply, str):
         reply = {"content": reply}
@@ -154,10 +155,10 @@ def _normalise(reply: Any, body: dict) -> tuple[dict, str, dict]:
         msg["tool_calls"] = calls
     finish = reply.get("finish_reason") or ("tool_calls" if calls else "stop")
     usage = dict(reply.get("usage") or {})
-    return msg, finish, _usage(body, msg, usage)
+    return msg, finish, usage_counts(body, msg, usage)
 
 
-def _usage(body: dict, msg: dict, given: dict) -> dict:
+def usage_counts(body: dict, msg: dict, given: dict) -> dict:
     out = (msg.get("content") or "") + " ".join(tc.get("function", {}).get("arguments", "")
                                                 for tc in msg.get("tool_calls") or [])
     usage = {"prompt_tokens": sum(_count_tokens(_text_of(m.get("content")))
@@ -168,7 +169,7 @@ def _usage(body: dict, msg: dict, given: dict) -> dict:
     return usage
 
 
-def _stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: bool) -> list[dict]:
+def stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: bool) -> list[dict]:
     def chunk(delta: dict, reason: str | None = None) -> dict:
         return {**base, "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}

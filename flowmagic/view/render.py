@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from xml.sax.saxutils import escape as _xml, quoteattr as _attr
 
 from ..errors import ConfigError
+from .._internal.text import one_line
 from ..model.graph import Workflow
 from ..model.metrics import critical_path
 
@@ -47,11 +48,6 @@ def _workflow(obj: Any) -> Workflow:
     if not isinstance(wf, Workflow):
         raise TypeError(f"draw takes a Flow or a Workflow, not {type(obj).__name__}")  # a bug
     return wf
-
-
-def _cut(text: str, n: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _lines(*parts: str) -> str:
@@ -86,20 +82,20 @@ def wrap_id(node_id: str, width: int = 20) -> list[str]:
 
 
 def _node_attrs(node, critical: bool) -> dict[str, str]:
-    lines = [*wrap_id(node.id), _cut(node.clone or node.agent, 30)]
+    lines = [*wrap_id(node.id), one_line(node.clone or node.agent, 30)]
     classes = [node.status]
     attrs = {"id": f"node-{node.id}", "fillcolor": STATUS_COLORS.get(node.status, "#ffffff")}
     ran = node.ran_on()
     # a downgrade after a run is for the next run: the drawing keeps the model it ran on
     history = bool(node.downgraded_from and ran and not ran_on_model(ran, node.model))
     if history:
-        lines.append(f"ran on {_cut(ran.removeprefix('default:'), 30)}")
+        lines.append(f"ran on {one_line(ran.removeprefix('default:'), 30)}")
     if node.downgraded_from:
-        lines.append(f"{'next ' if history else ''}↓ {_cut(node.model or '?', 30)}")
+        lines.append(f"{'next ' if history else ''}↓ {one_line(node.model or '?', 30)}")
         classes.append("downgraded")
         attrs.update(peripheries="2", color=_DOWNGRADED)
     elif node.model:
-        lines.append(_cut(node.model, 30))
+        lines.append(one_line(node.model, 30))
     if node.status == "failed" and node.attempts and node.attempts[-1].get("cut"):
         lines.append("✂ cut at the token limit")
         classes.append("cut")
@@ -113,7 +109,7 @@ def _node_attrs(node, critical: bool) -> dict[str, str]:
         classes.append("critical")
         attrs.update(penwidth="3")
         attrs.setdefault("color", _CRITICAL)
-    tip = [_cut(node.requirement, _TOOLTIP_CHARS), f"status: {node.status}"]
+    tip = [one_line(node.requirement, _TOOLTIP_CHARS), f"status: {node.status}"]
     if node.duration is not None:
         tip.append(f"took {node.duration:.2f} s")
     if history:
@@ -121,7 +117,7 @@ def _node_attrs(node, critical: bool) -> dict[str, str]:
     elif node.downgraded_from:
         tip.append(f"model: {node.downgraded_from} → {node.model}")
     if node.error:
-        tip.append(f"error: {_cut(node.error, 200)}")
+        tip.append(f"error: {one_line(node.error, 200)}")
     attrs.update({"label": _lines(*lines), "tooltip": _lines(*tip), "class": " ".join(classes)})
     return attrs
 
@@ -341,7 +337,7 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
         y = _TOP + i * _ROW_H
         node, status = str(row.get("node")), str(row.get("status", "pending"))
         who = row.get("clone") or row.get("agent") or ""
-        label = _cut(f"{node} · {who}" if who else node, 28)
+        label = one_line(f"{node} · {who}" if who else node, 28)
         on_path = node in marked
         stroke = (f'stroke="{_CRITICAL}" stroke-width="2"' if on_path
                   else 'stroke="#888" stroke-width="0.5"')
