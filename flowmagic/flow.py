@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ._internal.aio import in_loop, run_in_script
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError
@@ -132,14 +133,6 @@ def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
-
-
 class Flow:
     """A planned workflow with its run; see the module docstring."""
 
@@ -222,7 +215,7 @@ class Flow:
         """
         event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
         self._pending.append((kind, node_id, data or None, event))
-        if kind in _NODE_EVENTS and _in_loop():
+        if kind in _NODE_EVENTS and in_loop():
             if not self._flush_soon:
                 self._flush_soon = True
                 asyncio.get_running_loop().call_soon(self._flush)
@@ -356,7 +349,7 @@ class Flow:
         return await self.arun(step=True)
 
     def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
-        if _in_loop():
+        if in_loop():
             self._task = asyncio.get_running_loop().create_task(coro_fn())
             self._task.add_done_callback(self._background_done)
             return self
@@ -853,17 +846,10 @@ def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balan
          **kwargs: Any) -> Flow:
     """`aplan` for scripts; in a notebook cell use `await flowmagic.aplan(...)` or `%%flow`."""
     llm = kwargs.pop("llm", None) or get_llm()
-    if _in_loop():
-        raise ConfigError("plan() blocks; inside a running event loop use `await flowmagic.aplan(...)`"
-                          " or the %%flow magic")
-
-    async def main():
-        try:
-            return await aplan(task, k, model, strategy, llm=llm, **kwargs)
-        finally:
-            await llm.aclose()
-
-    return asyncio.run(main())
+    return run_in_script(lambda: aplan(task, k, model, strategy, llm=llm, **kwargs),
+                         close=llm.aclose,
+                         refusal="plan() blocks; inside a running event loop use "
+                                 "`await flowmagic.aplan(...)` or the %%flow magic")
 
 
 def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flow:

@@ -14,7 +14,41 @@ import asyncio
 import threading
 from typing import Any, Awaitable, Callable
 
-__all__ = ["run_blocking"]
+from ..errors import ConfigError
+
+__all__ = ["in_loop", "run_blocking", "refuse_in_loop", "run_in_script"]
+
+
+def in_loop() -> bool:
+    """True inside a running event loop (a notebook cell, a coroutine)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def refuse_in_loop(message: str) -> None:
+    """A ConfigError saying `message` (what to await instead) inside a running event loop."""
+    if in_loop():
+        raise ConfigError(message)
+
+
+def run_in_script(make: Callable[[], Awaitable[Any]], *, refusal: str,
+                  close: Callable[[], Awaitable[Any]] | None = None) -> Any:
+    """The result of `await make()`, then `await close()`, for a script. Inside a running
+    event loop (a notebook cell) nothing runs: a ConfigError says `refusal` (the coroutine
+    to await there); a cell that must block uses `run_blocking`."""
+    refuse_in_loop(refusal)
+
+    async def main():
+        try:
+            return await make()
+        finally:
+            if close is not None:
+                await close()
+
+    return asyncio.run(main())
 
 
 def run_blocking(make: Callable[[], Awaitable[Any]], *,

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 
+from .._internal.text import keep_ends
 from .sandbox import extract_code, run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "run_python", "report", "wants_execution",
@@ -208,10 +209,7 @@ async def aexecute(workspace, node_id: str, answer: str, **kwargs) -> Execution:
 
 
 def _clip(text: str) -> str:
-    if len(text) <= _OUT_CHARS:
-        return text
-    half = _OUT_CHARS // 2
-    return f"{text[:half]}\n[cut here: {len(text) - 2 * half} characters of output not kept]\n{text[-half:]}"
+    return keep_ends(text, _OUT_CHARS, "\n[cut here: {n} characters of output not kept]\n")
 
 
 def report(ex: dict | Execution | None) -> str:

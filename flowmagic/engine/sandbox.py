@@ -57,6 +57,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, SandboxError
+from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
 from . import bwrap, seccomp
 
@@ -121,10 +122,7 @@ class SandboxStatus:
 # ------------------------------------------------------------------------------ helpers
 def _clip(text: str, limit: int) -> str:
     """Head and tail of `text` within `limit` characters; the middle is marked as cut."""
-    if len(text) <= limit:
-        return text
-    half = max(limit // 2, 1)
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+    return keep_ends(text, limit, "\n[... {n} characters cut ...]\n")
 
 
 def _read_clipped(path: str, limit: int) -> str:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, ModelOutputError
+from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
 from .sandbox import arun_code, extract_code
 
@@ -53,10 +54,7 @@ class Verdict:
 
 
 def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = max(limit // 2 - 8, 1)
-    return f"{text[:half]}\n[... cut ...]\n{text[-half:]}"
+    return keep_ends(text, limit, "\n[... cut ...]\n", reserve=16)
 
 
 def _is_empty(output: Any) -> bool:

@@ -23,7 +23,6 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable
 
-from .._internal.aio import run_blocking
 from . import scoring as ev
 from ..errors import ConfigError, EndpointError, FlowError
 
@@ -117,11 +116,8 @@ def _endpoint_name(model: str | None) -> str:
 
 def _blocking(make, close=None):
     """Run the coroutine `make()` to the end from sync code, closing HTTP clients after."""
-    async def aclose():
-        from ..llm.client import get_llm
-        await (close or get_llm()).aclose()
-
-    return run_blocking(make, close=aclose, name="flowmagic-eval")
+    from ..llm.client import run_closing
+    return run_closing(make, close, name="flowmagic-eval")
 
 
 # ------------------------------------------------------------------------------ records

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 import networkx as nx
 
 from ..errors import ConfigError, FlowError, PlanError
+from .._internal.aio import run_in_script
 from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
                                 as_similarity, get_similarity, similarity_matrix)
 
@@ -386,12 +387,9 @@ async def aevaluate_records(records: Iterable[dict], plan_fn, *, similarity=None
 
 def evaluate_records(records: Iterable[dict], plan_fn, **options) -> list[dict]:
     """`aevaluate_records` for scripts and the CLI (no event loop may be running)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(aevaluate_records(records, plan_fn, **options))
-    raise ConfigError("evaluate_records cannot run inside an event loop (a notebook); "
-                      "use `await aevaluate_records(...)`")
+    return run_in_script(lambda: aevaluate_records(records, plan_fn, **options),
+                         refusal="evaluate_records cannot run inside an event loop (a notebook); "
+                                 "use `await aevaluate_records(...)`")
 
 
 def evaluate_predictions(records: Iterable[dict], preds, *, similarity=None, threshold: float = 0.5,

@@ -24,7 +24,6 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
-from .._internal.aio import run_blocking
 from ..view.display import Report, table
 from ..errors import BudgetError, ConfigError, FlowError
 from ..parsers import (Command, command_usage, interpolate, parse_assignments,
@@ -74,11 +73,8 @@ def _fail(exc: FlowError) -> UsageError:
 
 def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
     """Await `make()` to the end (a cell runs inside the kernel's loop: see aio)."""
-    async def aclose():
-        from ..llm.client import get_llm
-        await (llm or get_llm()).aclose()
-
-    return run_blocking(make, close=aclose, name="flowmagic-plan")
+    from ..llm.client import run_closing   # on first use: %load_ext loads no openai
+    return run_closing(make, llm, name="flowmagic-plan")
 
 
 @magics_class

@@ -16,6 +16,7 @@ import sys
 import traceback
 from typing import Any
 
+from .._internal.aio import in_loop
 from ..errors import FlowError
 from ..view.safe import text_html
 
@@ -61,14 +62,6 @@ def _user_ns() -> dict | None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     return getattr(shell, "user_ns", None)
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 class SlimControls:
@@ -131,7 +124,7 @@ class SlimControls:
             self._error(exc)
             return
         self._running = what
-        if _loop_running():
+        if in_loop():
             self.job = asyncio.ensure_future(self._run(what, options))
             self.sync()
             return

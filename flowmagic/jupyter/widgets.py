@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from .chatview import ChatView
+from .._internal.aio import in_loop
 from ..errors import FlowError
 from ..view.safe import text_html
 from .slimpanel import SlimControls
@@ -76,14 +77,6 @@ def _svg_only(content: str) -> str:
     if start < 0:
         return f"<pre>{text_html(content)}</pre>"
     return content[start:]
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 def _fmt_int(n: Any) -> str:
@@ -224,7 +217,7 @@ class Panel:
 
     def follow(self) -> None:
         """When a run is under way on this loop, show how it ends (a FlowError as one line)."""
-        if self.flow.busy and _loop_running() and not self._following:
+        if self.flow.busy and in_loop() and not self._following:
             self._following = True
             asyncio.ensure_future(self._await_run())
 
@@ -328,7 +321,7 @@ class Panel:
             self.message.value = text_html(str(event["message"]))
         elif kind == "run" and self.message.value.startswith("pausing"):
             self.message.value = ""
-        if not _loop_running():
+        if not in_loop():
             # LiveDrawing coalesces with a timer on the running loop; a change made outside
             # any loop (a script's prune()) would wait for the next event, so draw it now.
             from ..view.render import svg

@@ -38,7 +38,7 @@ from ..extract import extract_json
 from ..store import Store, get_store
 
 __all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
-           "EmbeddingsUnsupportedError", "LOCAL_MAX_TOKENS", "CONTINUE_PROMPT"]
+           "EmbeddingsUnsupportedError", "LOCAL_MAX_TOKENS", "CONTINUE_PROMPT", "run_closing"]
 
 # The embedded model rambles until it is stopped, so it keeps a cap (~25 s of writing);
 # a configured endpoint gets the model's own limit unless the caller names one.
@@ -858,3 +858,13 @@ def get_llm() -> LLM:
     if _shared is None:
         _shared = LLM()
     return _shared
+
+
+def run_closing(make: Callable[[], Any], llm: LLM | None = None, *, name: str = "flowmagic") -> Any:
+    """`await make()` to its end from sync code, a notebook cell included (see
+    `_internal.aio.run_blocking`); then `llm`'s HTTP clients (the shared LLM's when None,
+    looked up at the end) are closed in the same loop."""
+    async def aclose():
+        await (llm or get_llm()).aclose()
+
+    return run_blocking(make, close=aclose, name=name)

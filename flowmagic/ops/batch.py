@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..llm.endpoints import price_of
+from .._internal.aio import run_in_script
 from ..errors import ConfigError, FlowError
 from ..model.graph import Workflow
 
@@ -299,21 +300,9 @@ async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None =
 
 def run_sync(flow: "Flow", make: Callable[[], Any], name: str) -> Any:
     """Run a coroutine for a script; inside a running loop say which coroutine to await."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise ConfigError(f"{name}() blocks; inside a running event loop (a notebook) use "
-                          f"`await flow.a{name}(...)`")
-
-    async def main():
-        try:
-            return await make()
-        finally:
-            await flow.llm.aclose()
-
-    return asyncio.run(main())
+    return run_in_script(make, close=flow.llm.aclose,
+                         refusal=f"{name}() blocks; inside a running event loop (a notebook) use "
+                                 f"`await flow.a{name}(...)`")
 
 
 # -- scorers --------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
+from .._internal.aio import refuse_in_loop, run_in_script
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
 from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
@@ -555,22 +556,11 @@ async def aorchestrate(task: str, agents: Any = None, *, budget_s: float | None 
 def orchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
                 max_turns: int | None = 8, model: str | None = None, **options: Any) -> Orchestration:
     """`aorchestrate` for scripts; in a notebook, `await flowmagic.aorchestrate(...)` or `start(...)`."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise ConfigError("orchestrate() blocks; inside a running event loop use "
-                          "`await flowmagic.aorchestrate(...)` or flowmagic.orchestrator.start(...)")
+    refusal = ("orchestrate() blocks; inside a running event loop use "
+               "`await flowmagic.aorchestrate(...)` or flowmagic.orchestrator.start(...)")
+    refuse_in_loop(refusal)   # before the Orchestrator is made
     orch = Orchestrator(task, agents, budget_s=budget_s, max_turns=max_turns, model=model, **options)
-
-    async def main() -> Orchestration:
-        try:
-            return await orch.run()
-        finally:
-            await orch.llm.aclose()
-
-    return asyncio.run(main())
+    return run_in_script(orch.run, close=orch.llm.aclose, refusal=refusal)
 
 
 def start(task: str, agents: Any = None, **options: Any) -> Orchestrator:
