@@ -188,3 +188,41 @@ def test_map_in_a_running_loop_points_to_amap():
 
         run = asyncio.run(main())
         assert run.results == ["answer: found x", "answer: found y"] and run.max_active == 1
+
+
+def test_gather_all_cancels_the_siblings_of_a_crash_and_of_a_cancelled_caller():
+    """The one helper behind map, slimming, trials, the planner's and the updater's K calls and
+    evaluation: a bug in one coroutine is raised as itself once the others were cancelled;
+    cancelling the caller cancels every one."""
+    from flowmagic._internal.aio import gather_all
+
+    cancelled = []
+
+    async def slow(name):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+
+    async def crash():
+        await asyncio.sleep(0)
+        raise KeyError("a bug")
+
+    async def fine(x):
+        return x * 2
+
+    async def main():
+        assert await gather_all(fine(i) for i in range(3)) == [0, 2, 4]   # in order
+        with pytest.raises(KeyError, match="a bug"):
+            await gather_all([slow("a"), crash(), slow("b")])
+        assert sorted(cancelled) == ["a", "b"]
+        caller = asyncio.ensure_future(gather_all([slow("c"), slow("d")]))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert sorted(cancelled) == ["a", "b", "c", "d"]
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+    asyncio.run(main())

@@ -411,3 +411,38 @@ def test_merge_fuzz(wf, update):
         if node.status == "done" and node_id in diff["rerun"] + diff["stale"]:
             assert any(a.get("output") == node.output for a in after.attempts)
     assert merge(wf, update)[0].to_dict() == new.to_dict()   # deterministic
+
+
+def test_a_crash_in_one_candidate_cancels_the_others(monkeypatch):
+    """A bug in one of K candidates (not a model error: those are recorded) reaches the caller
+    as itself, and the other candidate's call is cancelled, not left running (a bare gather
+    left it running)."""
+    from flowmagic.engine import updater
+
+    def answer(body):
+        return json.dumps({"action": "update", "subtasks": [
+            {"id": f"extra{body['seed']}", "requirement": "more", "depends_on": ["report"]}]})
+
+    real_merge = updater.merge
+
+    def merge(before, data):   # the fast candidate's merge has a bug
+        if data["subtasks"][0]["id"] == "extra1":
+            raise RuntimeError("a bug in merge")
+        return real_merge(before, data)
+
+    monkeypatch.setattr(updater, "merge", merge)
+
+    async def main(llm):
+        try:
+            with pytest.raises(RuntimeError, match="a bug in merge"):
+                await propose(chain_wf(), llm=llm, k=2, run_id="run-u")
+            return [t for t in asyncio.all_tasks()
+                    if t is not asyncio.current_task() and not t.done()]
+        finally:
+            await llm.aclose()
+
+    with LoopbackServer(responder=answer,
+                        latency=lambda body: 5.0 if body.get("seed") == 0 else 0.0) as server:
+        flowmagic.configure(base_url=server.base_url, model="updater")
+        left = asyncio.run(main(LLM(Store(), timeout=20.0, backoff_base=0.01, backoff_max=0.05)))
+    assert left == [], left

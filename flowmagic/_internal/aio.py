@@ -12,11 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import ConfigError
 
-__all__ = ["in_loop", "run_blocking", "refuse_in_loop", "run_in_script"]
+__all__ = ["in_loop", "run_blocking", "refuse_in_loop", "run_in_script", "gather_all"]
+
+
+async def gather_all(coros: Iterable[Awaitable[Any]]) -> list:
+    """Every coroutine's result, in order, run concurrently in one `asyncio.TaskGroup`: when
+    one raises, the others are cancelled and awaited before its exception is raised (itself,
+    not wrapped in a group, as `gather` would); cancelling the caller cancels them all."""
+    tasks: list[asyncio.Task] = []
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coros]
+    except BaseExceptionGroup as group_error:
+        first = group_error.exceptions[0]
+        raise first.with_traceback(first.__traceback__) from None
+    return [t.result() for t in tasks]
 
 
 def in_loop() -> bool:

@@ -14,12 +14,12 @@ error; when all fail the result is a no-change, so an update never crashes a run
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..model import metrics
 from ..errors import FlowError
+from .._internal.aio import gather_all
 from .._internal.text import short_repr
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
@@ -300,9 +300,10 @@ async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str
     before = workflow.copy()
     messages = build_update_prompt(before, budget_chars=budget_chars, trigger=trigger)
     k = max(1, int(k))
-    cands = list(await asyncio.gather(*(
+    # A bug in one candidate's call cancels the others (a bare gather left them running).
+    cands = await gather_all(
         _candidate(before, messages, i, llm=llm, k=k, model=model, seed=seed, run_id=run_id,
-                   max_tokens=max_tokens, trigger=trigger) for i in range(k))))
+                   max_tokens=max_tokens, trigger=trigger) for i in range(k))
     errors = [f"candidate {c.index}: {c.error}" for c in cands if c.error]
     if not any(c.ok for c in cands):
         diff = {key: [] for key in DIFF_KEYS}

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 import networkx as nx
 
 from ..errors import ConfigError, FlowError, PlanError
-from .._internal.aio import run_in_script
+from .._internal.aio import gather_all, run_in_script
 from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
                                 as_similarity, get_similarity, similarity_matrix)
 
@@ -376,12 +376,8 @@ async def aevaluate_records(records: Iterable[dict], plan_fn, *, similarity=None
         if progress:
             progress(done, len(records), rows[i])
 
-    tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(records)]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:  # on a bug in one planner call, do not leave the others running
-            t.cancel()
+    # on a bug in one planner call, the others are cancelled
+    await gather_all(one(i, r) for i, r in enumerate(records))
     return rows
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..llm.endpoints import price_of
-from .._internal.aio import run_in_script
+from .._internal.aio import gather_all, run_in_script
 from ..errors import ConfigError, FlowError
 from ..model.graph import Workflow
 
@@ -251,18 +251,6 @@ class BatchRun:
         scored = "" if self.score is None else f", score {self.score:.3f}"
         return (f"<BatchRun {done}/{len(self.items)} done, ${self.cost_usd:.6f}{scored}, "
                 f"{self.elapsed_s:.2f}s>")
-
-
-async def gather_all(coros: list) -> list:
-    """Like gather, but a failure (a bug, not a FlowError) cancels the siblings first."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None = 4,

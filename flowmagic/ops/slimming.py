@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import networkx as nx
 
-from .batch import Evaluation, Probe, gather_all, evaluate, fresh_copy, probe_set, sinks
+from .._internal.aio import gather_all
+from .batch import Evaluation, Probe, evaluate, fresh_copy, probe_set, sinks
 from ..llm.endpoints import resolve
 from ..errors import ConfigError, FlowError, NodeError
 from ..model.graph import Workflow

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from .._internal.aio import gather_all
 from ..errors import ConfigError
 
 __all__ = ["Trial", "TrialReport", "trials", "atrials", "template_checks", "CONDITIONS"]
@@ -301,7 +302,7 @@ async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
             progress(out)
         return out
 
-    done = await asyncio.gather(*(one(*p) for p in plan))
+    done = await gather_all(one(*p) for p in plan)
     return TrialReport(list(done), {"n": n, "conditions": conds, "mask_rates": rates,
                                     "seed": seed, "checks": checks, "settings": settings})
 
