@@ -130,7 +130,9 @@ def ensure_server(timeout: float = 90.0) -> str:
         log = open(log_path, "ab")
         cmd = [sys.executable, "-m", "flowmagic.llm._server", "--model", str(gguf),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
-               "--n_threads", str(_threads()),
+               # Prompt evaluation too: llama-cpp-python's server otherwise evaluates
+               # prompts on every core, which under load made it 2-3x slower (issue 21).
+               "--n_threads", str(_threads()), "--n_threads_batch", str(_threads()),
                "--model_alias", "smollm2-135m-instruct"]
         env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
         _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
