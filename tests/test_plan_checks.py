@@ -45,5 +45,6 @@ def test_check_plan_is_one_line_naming_a_copy():
 def test_a_plural_is_the_same_word_and_the_subject_is_the_tasks_own_words():
     task = "How to Relieve Urinary Tract Infections in Cats"
     assert on_topic(["Lick the cat's nose", "Give the cat fresh water"], task) == [True, True]
-    assert subject_words(task) == ["relieve", "urinary", "tract"]
-    assert subject_words("How to Prepare Saffron") == ["prepare", "saffron"]
+    assert subject_words(task) == ["urinary", "tract", "infections", "cats"]
+    assert subject_words("How to Prepare Saffron") == ["saffron"]
+    assert subject_words("Do an EDA of listings.csv: load it, plot price") == ["eda", "listings.csv"]

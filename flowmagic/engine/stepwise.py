@@ -4,16 +4,20 @@ A whole plan in one JSON answer is too much for a 135M model: SmolLM2 copied the
 example or wrote one or two unlinked subtasks (bench/plans.py measures it). So the embedded
 model is asked two small things instead:
 
-1. `{"steps": [...]}`: 3 to 8 one-sentence steps in order, after two worked examples
+1. 3 to 8 one-sentence steps in order, as numbered lines, after two worked examples
    chosen by similarity to the task (TF-IDF) from the user's own finished runs in the
-   store and from the plans shipped in `templates/plans.json`.
+   store and from the plans shipped in `templates/plans.json`; the question names the
+   task's subject words (plan_checks.subject_words), which every step should name. Plain
+   lines, not JSON under a grammar: llama-cpp-python applies a grammar to the whole
+   vocabulary at every token, which made each generated token ~3x slower (bench/plans.py),
+   and SmolLM2 writes numbered lines as reliably as JSON.
 2. For each step, the numbers of the earlier steps it uses, under a JSON schema whose
    items are enums of earlier numbers; llama.cpp turns it into a grammar, so the model
    can neither invent an id nor write a cycle.
 
-When a step shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in a
-guide to green tea), the steps are asked once more with the task's words named, and the
-answer more on topic is kept. Steps that no later step uses feed the last step, which
+When a step still shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in
+a guide to green tea), the steps are asked once more with another seed, and the answer
+more on topic is kept. Steps that no later step uses feed the last step, which
 delivers the result, so the plan is connected and ends in one integrating subtask (a
 warning says which links were added).
 """
@@ -32,7 +36,7 @@ from ..model.plan_checks import subject_words, topic_share
 from ..model.graph import SLUG_MAX, slugify
 from ..model.plans import role_for
 
-__all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_schema",
+__all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_cap",
            "steps_messages", "needs_schema", "needs_messages", "clean_steps", "build_plan",
            "plan_stepwise", "SHIPPED"]
 
@@ -42,10 +46,10 @@ STEP_CHARS = 150   # a step is one sentence; the grammar stops a run-on one
 REASK_SEED = 7919  # the second ask for steps (after a drift) uses seed + this
 _NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
 _STEPS_SYSTEM = (
-    "You split a task into the steps a team of AI agents will do. Answer with JSON "
-    '{{"steps": [...]}}: {lo} to {hi} steps in the order they are done, each one short '
-    "sentence that names what it works on (the file, data or topic of the task). The last "
-    "step delivers what the task asks for.")
+    "You split a task into the steps a team of AI agents will do. Answer with {lo} to {hi} "
+    "numbered lines, the steps in the order they are done, each one short sentence that "
+    "names what it works on (the file, data or topic of the task). The last step delivers "
+    "what the task asks for.")
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
     "it uses, or [] when it needs none. Steps that do not use each other can run at the "
@@ -117,22 +121,27 @@ def retrieve(task: str, n: int = 2, store=None) -> list[Example]:
     return out
 
 
-def steps_schema(lo: int, hi: int) -> dict:
-    return {"type": "object", "required": ["steps"], "properties": {"steps": {
-        "type": "array", "minItems": lo, "maxItems": hi,
-        "items": {"type": "string", "minLength": 8, "maxLength": STEP_CHARS}}}}
+def _numbered(steps: list[str]) -> str:
+    return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
 
 
 def steps_messages(task: str, examples: list[Example], lo: int, hi: int,
                    about: list[str] | None = None) -> list[dict]:
+    """The question for the steps; what differs between tasks comes last, so the k
+    candidates (and the next task) reuse the evaluated prompt prefix."""
     messages = [{"role": "system", "content": _STEPS_SYSTEM.format(lo=lo, hi=hi)}]
     for e in examples:
         messages += [{"role": "user", "content": f"Task: {e.task}"},
-                     {"role": "assistant", "content": json.dumps({"steps": e.steps})}]
+                     {"role": "assistant", "content": _numbered(e.steps)}]
     ask = f"Task: {task}"
     if about:
         ask += f"\nEvery step is about {', '.join(about)}: name it in each step."
     return messages + [{"role": "user", "content": ask}]
+
+
+def steps_cap(hi: int) -> int:
+    """Tokens for `hi` numbered steps of up to STEP_CHARS characters (~4 per token)."""
+    return (STEP_CHARS // 4 + 6) * hi + 16
 
 
 def needs_schema(n: int) -> dict:
@@ -142,7 +151,7 @@ def needs_schema(n: int) -> dict:
 
 
 def _listing(task: str, steps: list[str]) -> str:
-    return f"Task: {task}\nSteps:\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+    return f"Task: {task}\nSteps:\n" + _numbered(steps)
 
 
 def needs_messages(task: str, steps: list[str], examples: list[Example]) -> list[dict]:
@@ -154,15 +163,43 @@ def needs_messages(task: str, steps: list[str], examples: list[Example]) -> list
     return messages + [{"role": "user", "content": _listing(task, steps)}]
 
 
+def _lines(text: str) -> list[str]:
+    """The numbered lines of a text answer (every non-blank line when none is numbered)."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    numbered = [x for x in lines if _NUMBERING.match(x)]
+    return numbered or lines
+
+
+def _one_sentence(text: str) -> str:
+    """At most STEP_CHARS characters, cut at a word (a run-on step is one step)."""
+    text = " ".join(_NUMBERING.sub("", text).split()).strip(" \"',")
+    if len(text) > STEP_CHARS:
+        text = text[:STEP_CHARS].rsplit(" ", 1)[0].rstrip(",;:")
+    return text
+
+
+def _whole_lines(reply) -> str:
+    """The reply's text without a last line cut off by the token cap."""
+    text = reply.text or ""
+    return text.rsplit("\n", 1)[0] if reply.finish_reason == "length" and "\n" in text else text
+
+
 def clean_steps(raw: Any, hi: int) -> list[str]:
-    """Step texts without numbering, blanks or repeats, at most `hi`."""
+    """Step texts without numbering, blanks or repeats, at most `hi`, from numbered lines
+    (or a JSON list, or {"steps": [...]}, which some models write anyway)."""
     items = raw.get("steps") if isinstance(raw, dict) else raw
+    if isinstance(items, str):
+        try:
+            parsed = json.loads(items)
+        except ValueError:
+            parsed = None
+        items = clean_steps(parsed, hi) if isinstance(parsed, (dict, list)) else _lines(items)
     if not isinstance(items, list):
         raise PlanError("the model gave no list of steps; try again or use a stronger model")
     out: list[str] = []
     for item in items:
-        text = " ".join(_NUMBERING.sub("", item).split()) if isinstance(item, str) else ""
-        if text and text.lower() not in {s.lower() for s in out}:
+        text = _one_sentence(item) if isinstance(item, str) else ""
+        if len(text) >= 8 and text.lower() not in {s.lower() for s in out}:
             out.append(text)
     if len(out) < 2:
         raise PlanError(f"the model listed {len(out)} usable step(s); a plan needs at least two")
@@ -205,26 +242,23 @@ def build_plan(steps: list[str], needs: Any) -> tuple[dict, list[str]]:
 async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
                         examples: list[Example], opts: dict) -> tuple[dict, list[str], list]:
     """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
-    cap = opts.pop("max_tokens", None)
-    cap = cap or (STEP_CHARS // 3 + 8) * hi + 30
-    first = await llm.complete(steps_messages(task, examples, lo, hi), schema=steps_schema(lo, hi),
-                               seed=seed, purpose="plan", max_tokens=cap, **opts)
-    steps = clean_steps(first.data, hi)
+    cap = opts.pop("max_tokens", None) or steps_cap(hi)
+    ask = steps_messages(task, examples, lo, hi, subject_words(task))
+    first = await llm.complete(ask, seed=seed, purpose="plan", max_tokens=cap, **opts)
+    steps = clean_steps(_whole_lines(first), hi)
     asked, notes = [first], []
-    share, about = topic_share(steps, task), subject_words(task)
-    if share < 1.0 and about:
+    share = topic_share(steps, task)
+    if share < 1.0:
         try:
-            again = await llm.complete(steps_messages(task, examples, lo, hi, about),
-                                       schema=steps_schema(lo, hi), seed=seed + REASK_SEED,
-                                       purpose="plan", max_tokens=cap, **opts)
+            again = await llm.complete(ask, seed=seed + REASK_SEED, purpose="plan",
+                                       max_tokens=cap, **opts)
             asked.append(again)
-            other = clean_steps(again.data, hi)
+            other = clean_steps(_whole_lines(again), hi)
         except (ModelOutputError, PlanError):
             other = []
         if other and topic_share(other, task) > share:
             notes.append(f"{share:.0%} of the first steps were about the task; asked again "
-                         f"naming {', '.join(about)} and kept the second answer "
-                         f"({topic_share(other, task):.0%})")
+                         f"and kept the second answer ({topic_share(other, task):.0%})")
             steps = other
     n = len(steps)
     try:

@@ -48,13 +48,20 @@ def content_words(text: str) -> set[str]:
     return {_stem(w) for w in _words(text)}
 
 
-def subject_words(task: str, n: int = 3) -> list[str]:
-    """The task's first `n` content words as written (lowercase): what every step is about."""
+def subject_words(task: str, n: int = 4) -> list[str]:
+    """What every step is about: up to `n` content words of the task's first clause, as
+    written (lowercase, file names whole), without its leading verb ("How to Relieve
+    Urinary Tract Infections in Cats" -> urinary, tract, infections, cats)."""
+    clause = re.split(r"[:;,(]| - ", task.lower(), maxsplit=1)[0]
+    clause = re.sub(r"^\s*how\s+to\s+", "", clause)
+    words = re.findall(r"[a-z][a-z0-9_-]*(?:\.[a-z0-9]+)?", clause)
+    if words and words[0] not in _STOP and len(words) > 1:
+        words = words[1:]   # the verb: "prepare" says less about the task than "saffron"
     out: list[str] = []
-    for w in _words(task):
-        if w not in out and not w.isdigit():
+    for w in words:
+        if len(w) > 2 and w not in _STOP and w not in out:
             out.append(w)
-    return out[:n]
+    return out[:n] or [w for w in _words(task) if not w.isdigit()][:n]
 
 
 def on_topic(requirements: list[str], task: str) -> list[bool]:
