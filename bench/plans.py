@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -41,13 +42,13 @@ def _shared_dir() -> Path:
     raise SystemExit("the shared gold sets were not found; set FLOWMAGIC_DATASETS to their folder")
 
 
-def load_tasks(sets: list[str], per_set: int) -> list[tuple[str, dict]]:
+def load_tasks(sets: list[str], per_set: int, offset: int = 0) -> list[tuple[str, dict]]:
     from flowmagic.evaluate import load_gold
 
     out = []
     for name in sets:
         path = HERE / "ds_tasks.jsonl" if name == "ds" else _shared_dir() / SETS[name]
-        out += [(name, r) for r in load_gold(path)[:per_set]]
+        out += [(name, r) for r in load_gold(path)[offset:offset + per_set]]
     return out
 
 
@@ -96,6 +97,35 @@ async def plan_one(llm, record: dict, method: str, k: int, model: str | None) ->
     return cands, chosen, time.perf_counter() - started
 
 
+_PERF = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens.*?\s eval time =\s*"
+                   r"([\d.]+) ms /\s*(\d+) runs.*?total time =\s*([\d.]+) ms", re.S)
+
+
+def server_split(text: str) -> dict:
+    """Where the embedded server's time went, from llama.cpp's per-call timings in its log:
+    prompt tokens evaluated (after the reused prefix) and their seconds, tokens generated
+    and their decoding seconds, and the rest of each call (sampling, which includes a
+    grammar's, and prompt time llama-cpp-python leaves out of "prompt eval")."""
+    calls = _PERF.findall(text)
+    pm, pt, em, et, tm = (sum(float(c[i]) for c in calls) for i in range(5))
+    return {"calls": len(calls), "prompt_tokens": int(pt), "prompt_s": pm / 1000,
+            "gen_tokens": int(et), "decode_s": em / 1000, "rest_s": (tm - pm - em) / 1000}
+
+
+def _log_size() -> int:
+    log = Path(os.environ["FLOWMAGIC_HOME"]) / "local-server.log"
+    return log.stat().st_size if log.is_file() else 0
+
+
+def _log_since(offset: int) -> str:
+    log = Path(os.environ["FLOWMAGIC_HOME"]) / "local-server.log"
+    if not log.is_file():
+        return ""
+    with log.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", "replace")
+
+
 def _pct(rows, key) -> str:
     return f"{100 * sum(bool(r.get(key)) for r in rows) / len(rows):.0f}%" if rows else "-"
 
@@ -122,6 +152,19 @@ def table(rows: list[dict]) -> str:
             f"{sum(r['copies'] for r in rs)}/{cands} | {_mean(rs, 'node_f1')} | "
             f"{_mean(rs, 'edge_f1')} | {_mean(rs, 'ssi')} | "
             f"{sum(r['seconds'] for r in rs) / len(rs):.1f} |")
+    split = [r["server"] for r in rows if r.get("server")]
+    if split:
+        lines += ["", "| model | method | calls/plan | prompt tokens/plan | prompt s | "
+                  "generated tokens/plan | decode s | rest s (sampling, grammar) |",
+                  "|" + " --- |" * 8]
+        for (model, method, set_name), rs in sorted(groups.items()):
+            got = [r["server"] for r in rs if r.get("server")]
+            if set_name != "all" or not got:
+                continue
+            mean = {k: sum(g[k] for g in got) / len(got) for k in got[0]}
+            lines.append(f"| {model} | {method} | {mean['calls']:.1f} | {mean['prompt_tokens']:.0f} | "
+                         f"{mean['prompt_s']:.1f} | {mean['gen_tokens']:.0f} | "
+                         f"{mean['decode_s']:.1f} | {mean['rest_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -137,7 +180,10 @@ async def main(args) -> None:
     else:
         model, label = "local", f"SmolLM2-135M ({os.environ.get('FLOWMAGIC_LOCAL_THREADS', '1')} thread)"
     llm = LLM(timeout=600)
-    tasks = load_tasks(args.sets.split(","), args.per_set)
+    if not args.base_url:
+        from flowmagic.llm.local import ensure_server
+        ensure_server()   # starting the server is not planning time
+    tasks = load_tasks(args.sets.split(","), args.per_set, args.offset)
     methods = args.methods.split(",")
     out = Path(args.out)
     print(f"{len(tasks)} tasks x {methods}, k={args.k}, model {label}, load {os.getloadavg()[0]:.1f}",
@@ -147,8 +193,11 @@ async def main(args) -> None:
     for i in order:
         set_name, record = tasks[i]
         for method in methods:
+            mark = _log_size()
             cands, chosen, seconds = await plan_one(llm, record, method, args.k, model)
             row = _row(set_name, record, method, cands, chosen, seconds)
+            if method != "baseline" and not args.base_url:
+                row["server"] = server_split(_log_since(mark))
             row.update(model=label if method != "baseline" else "none (task as one node)",
                        k=args.k if method != "baseline" else 1,
                        load=os.getloadavg()[0])
@@ -164,6 +213,8 @@ def cli(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default="ds,asynchow,worfbench,cariad")
     p.add_argument("--per-set", type=int, default=10)
+    p.add_argument("--offset", type=int, default=0,
+                   help="skip this many tasks of each set (to alternate two checkouts task by task)")
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--methods", default="baseline,stepwise,oneshot")
     p.add_argument("--base-url")
