@@ -517,7 +517,28 @@ def test_stepwise_names_the_subject_and_asks_again_when_a_step_drifts():
     assert (bodies[0]["seed"], bodies[1]["seed"]) == (0, REASK_SEED)
     assert [n.requirement for n in cand.workflow.nodes.values()] == kept
     assert cand.scores["topic_share"] == 1.0
-    assert any("asked again and kept the second answer (100%)" in w for w in cand.warnings)
+    assert any("3 steps, 33% about the task; asked again and kept the second (3 steps, 100%)"
+               in w for w in cand.warnings)
+
+
+def test_stepwise_asks_again_when_the_answer_has_too_few_steps():
+    # No grammar counts the lines any more: SmolLM2 wrote two steps for "How to Prepare
+    # Saffron" where at least three were asked for.
+    from flowmagic.engine.stepwise import REASK_SEED
+
+    task = "How to Prepare Saffron"
+    short = ["Cut the saffron sprigs", "Wash the saffron with hot water"]
+    kept = ["Crush the saffron threads", "Soak the saffron in warm water",
+            "Stir the saffron water into the rice"]
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: short, REASK_SEED: kept},
+                                                     {"2": ["1"], "3": ["2"]})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
+        seeds = [r["body"]["seed"] for r in server.stats(bodies=True)["requests"]
+                 if r["path"].endswith("/chat/completions")]
+    assert seeds == [0, REASK_SEED, 0]
+    assert [n.requirement for n in cand.workflow.nodes.values()] == kept
 
 
 def test_a_plan_on_topic_beats_a_wider_plan_that_drifts():

@@ -16,8 +16,8 @@ model is asked two small things instead:
    can neither invent an id nor write a cycle.
 
 When a step still shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in
-a guide to green tea), the steps are asked once more with another seed, and the answer
-more on topic is kept. Steps that no later step uses feed the last step, which
+a guide to green tea), or there are fewer steps than asked for (no grammar counts them),
+the steps are asked once more with another seed, and the better answer is kept. Steps that no later step uses feed the last step, which
 delivers the result, so the plan is connected and ends in one integrating subtask (a
 warning says which links were added).
 """
@@ -47,8 +47,8 @@ REASK_SEED = 7919  # the second ask for steps (after a drift) uses seed + this
 _NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
 _STEPS_SYSTEM = (
     "You split a task into the steps a team of AI agents will do. Answer with {lo} to {hi} "
-    "numbered lines, the steps in the order they are done, each one short sentence that "
-    "names what it works on (the file, data or topic of the task). The last step delivers "
+    "numbered lines, the steps in the order they are done, each one short sentence (at most "
+    "12 words) that names what it works on (the file, data or topic of the task). The last step delivers "
     "what the task asks for.")
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
@@ -239,27 +239,44 @@ def build_plan(steps: list[str], needs: Any) -> tuple[dict, list[str]]:
     return plan, warnings
 
 
+def _rank(steps: list[str], task: str, lo: int) -> tuple:
+    """Which list of steps is better: enough steps, then more of them on topic."""
+    return (len(steps) >= lo, topic_share(steps, task)) if steps else (False, -1.0)
+
+
+async def _ask_steps(llm, ask: list[dict], seed: int, cap: int, hi: int, opts: dict,
+                     asked: list) -> tuple[list[str], Exception | None]:
+    """(steps, None), or ([], the error) when the answer was no usable list."""
+    try:
+        reply = await llm.complete(ask, seed=seed, purpose="plan", max_tokens=cap, **opts)
+        asked.append(reply)
+        return clean_steps(_whole_lines(reply), hi), None
+    except (ModelOutputError, PlanError) as exc:
+        return [], exc
+
+
 async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
                         examples: list[Example], opts: dict) -> tuple[dict, list[str], list]:
     """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
     cap = opts.pop("max_tokens", None) or steps_cap(hi)
     ask = steps_messages(task, examples, lo, hi, subject_words(task))
-    first = await llm.complete(ask, seed=seed, purpose="plan", max_tokens=cap, **opts)
-    steps = clean_steps(_whole_lines(first), hi)
-    asked, notes = [first], []
-    share = topic_share(steps, task)
-    if share < 1.0:
-        try:
-            again = await llm.complete(ask, seed=seed + REASK_SEED, purpose="plan",
-                                       max_tokens=cap, **opts)
-            asked.append(again)
-            other = clean_steps(_whole_lines(again), hi)
-        except (ModelOutputError, PlanError):
-            other = []
-        if other and topic_share(other, task) > share:
-            notes.append(f"{share:.0%} of the first steps were about the task; asked again "
-                         f"and kept the second answer ({topic_share(other, task):.0%})")
-            steps = other
+    asked: list = []
+    notes: list[str] = []
+    steps, problem = await _ask_steps(llm, ask, seed, cap, hi, opts, asked)
+    if problem is None:
+        share = topic_share(steps, task)
+        if len(steps) < lo or share < 1.0:
+            kept = _rank(steps, task, lo)
+            other, _ = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi, opts, asked)
+            if _rank(other, task, lo) > kept:
+                notes.append(f"the first answer had {len(steps)} steps, {share:.0%} about the "
+                             f"task; asked again and kept the second ({len(other)} steps, "
+                             f"{topic_share(other, task):.0%})")
+                steps = other
+    else:
+        steps, again = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi, opts, asked)
+        if again is not None:
+            raise problem
     n = len(steps)
     try:
         # Room for every key and every earlier number, at a few tokens each.
