@@ -521,6 +521,17 @@ def test_stepwise_names_the_subject_and_asks_again_when_a_step_drifts():
                in w for w in cand.warnings)
 
 
+def test_stepwise_reads_steps_numbered_twice_or_written_on_one_line():
+    from flowmagic.engine.stepwise import clean_steps
+
+    # Both as SmolLM2 wrote them for "How to Prepare Saffron".
+    assert clean_steps("1. 1. Take a pan with a little saffron\n2. 2. Add the saffron butter",
+                       8) == ["Take a pan with a little saffron", "Add the saffron butter"]
+    assert clean_steps("1. Soak the saffron in water. 2. Crush the saffron threads. 3. Add "
+                       "2 cups of rice", 8) == ["Soak the saffron in water.",
+                                                "Crush the saffron threads.", "Add 2 cups of rice"]
+
+
 def test_stepwise_asks_again_when_the_answer_has_too_few_steps():
     # No grammar counts the lines any more: SmolLM2 wrote two steps for "How to Prepare
     # Saffron" where at least three were asked for.

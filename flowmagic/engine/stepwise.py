@@ -44,12 +44,15 @@ SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
 MAX_STEPS = 8
 STEP_CHARS = 150   # a step is one sentence; the grammar stops a run-on one
 REASK_SEED = 7919  # the second ask for steps (after a drift) uses seed + this
-_NUMBERING = re.compile(r"^\s*(?:step\s*)?\d{1,2}\s*[.):-]\s*", re.I)
+# "1. ", "Step 2) ", and "1. 1. " (SmolLM2 numbered twice after the numbered examples)
+_NUMBERING = re.compile(r"^\s*(?:(?:step\s*)?\d{1,2}\s*[.):-]\s*)+", re.I)
+# "1. Soak it. 2. Crush it." on one line is two steps
+_INLINE_NUMBER = re.compile(r"(?<=\S)\s+(?=\d{1,2}[.)]\s+[A-Za-z])")
 _STEPS_SYSTEM = (
     "You split a task into the steps a team of AI agents will do. Answer with {lo} to {hi} "
     "numbered lines, the steps in the order they are done, each one short sentence (at most "
-    "12 words) that names what it works on (the file, data or topic of the task). The last step delivers "
-    "what the task asks for.")
+    "12 words) that names what it works on (the file, data or topic of the task). The last "
+    "step delivers what the task asks for.")
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
     "it uses, or [] when it needs none. Steps that do not use each other can run at the "
@@ -165,7 +168,7 @@ def needs_messages(task: str, steps: list[str], examples: list[Example]) -> list
 
 def _lines(text: str) -> list[str]:
     """The numbered lines of a text answer (every non-blank line when none is numbered)."""
-    lines = [x for x in text.splitlines() if x.strip()]
+    lines = [x for line in text.splitlines() for x in _INLINE_NUMBER.split(line) if x.strip()]
     numbered = [x for x in lines if _NUMBERING.match(x)]
     return numbered or lines
 
