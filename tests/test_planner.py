@@ -60,7 +60,8 @@ def candidate(index, plan_obj=None, error=None, **scores):
     ([CHAIN, FAN_IN, PAIRS], 1),   # FAN_IN: connected, one sink, speed-up 1.5 > CHAIN's 1
     ([PAIRS, PAIR], 1),            # PAIRS is two unconnected pieces: the connected PAIR wins
     ([PAIR, PAIR, PAIR], 0),       # ties on everything: lower index wins
-    ([CHAIN, PAIR], 1),            # same coverage; speed-up 2/2 = 1.0 = 3/3: fewer edges wins
+    ([CHAIN, PAIR], 0),            # speed-up 2/2 = 1.0 = 3/3; PAIR is CHAIN without its last step
+    ([PAIR, FAN_IN], 1),
     ([FAN_IN, CHAIN], 0),
 ])
 def test_selection_rule(plans, expected):
@@ -126,6 +127,19 @@ def test_one_node_flat_and_loose_plans_lose_to_a_connected_plan(loser, why):
         assert order[chosen] is GOBANG
         lost = cands[order.index(loser)].note
         assert lost.startswith(f"lost to candidate {chosen}") and why in lost
+
+
+@pytest.mark.parametrize("task", [TASK_STEPS, "How to Spray Stucco"])
+def test_dropping_the_last_step_of_a_chain_does_not_win(task):
+    # Theorem 1 per subtask alone prefers the shorter chain (0.855 > 0.813 at p=0.1); SmolLM2
+    # gave a two-step plan for "How to Spray Stucco" and it beat two three-step ones.
+    for order in ([PAIR, CHAIN], [CHAIN, PAIR]):
+        cands = [candidate(i, p) for i, p in enumerate(order)]
+        assert cands[order.index(PAIR)].scores["success_share"] > \
+            cands[order.index(CHAIN)].scores["success_share"]
+        chosen = select(cands, task)
+        assert order[chosen] is CHAIN
+        assert "3 subtasks against 2: fewer than 3 cover less" in cands[chosen].note
 
 
 def test_speedup_rewards_width_not_only_shallowness():

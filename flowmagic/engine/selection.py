@@ -6,9 +6,10 @@ coverage (a connected plan with one final, integrating subtask beats a connected
 several loose ends, which beats one subtask or unconnected subtasks for a multi-step task);
 the share of subtasks on topic (plan_checks.topic_share: a plan that drifts off the task
 covers less of it);
-the speed-up |V|/T (width-aware parallelism); Theorem 1's expected successes per subtask
-at p = 0.1 (fewer dependencies, so Flow's Workflow 2 beats Workflow 1); fewer edges; fewer
-nodes; the earlier candidate. Works on planner and updater candidates alike (anything with
+the speed-up |V|/T (width-aware parallelism); for a multi-step task, at least three
+subtasks (a chain without its last step is as fast, and would otherwise win the next
+test); Theorem 1's expected successes per subtask at p = 0.1 (fewer dependencies, so
+Flow's Workflow 2 beats Workflow 1); fewer edges; fewer nodes; the earlier candidate. Works on planner and updater candidates alike (anything with
 index, ok, workflow, scores and, optionally, note).
 """
 
@@ -26,8 +27,9 @@ __all__ = ["RULE", "FAILURE_P", "TIE", "score", "coverage", "multi_step", "selec
 
 TIE = 1e-9
 FAILURE_P = 0.1
+FULL = 3   # subtasks: fewer cover less of a multi-step task
 RULE = ("coverage (connected, one final subtask), then the share of subtasks on topic, then "
-        "speed-up |V|/T, then Theorem 1's "
+        f"speed-up |V|/T, then at least {FULL} subtasks for a multi-step task, then Theorem 1's "
         f"expected successes per subtask at p={FAILURE_P}, then fewer edges, fewer nodes")
 # Why a candidate failed, by error class, for PlanError's one-line summary.
 _WHY = {"TruncatedError": "the answer was cut off by the token limit",
@@ -67,10 +69,12 @@ _CUES = (",", ";", " and ", " then ", " after ", " before ", ":", "\n")
 
 
 def multi_step(task: str) -> bool:
-    """Whether a task reads as several steps (a list, "and", "then", or more than a line's
-    worth of words): for such a task a one-subtask plan does not cover it."""
+    """Whether a task reads as several steps (a list, "and", "then", more than a line's
+    worth of words, or "How to ...", which asks for a procedure): for such a task a
+    one-subtask plan does not cover it."""
     text = f" {' '.join(task.lower().split())} "
-    return len(text.split()) > 8 or any(cue in text for cue in _CUES)
+    return (len(text.split()) > 8 or text.startswith(" how to ")
+            or any(cue in text for cue in _CUES))
 
 
 def coverage(scores: dict, several_steps: bool = True) -> tuple[int, str]:
@@ -95,8 +99,12 @@ def _scores_of(c, task: str) -> dict:
 
 def _rank(c, scores: dict, several: bool) -> tuple:
     return (-coverage(scores, several)[0], -round(scores.get("topic_share", 1.0), 9),
-            -round(scores["speedup"], 9),
+            -round(scores["speedup"], 9), -_size(scores, several),
             -round(scores["success_share"], 9), scores["edges"], scores["nodes"], c.index)
+
+
+def _size(scores: dict, several: bool) -> int:
+    return min(scores["nodes"], FULL) if several else FULL
 
 
 def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
@@ -110,6 +118,10 @@ def _why(winner, runner, s: dict, r: dict, several: bool) -> str:
                 f"(candidate {runner.index})")
     if abs(s["speedup"] - r["speedup"]) > TIE:
         return (f"{why_w}; speed-up |V|/T {s['speedup']:.2f} > {r['speedup']:.2f} "
+                f"(candidate {runner.index})")
+    if _size(s, several) != _size(r, several):
+        return (f"{why_w}; same speed-up {s['speedup']:.2f}, {s['nodes']} subtasks against "
+                f"{r['nodes']}: fewer than {FULL} cover less of a multi-step task "
                 f"(candidate {runner.index})")
     if abs(s["success_share"] - r["success_share"]) > TIE:
         return (f"{why_w}; same speed-up {s['speedup']:.2f}, fewer dependencies: expected "
