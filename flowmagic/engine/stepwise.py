@@ -9,17 +9,17 @@ model is asked two small things instead:
    store and from the plans shipped in `templates/plans.json`; the question names the
    task's subject words (plan_checks.subject_words), which every step should name. Plain
    lines, not JSON under a grammar: llama-cpp-python applies a grammar to the whole
-   vocabulary at every token, which made each generated token ~3x slower (bench/plans.py),
-   and SmolLM2 writes numbered lines as reliably as JSON.
+   vocabulary at every token, which made each generated token ~3x slower, and SmolLM2
+   follows numbered worked examples as it followed JSON ones (bench/plans.py).
 2. For each step, the numbers of the earlier steps it uses, under a JSON schema whose
    items are enums of earlier numbers; llama.cpp turns it into a grammar, so the model
    can neither invent an id nor write a cycle.
 
 When a step still shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in
 a guide to green tea), or there are fewer steps than asked for (no grammar counts them),
-the steps are asked once more with another seed, and the better answer is kept. Steps that no later step uses feed the last step, which
-delivers the result, so the plan is connected and ends in one integrating subtask (a
-warning says which links were added).
+the steps are asked once more with another seed, and the better answer is kept. Steps
+that no later step uses feed the last step, which delivers the result, so the plan is
+connected and ends in one integrating subtask (a warning says which links were added).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ __all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_ca
 
 SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
 MAX_STEPS = 8
-STEP_CHARS = 150   # a step is one sentence; the grammar stops a run-on one
-REASK_SEED = 7919  # the second ask for steps (after a drift) uses seed + this
+STEP_CHARS = 150   # a step is one sentence; a run-on one is cut at a word
+REASK_SEED = 7919  # the second ask for steps (a drift, too few steps) uses seed + this
 # "1. ", "Step 2) ", and "1. 1. " (SmolLM2 numbered twice after the numbered examples)
 _NUMBERING = re.compile(r"^\s*(?:(?:step\s*)?\d{1,2}\s*[.):-]\s*)+", re.I)
 # "1. Soak it. 2. Crush it." on one line is two steps
