@@ -12,6 +12,8 @@ critical path of those server latencies: no client can beat it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 from statistics import mean
@@ -93,9 +95,11 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
     for runner in order:
         server.reset()
         cpu = time.process_time()
-        res = _run_one(runner, dag, task, max_tokens, server.base_url)
+        with _gc_time() as collected:
+            res = _run_one(runner, dag, task, max_tokens, server.base_url)
         # This process's CPU (the server is another process): what the runner itself costs.
         res.extra["cpu_s"] = time.process_time() - cpu
+        res.extra["gc_s"], res.extra["gc_full"] = collected["s"], collected["full"]
         seen[runner] = R.latencies(server)
         _client_time(res, seen[runner], R.arrivals(server))
         res.extra["requests"] = sum(1 for r in server.stats()["requests"]
@@ -114,6 +118,27 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
         out.levels_ideal = sum(max(base[x] for x in level) for level in levels_of(dag)) / out.server_bound
     out.barrier_starts = _barrier_share(dag, out.results["langgraph"].spans)
     return out
+
+
+@contextlib.contextmanager
+def _gc_time():
+    """Seconds this process spent in the cyclic garbage collector meanwhile, and how many
+    full (oldest-generation) collections it ran: a run that keeps many objects alive at
+    once (500 requests in flight) makes the collector walk the whole heap."""
+    out = {"s": 0.0, "full": 0, "t0": 0.0}
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            out["t0"] = time.perf_counter()
+        else:
+            out["s"] += time.perf_counter() - out["t0"]
+            out["full"] += info.get("generation") == 2
+
+    gc.callbacks.append(watch)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def _client_time(res: R.RunResult, latency: dict[str, float], arrived: list[float]) -> None:

@@ -323,11 +323,18 @@ def _server_note(cases: list) -> str:
     clients add on top, case by case, with their CPU per node in this process."""
     parts = []
     for r in cases:
-        cpu = " / ".join(f"{_cpu_ms(r, k):.2f}" for k in ("flowmagic", "sdk-loop", "floor"))
+        runners = ("flowmagic", "sdk-loop", "floor")
+        cpu = " / ".join(f"{_cpu_ms(r, k):.2f}" for k in runners)
+        gcs = " / ".join(f"{1000 * r.results[k].extra.get('gc_s', 0.0):.0f}"
+                         f"{' (' + str(r.results[k].extra['gc_full']) + ' full)' if r.results[k].extra.get('gc_full') else ''}"
+                         for k in runners)
         parts.append(f"{r.case.name} {r.vs_server('flowmagic'):.3f} vs floor "
-                     f"{r.vs_server('floor'):.3f} (CPU ms/node flowmagic / SDK loop / floor: {cpu})")
+                     f"{r.vs_server('floor'):.3f} (CPU ms/node flowmagic / SDK loop / floor: {cpu}; "
+                     f"garbage collector ms: {gcs})")
     return ("flowmagic / server-latency bound against the raw-socket floor's, and the harness "
-            "process's CPU per node: " + "; ".join(parts) + ". Where the floor itself is well "
+            "process's CPU per node and time in the cyclic garbage collector during the run "
+            "(a full collection walks the whole heap of the harness, LangGraph and all): "
+            + "; ".join(parts) + ". Where the floor itself is well "
             "above 1, the server (one thread per connection, in Python) and the other "
             "developers' processes share the 2 cores with the client: that part is the "
             "machine's, not the client's.")
