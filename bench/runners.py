@@ -28,6 +28,9 @@ from typing import Annotated, Any
 
 from dags import levels_of, parents_of
 
+from flowmagic.model import status as transition
+from flowmagic.model.status import Status
+
 __all__ = ["RunResult", "run_flowmagic", "run_levels", "run_langgraph", "run_sdk_loop",
            "run_floor", "latencies", "arrivals",
            "critical_path", "build_langgraph", "langgraph_config", "node_of", "MODEL", "SEED"]
@@ -119,7 +122,7 @@ async def run_flowmagic(dag: dict, task: str, max_tokens: int, profiler=None) ->
         spans = {n.id: (n.start, n.end) for n in flow.workflow.nodes.values() if n.start and n.end}
         _, bound = metrics.critical_path(flow.workflow, weight="duration")
         calls = flow.store.count_calls(cached=False)
-        done = sum(1 for n in flow.workflow.nodes.values() if n.status == "done")
+        done = sum(1 for n in flow.workflow.nodes.values() if n.status == Status.DONE)
         flow.store.close()
     last = max(spans, key=lambda k: spans[k][1]) if spans else None
     return RunResult("flowmagic", makespan, spans, bound, state,
@@ -142,8 +145,7 @@ class _Shadow:
                 "max_tokens": self.max_tokens}
 
     def done(self, node_id: str, text: str) -> None:
-        node = self.flow.workflow.nodes[node_id]
-        node.status, node.output = "done", text
+        transition.finish(self.flow.workflow.nodes[node_id], text)
 
 
 def _client(base_url: str):

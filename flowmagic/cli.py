@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .errors import ConfigError, FlowError, write_error
 from ._internal.text import one_line
+from .model.status import RunState, Status
 from .parsers import add_map_options, map_options
 
 __all__ = ["main", "build_parser"]
@@ -178,8 +179,8 @@ def _drawings(flow, folder: Path, name: str) -> list[Path]:
 def _summary(flow, seconds: float) -> str:
     counts = flow.counts()
     total = flow.cost()["total"]
-    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
-    return (f"{flow.name}: {flow.status}; {counts.get('done', 0)}/{flow.total()} nodes done{failed}; "
+    failed = f", {counts[Status.FAILED]} failed" if counts.get(Status.FAILED) else ""
+    return (f"{flow.name}: {flow.status}; {counts.get(Status.DONE, 0)}/{flow.total()} nodes done{failed}; "
             f"{seconds:.1f} s; {total['calls'] - total['cached']} model calls "
             f"(+{total['cached']} from the cache); tokens {total['input_tokens']:,} in, "
             f"{total['output_tokens']:,} out; ${total['cost_usd']:.4f}")
@@ -229,7 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("wrote " + ", ".join(str(f) for f in files))
     if flow.message:
         print(flow.message)
-    return 0 if flow.status == "done" else 1
+    return 0 if flow.status == RunState.DONE else 1
 
 
 def _execute(path: Path, out, params, progress: Progress, timeout: float) -> dict:
@@ -332,7 +333,7 @@ def cmd_map(args: argparse.Namespace) -> int:
     counts = frame["status"].value_counts().to_dict()
     print(f"wrote {out}: {len(frame)} rows, " + ", ".join(f"{n} {s}" for s, n in counts.items())
           + f"; ${frame['cost_usd'].sum():.4f} list price (`flowmagic log` shows the calls)")
-    return 0 if counts.get("done", 0) == len(frame) else 1
+    return 0 if counts.get(RunState.DONE, 0) == len(frame) else 1
 
 
 def cmd_templates(args: argparse.Namespace) -> int:

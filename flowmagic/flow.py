@@ -30,6 +30,8 @@ from .engine.context import RunContext
 from .engine.runner import NodeRunner, cut, shares
 from .engine.sandbox import check_sandbox
 from .store import Store, get_store
+from .model import status as transition
+from .model.status import RunState, Status
 
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "check_settings"]
 
@@ -151,7 +153,7 @@ class Flow:
         self.store = store or self.llm.store
         self.update_log: list[dict] = []
         self.result: str | None = None
-        self.status = "planned"
+        self.status = RunState.PLANNED
         self.message: str | None = None
         self.spent_usd = 0.0
         self.unpriced: set[str] = set()   # models used with no known price (cost unknown)
@@ -320,23 +322,24 @@ class Flow:
         import openai  # noqa: F401 - loaded before the clock of the first node starts
 
         self._executor = self._make_executor()
-        self.status, self.message, self._capped = "running", None, False
-        self.store.set_run_status(self.run_id, "running")
-        state = "stopped"
+        self.status, self.message, self._capped = RunState.RUNNING, None, False
+        self.store.set_run_status(self.run_id, RunState.RUNNING)
+        state = RunState.STOPPED
         try:
             while True:
                 state = await self._executor.run(step=step, only=only)
-                if state == "budget":
+                if state == RunState.BUDGET:
                     self.message = self._executor.stop_reason
                 elif (self.message or "").startswith("pausing"):
                     self.message = None
-                if state == "done" and self.settings["consolidate"] and self.result is None:
+                if state == RunState.DONE and self.settings["consolidate"] and self.result is None:
                     try:
                         await self._consolidate()
                     except FlowError as exc:   # every node is done and stored; only the summary is missing
                         self.message = f"the final consolidation failed ({exc}); run() again to retry it"
                 # A rerun or an edit asked for while the run was finishing joins this run.
-                if not (state == "done" and not step and only is None and self.counts().get("pending")):
+                if not (state == RunState.DONE and not step and only is None
+                        and self.counts().get(Status.PENDING)):
                     break
         finally:
             self._executor = None
@@ -368,7 +371,7 @@ class Flow:
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        self.status = "error"
+        self.status = RunState.ERROR
         self.message = str(exc) if isinstance(exc, FlowError) else f"{type(exc).__name__}: {exc}"
         self.emit("error", None, {"message": self.message})
         if isinstance(exc, FlowError):
@@ -387,12 +390,12 @@ class Flow:
     def run_node(self, node_id: str) -> "Flow":
         node = self.workflow.node(node_id)
         waiting = [p for p in self.workflow.parents(node_id)
-                   if self.workflow.nodes[p].status != "done"]
+                   if self.workflow.nodes[p].status != Status.DONE]
         if waiting:
             raise NodeError(f"node {node_id!r} waits for {', '.join(waiting)}; run those first")
-        if node.status not in ("pending", "failed", "ready"):
+        if node.status not in (Status.PENDING, Status.FAILED, Status.READY):
             raise NodeError(f"node {node_id!r} is {node.status}; rerun({node_id!r}) runs it again")
-        node.status = "pending"
+        transition.requeue(node)
         return self._launch(lambda: self.arun(only=[node_id]))
 
     async def wait(self) -> str:
@@ -405,7 +408,7 @@ class Flow:
         """Nothing new starts; running nodes finish (`message` says how many it waits for)."""
         if self._executor is not None:
             self._executor.pause()
-            running = sum(n.status == "running" for n in self.workflow.nodes.values())
+            running = sum(n.status == Status.RUNNING for n in self.workflow.nodes.values())
             self.message = (f"pausing: waiting for {running} running node"
                             f"{'s' if running != 1 else ''} to finish" if running else "pausing")
             self.emit("pausing", None, {"running": running, "message": self.message})
@@ -543,7 +546,7 @@ class Flow:
                      "diff": result.diff, "errors": list(result.errors or []),
                      "rationale": result.rationale, "chosen": result.chosen,
                      "trigger": [i for i, n in before.nodes.items()   # plan order
-                                 if n.status == "failed" or i in called]}
+                                 if n.status == Status.FAILED or i in called]}
             update = None if result.no_change else result.update
         entry.update(time=time.time(), strategy=self.settings["update"])
         if update is not None:
@@ -559,14 +562,14 @@ class Flow:
     def _restart_running(self, node_ids) -> None:
         """Running nodes whose inputs were just reset are cancelled and run again after."""
         running = [i for i in node_ids if i in self.workflow.nodes
-                   and self.workflow.nodes[i].status == "running"]
+                   and self.workflow.nodes[i].status == Status.RUNNING]
         if running and self._executor is not None:
             self._executor.restart(running)
 
     async def _consolidate(self) -> None:
         """The final write-up: a summary of what the nodes did; it never rewrites their work."""
         wf = self.workflow
-        active = [n for n in wf.nodes.values() if n.status == "done"]
+        active = [n for n in wf.nodes.values() if n.status == Status.DONE]
         texts = [n.output or "" for n in active]
         allowed = shares([len(t) for t in texts], int(self.settings["context_chars"]))
         body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(t, k)}"
@@ -596,7 +599,7 @@ class Flow:
     # -- steering (every button is one of these) ----------------------------------------------
     def _not_running(self, node_id: str):
         node = self.workflow.node(node_id)
-        if node.status == "running":
+        if node.status == Status.RUNNING:
             raise NodeError(f"node {node_id!r} is running; stop() the flow first")
         return node
 
@@ -629,17 +632,16 @@ class Flow:
 
     def _reset(self, node_id: str) -> None:
         node = self.workflow.nodes[node_id]
-        node.status, node.output, node.error, node.start, node.end = "pending", None, None, None, None
-        node.stale, node.execution = False, None
+        transition.reset(node)
 
     def rerun(self, node_id: str, *, run: bool = True) -> "Flow":
         """Run a node again; its descendants become pending (their old outputs stay in attempts)."""
         node = self._not_running(node_id)
-        if node.status == "pruned":
+        if node.status == Status.PRUNED:
             raise NodeError(f"node {node_id!r} is pruned; nothing to rerun")
         descendants = self.workflow.descendants(node_id)
         for i in [node_id, *descendants]:
-            if self.workflow.nodes[i].status != "running":
+            if self.workflow.nodes[i].status != Status.RUNNING:
                 self._reset(i)
         self._restart_running(descendants)
         self.result = None
@@ -652,11 +654,11 @@ class Flow:
         if not isinstance(requirement, str) or not requirement.strip():
             raise NodeError("a requirement must be non-empty text")
         node.requirement = requirement.strip()
-        if node.status in ("done", "failed"):
+        if node.status in (Status.DONE, Status.FAILED):
             self._reset(node_id)
             descendants = self.workflow.descendants(node_id)
             for i in descendants:
-                if self.workflow.nodes[i].status == "done":
+                if self.workflow.nodes[i].status == Status.DONE:
                     self.workflow.nodes[i].stale = True
             self._restart_running(descendants)
         self.result = None
@@ -664,7 +666,7 @@ class Flow:
 
     def use_candidate(self, index: int) -> None:
         """Switch to another candidate plan (before anything has run)."""
-        if any(n.status in ("done", "running", "failed") for n in self.workflow.nodes.values()):
+        if any(n.status in (Status.DONE, Status.RUNNING, Status.FAILED) for n in self.workflow.nodes.values()):
             raise NodeError("this flow has already run nodes; plan again to switch candidates")
         if not 0 <= index < len(self.candidates) or self.candidates[index].workflow is None:
             usable = [c.index for c in self.candidates if c.workflow is not None]
@@ -688,7 +690,7 @@ class Flow:
         return out
 
     def total(self) -> int:
-        return sum(1 for n in self.workflow.nodes.values() if n.status != "pruned")
+        return sum(1 for n in self.workflow.nodes.values() if n.status != Status.PRUNED)
 
     def cost(self) -> dict:
         """Tokens and USD of this run so far, by node and in total (planning and checks too)."""
@@ -727,7 +729,7 @@ class Flow:
         """A rough estimate of a full run: calls, tokens and USD (4 characters a token)."""
         from .llm.endpoints import price_of
         wf = self.workflow
-        pending = [n for n in wf.nodes.values() if n.status not in ("done", "pruned")]
+        pending = [n for n in wf.nodes.values() if n.status not in (Status.DONE, Status.PRUNED)]
         out_tokens = int(self.settings["max_tokens"] or 512) // 2
         tokens_in = tokens_out = 0
         cost = 0.0
@@ -859,8 +861,8 @@ def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flo
     data = store.load_run(run, skip_origin="replay")
     workflow = Workflow.from_dict(data["workflow"], task=data["task"])
     for node in workflow.nodes.values():
-        if node.status in ("running", "ready"):
-            node.status, node.start, node.end, node.clone = "pending", None, None, None
+        if node.status in (Status.RUNNING, Status.READY):
+            transition.requeue(node)
     settings = dict(data.get("settings") or {})
     chosen = settings.pop("chosen", 0)
     origin = settings.pop("origin", None)
@@ -875,5 +877,7 @@ def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flo
     flow.unpriced.update(a["model"] for n in workflow.nodes.values() for a in n.attempts
                          if a.get("unpriced") and a.get("model"))
     flow.result = data.get("result")
-    flow.status = data.get("status") if data.get("status") != "running" else "interrupted"
+    status = data.get("status")
+    flow.status = (RunState.INTERRUPTED if status == RunState.RUNNING
+                   else RunState(status) if status in tuple(RunState) else status)
     return flow

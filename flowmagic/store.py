@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .errors import StoreError
+from .model.status import RunState
 
 __all__ = ["Store", "get_store", "home", "MIGRATIONS", "add_secret_source"]
 
@@ -560,7 +561,7 @@ class Store:
 
     # -- runs ---------------------------------------------------------------
     def save_run(self, run_id: str, *, task: str, workflow: dict, name: str | None = None,
-                 status: str = "planned", candidates: Any = None, settings: Any = None,
+                 status: str = RunState.PLANNED, candidates: Any = None, settings: Any = None,
                  result: str | None = None) -> None:
         now = time.time()
         with self._transaction("save the run") as db:

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from ..model.graph import Node, Workflow
+from ..model import status as transition
+from ..model.status import RunState, Status
 
 __all__ = ["Executor", "Outcome", "RUN_STATES"]
 
-RUN_STATES = ("done", "stepped", "paused", "stopped", "incomplete", "budget")
+RUN_STATES = (RunState.DONE, RunState.STEPPED, RunState.PAUSED, RunState.STOPPED,
+              RunState.INCOMPLETE, RunState.BUDGET)
 
 
 @dataclass
@@ -103,13 +106,13 @@ class Executor:
         self._waiting = {}
         ready = []
         for node_id, node in nodes.items():
-            if node.status == "pruned":
+            if node.status == Status.PRUNED:
                 continue
-            waiting = sum(1 for p in graph.predecessors(node_id) if nodes[p].status != "done")
+            waiting = sum(1 for p in graph.predecessors(node_id) if nodes[p].status != Status.DONE)
             self._waiting[node_id] = waiting
-            if node.status == "ready" and node_id not in running:
-                node.status = "pending"
-            if node.status == "pending" and waiting == 0 and node_id not in running:
+            if node.status == Status.READY and node_id not in running:
+                transition.requeue(node)
+            if node.status == Status.PENDING and waiting == 0 and node_id not in running:
                 ready.append(node_id)
         self._ready = deque(ready)
 
@@ -148,7 +151,7 @@ class Executor:
             self._wake.set()
 
     # -- the loop ---------------------------------------------------------------
-    async def run(self, *, step: bool = False, only: list[str] | None = None) -> str:
+    async def run(self, *, step: bool = False, only: list[str] | None = None) -> RunState:
         """Run until nothing can start; returns one of RUN_STATES."""
         self._paused = self._stopping = False
         self.stop_reason = None
@@ -195,7 +198,7 @@ class Executor:
                     return
             node_id = self._ready.popleft()
             node = wf.nodes.get(node_id)
-            if node is None or node.status != "pending" or self._waiting.get(node_id, 1):
+            if node is None or node.status != Status.PENDING or self._waiting.get(node_id, 1):
                 continue
             self._start(node)
 
@@ -211,9 +214,7 @@ class Executor:
             top[0] += 1
             n = top[0]
         self._slots[node.id] = (node.agent, n)
-        node.clone = f"{node.agent}#{n}" if n > 1 else None
-        node.status = "running"
-        node.start, node.end, node.error = time.time(), None, None
+        transition.start(node, clone=f"{node.agent}#{n}" if n > 1 else None)
         task = asyncio.ensure_future(self.work(node.id))
         task.add_done_callback(self._ended)
         self._running[task] = node.id
@@ -262,14 +263,14 @@ class Executor:
         except Exception:
             self._unstart(node)   # the work itself broke: the node has not run
             raise
-        if node is None or node.status != "running":
+        if node is None or node.status != Status.RUNNING:
             return  # removed or reset by an update while it ran; its outcome is moot
         self._apply(node, outcome)
         if outcome.ok:
             for child in wf.graph.successors(node_id):
                 left = self._waiting.get(child, 1) - 1
                 self._waiting[child] = left
-                if left == 0 and wf.nodes[child].status == "pending":
+                if left == 0 and wf.nodes[child].status == Status.PENDING:
                     self._ready.append(child)
         if self._after_node is not None and self._after_node(node_id, outcome.ok, outcome):
             if self._concurrent_update:
@@ -286,11 +287,10 @@ class Executor:
         node.tokens_out += outcome.tokens_out
         node.cost_usd += outcome.cost_usd
         if outcome.ok:
-            node.status, node.output, node.error, node.stale = "done", outcome.output, None, False
-            node.execution = outcome.execution
+            transition.finish(node, outcome.output, outcome.execution)
             self._emit("finished", node.id, masked=outcome.masked)
         else:
-            node.status, node.error = "failed", outcome.error
+            transition.fail(node, outcome.error)
             self._emit("failed", node.id, error=outcome.error)
 
     async def _run_update(self) -> None:
@@ -318,18 +318,18 @@ class Executor:
 
     def _unstart(self, node: Node | None) -> None:
         """A cancelled node goes back to pending, as if it had never started."""
-        if node is not None and node.status == "running":
-            node.status, node.start, node.end, node.clone = "pending", None, None, None
+        if node is not None and node.status == Status.RUNNING:
+            transition.requeue(node)
             self._emit("stopped", node.id)
 
-    def _final_state(self, stepping: bool) -> str:
+    def _final_state(self, stepping: bool) -> RunState:
         if self._stopping:
-            return "stopped"
+            return RunState.STOPPED
         if self.stop_reason:
-            return "budget"
+            return RunState.BUDGET
         if self._paused:
-            return "paused"
-        statuses = [n.status for n in self.workflow.nodes.values() if n.status != "pruned"]
-        if all(s == "done" for s in statuses):
-            return "done"
-        return "stepped" if stepping else "incomplete"
+            return RunState.PAUSED
+        statuses = [n.status for n in self.workflow.nodes.values() if n.status != Status.PRUNED]
+        if all(s == Status.DONE for s in statuses):
+            return RunState.DONE
+        return RunState.STEPPED if stepping else RunState.INCOMPLETE

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FlowError, NodeError
+from ..model.status import Status
 
 __all__ = ["REPAIR_KINDS", "AGENT_POOL", "Repair", "refine_instruction", "substitute_agent",
            "repair", "next_kind", "feedback_of", "plan_repair"]
@@ -93,7 +94,7 @@ async def _ask(llm, messages, schema, kw: dict):
 
 def _node(workflow, node_id: str):
     node = workflow.node(node_id)
-    if node.status in ("running", "pruned"):
+    if node.status in (Status.RUNNING, Status.PRUNED):
         raise NodeError(f"node {node_id!r} is {node.status}; only a finished or failed node "
                         "can be repaired")
     return node
@@ -202,7 +203,7 @@ def next_kind(update_log: list[dict], node_id: str, order: tuple = REPAIR_KINDS)
 async def plan_repair(workflow, update_log: list[dict], llm, **options) -> Repair | None:
     """The due repair of the first failed node that still has one, or None (re-plan)."""
     for node in workflow.nodes.values():
-        if node.status != "failed":
+        if node.status != Status.FAILED:
             continue
         kind = next_kind(update_log, node.id)
         if kind is not None:

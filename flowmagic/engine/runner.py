@@ -20,6 +20,7 @@ from .execution import (WORKING_START, Execution, about_files_or_code, aexecute,
 from .context import RunContext
 from .executor import Outcome
 from .validation import retry_prompt
+from ..model.status import Status
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
 
@@ -64,7 +65,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     budget = int(ctx.settings["context_chars"])
     sources = (wf.ancestors(node_id) if ctx.settings["context"] == "ancestors"
                else wf.parents(node_id))
-    done = [p for p in sources if wf.nodes[p].status == "done"]
+    done = [p for p in sources if wf.nodes[p].status == Status.DONE]
     texts = [wf.nodes[p].output or "" for p in done]
     allowed = shares([len(t) for t in texts], budget)
     inputs = "\n\n".join(f"[{p}] ({wf.nodes[p].agent}): {cut(t, n)}"
@@ -85,7 +86,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
         parts.append(f"Later subtasks will build on your result:\n{later}")
     if ctx.settings["execute"] != "off" and (
             about_files_or_code(wf.task, node.requirement) or (workspace and ctx.workspace.inputs)):
-        made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == "done"
+        made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == Status.DONE
                 for f in made_files(wf.nodes[a].execution)]
         parts.append(instructions(ctx.workspace.describe() if workspace else "", made,
                                   ctx.workspace.example() if workspace and not started else ""))

@@ -35,6 +35,7 @@ from ..errors import ModelOutputError, PlanError
 from ..model.plan_checks import subject_words, topic_share
 from ..model.graph import SLUG_MAX, slugify
 from ..model.plans import role_for
+from ..model.status import RunState, Status
 
 __all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_cap",
            "steps_messages", "needs_schema", "needs_messages", "clean_steps", "build_plan",
@@ -78,7 +79,7 @@ def shipped_examples() -> tuple[Example, ...]:
 def _example_of_run(run: dict) -> Example | None:
     workflow = run.get("workflow") or {}
     nodes = [n for n in workflow.get("nodes") or []
-             if n.get("status") != "pruned" and n.get("requirement")]
+             if n.get("status") != Status.PRUNED and n.get("requirement")]
     if not 3 <= len(nodes) <= MAX_STEPS:
         return None
     number = {n["id"]: i + 1 for i, n in enumerate(nodes)}
@@ -94,7 +95,7 @@ def past_examples(store, limit: int = 50) -> list[Example]:
     """Plans of the user's runs that finished with every subtask done (newest first)."""
     out = []
     for row in store.list_runs(limit):
-        if row.get("status") != "done" or not row.get("task"):
+        if row.get("status") != RunState.DONE or not row.get("task"):
             continue
         try:
             example = _example_of_run(store.load_run(row["id"]))

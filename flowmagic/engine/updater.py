@@ -23,6 +23,7 @@ from .._internal.aio import gather_all
 from .._internal.text import short_repr
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
+from ..model.status import Status
 
 __all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
@@ -81,7 +82,7 @@ def _fit_outputs(wf: Workflow, budget: int) -> dict[str, str]:
     The longest are cut first (they share one cap); when even the cap is too small to be
     useful, the earliest finished outputs are dropped whole, each shown as "[cut]".
     """
-    done = [i for i, n in wf.nodes.items() if n.status == "done"]
+    done = [i for i, n in wf.nodes.items() if n.status == Status.DONE]
     done.sort(key=lambda i: (wf.nodes[i].end or 0.0, list(wf.nodes).index(i)))
     texts = {i: wf.nodes[i].output or "" for i in done}
     dropped: list[str] = []
@@ -102,12 +103,12 @@ def _fit_outputs(wf: Workflow, budget: int) -> dict[str, str]:
 
 def _node_line(wf: Workflow, node_id: str) -> str:
     n = wf.nodes[node_id]
-    if n.status == "pruned":
+    if n.status == Status.PRUNED:
         return f"- {node_id} [removed]"
     flags = n.status + (", stale" if n.stale else "")
     line = (f"- {node_id} [{flags}] agent: {n.agent}; depends on: "
             f"{', '.join(wf.parents(node_id)) or 'nothing'}\n  requirement: {_cut(n.requirement, 500)}")
-    if n.status == "failed":
+    if n.status == Status.FAILED:
         last = n.attempts[-1] if n.attempts else {}
         why = n.error or last.get("error") or "no reason recorded"
         line += f"\n  failed: {_cut(str(why), 300)}"
@@ -308,7 +309,7 @@ async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str
     if not any(c.ok for c in cands):
         diff = {key: [] for key in DIFF_KEYS}
         diff["warnings"] = [f"no update: every candidate failed ({'; '.join(errors)})"]
-        diff["kept_finished"] = [i for i, n in before.nodes.items() if n.status == "done"]
+        diff["kept_finished"] = [i for i, n in before.nodes.items() if n.status == Status.DONE]
         return UpdateResult(before.copy(), diff, stats(diff, before), cands, None, True, None,
                             None, before, errors)
     warnings: list[str] = []

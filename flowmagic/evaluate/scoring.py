@@ -30,6 +30,7 @@ from ..errors import ConfigError, FlowError, PlanError
 from .._internal.aio import gather_all, run_in_script
 from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
                                 as_similarity, get_similarity, similarity_matrix)
+from ..model.status import Status
 
 __all__ = [
     "Scores", "compare", "get_similarity", "TfidfSimilarity", "EmbeddingSimilarity",
@@ -118,7 +119,7 @@ def _as_graph(obj, side: str) -> _Graph:
     for n in obj["nodes"]:
         if not isinstance(n, Mapping) or "id" not in n:
             raise PlanError(f"every {side} node needs an 'id' and a 'label' (or 'requirement')")
-        if n.get("status") == "pruned":
+        if n.get("status") == Status.PRUNED:
             continue
         nid = str(n["id"])
         if nid in nodes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..view.safe import text_html
+from ..model.status import AnswerState
 
 __all__ = ["ChatView", "message_markdown"]
 
@@ -82,7 +83,7 @@ class ChatView:
 
     @property
     def finished(self) -> bool:
-        return self.result.status != "running"
+        return self.result.status != AnswerState.RUNNING
 
     def stop(self) -> None:
         """The Stop button: `orch.stop()`."""

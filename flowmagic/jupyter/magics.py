@@ -29,6 +29,7 @@ from ..errors import BudgetError, ConfigError, FlowError
 from ..parsers import (Command, command_usage, interpolate, parse_assignments,
                        parse_command, parse_flow_line, parse_map_options, parse_slim_options,
                        single_brace_names)
+from ..model.status import AnswerState
 
 __all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
            "pyproject_settings"]
@@ -365,7 +366,7 @@ class FlowMagics(Magics):
         outcome = getattr(value, "result", value)
         if module is None or not isinstance(outcome, module.Orchestration):
             return None
-        if outcome.status == "running":
+        if outcome.status == AnswerState.RUNNING:
             raise ConfigError(f"orchestration {name!r} has not finished; wait for its answer "
                               f"(await {name}.wait(), or {name}.stop()), then export it")
         return outcome

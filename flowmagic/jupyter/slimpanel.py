@@ -19,6 +19,7 @@ from typing import Any
 from .._internal.aio import in_loop
 from ..errors import FlowError
 from ..view.safe import text_html
+from ..model.status import Status
 
 __all__ = ["SlimControls", "derive_cheaper", "bind_slimmed"]
 
@@ -38,7 +39,7 @@ def derive_cheaper(flow: Any, target: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for node in flow.workflow.nodes.values():
         model = node.model or flow.settings.get("model") or "default"
-        if node.status != "pruned" and model not in out and resolve(model) != goal:
+        if node.status != Status.PRUNED and model not in out and resolve(model) != goal:
             out[model] = target
     return out
 

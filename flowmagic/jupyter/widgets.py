@@ -29,6 +29,7 @@ from .._internal.aio import in_loop
 from ..errors import FlowError
 from ..view.safe import text_html
 from .slimpanel import SlimControls
+from ..model.status import RunState, Status
 
 __all__ = ["Panel", "ChatView", "SlimControls", "model_choices"]
 
@@ -252,7 +253,7 @@ class Panel:
         from ..view.safe import model_bundle, streamed_bundle
 
         head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
-        if node.status == "running":   # as it arrives; rendered as Markdown once done
+        if node.status == Status.RUNNING:   # as it arrives; rendered as Markdown once done
             data = streamed_bundle(self.flow.partial_output(node.id), head=head)
         else:
             data = model_bundle(node.output or f"*{node.id} has no output yet ({node.status})*",
@@ -264,7 +265,7 @@ class Panel:
         """The figures the node's code drew (PNG files in the workspace), as images."""
         from ..ops.codecells import figure_data
 
-        names = list((node.execution or {}).get("figures") or []) if node.status != "running" else []
+        names = list((node.execution or {}).get("figures") or []) if node.status != Status.RUNNING else []
         found = figure_data(self.flow.workspace.root, names) if names else {}
         return [{"output_type": "display_data",
                  "metadata": {"flowmagic": {"run": self.flow.run_id, "node": node.id, "figure": name}},
@@ -334,13 +335,13 @@ class Panel:
         """Bring every part except the drawing (LiveDrawing owns it) up to date."""
         flow, wf = self.flow, self.flow.workflow
         counts = flow.counts()
-        done, total = counts.get("done", 0), flow.total()
+        done, total = counts.get(Status.DONE, 0), flow.total()
         self.title.value = (f"<b>{text_html(flow.name)}</b> · {text_html(flow.status)} · "
                             f"run {text_html(flow.run_id)}")
         self.progress.max = max(total, 1)
         self.progress.value = done
         self.progress.description = f"{done}/{total} done"
-        self.progress.bar_style = ("danger" if counts.get("failed") else
+        self.progress.bar_style = ("danger" if counts.get(Status.FAILED) else
                                    "success" if total and done == total else "info")
         self._sync_nodes(list(wf.nodes))
         self.meter.value = self._meter()
@@ -375,26 +376,26 @@ class Panel:
         flow = self.flow
         busy, ready = flow.busy, bool(flow.workflow.ready())
         self.run_button.disabled = self.step_button.disabled = busy or not ready
-        paused = not busy and flow.status == "paused" and ready
+        paused = not busy and flow.status == RunState.PAUSED and ready
         self.pause_button.description, self.pause_button.icon = (
             ("Resume", "play") if paused else ("Pause", "pause"))
         self.pause_button.disabled = not (busy or paused)
         self.stop_button.disabled = not busy
         node = flow.workflow.nodes.get(self.node_picker.value or "")
-        fixed = node is None or node.status in ("running", "pruned")
+        fixed = node is None or node.status in (Status.RUNNING, Status.PRUNED)
         self.prune_button.disabled = fixed
-        self.unprune_button.disabled = node is None or node.status != "pruned"
-        ran = any(n.status in ("done", "running", "failed") for n in flow.workflow.nodes.values())
+        self.unprune_button.disabled = node is None or node.status != Status.PRUNED
+        ran = any(n.status in (Status.DONE, Status.RUNNING, Status.FAILED) for n in flow.workflow.nodes.values())
         self.use_button.disabled = (busy or ran or self.candidate_picker.value is None
                                     or self.candidate_picker.value == flow.chosen)
         self.downgrade_button.disabled = (fixed or not self.model_picker.value
                                           or self.model_picker.value == node.model)
         # While a run finishes (consolidating, no node running) a rerun would not be picked
         # up by that run, so it waits until the run is over.
-        finishing = busy and not any(n.status == "running" for n in flow.workflow.nodes.values())
-        self.rerun_button.disabled = fixed or finishing or node.status not in ("done", "failed")
+        finishing = busy and not any(n.status == Status.RUNNING for n in flow.workflow.nodes.values())
+        self.rerun_button.disabled = fixed or finishing or node.status not in (Status.DONE, Status.FAILED)
         self.output_button.disabled = node is None or not (
-            node.output is not None or node.status == "running")
+            node.output is not None or node.status == Status.RUNNING)
         self.slim.sync()
 
     def _meter(self) -> str:

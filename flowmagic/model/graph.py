@@ -17,6 +17,8 @@ import networkx as nx
 from ..errors import NodeError, PlanError
 from .node import SLUG_MAX, STATUSES, Node, is_slug, slugify
 from .plans import RepairedPlan, repair_plan
+from . import status as transition
+from .status import Status
 
 __all__ = ["STATUSES", "SLUG_MAX", "Node", "Workflow", "parse_plan", "slugify", "is_slug"]
 
@@ -116,7 +118,7 @@ class Workflow:
 
     def _active_node(self, node_id: str) -> Node:
         node = self.node(node_id)
-        if node.status == "pruned":
+        if node.status == Status.PRUNED:
             raise NodeError(f"node {node_id!r} is pruned; it can have no edges")
         return node
 
@@ -141,7 +143,7 @@ class Workflow:
     def prune(self, node_id: str) -> None:
         """Mark pruned and link every predecessor to every successor (reachability survives)."""
         node = self.node(node_id)
-        if node.status == "pruned":
+        if node.status == Status.PRUNED:
             return
         preds, succs = self.parents(node_id), self.children(node_id)
         self.graph.remove_edges_from([(p, node_id) for p in preds] + [(node_id, s) for s in succs])
@@ -156,18 +158,17 @@ class Workflow:
                 added.remove((p, s))
             else:
                 self.graph.add_edge(p, s)
-        node.pruned_from = {"status": node.status, "parents": preds, "children": succs,
-                            "added": [list(e) for e in added]}
-        node.status = "pruned"
+        transition.prune(node, {"parents": preds, "children": succs,
+                                "added": [list(e) for e in added]})
 
     def unprune(self, node_id: str) -> None:
         """Undo prune(): the node's edges come back, the bypass edges go; a node pruned before
         this version (no record) comes back pending with no edges to guess."""
         node = self.node(node_id)
-        if node.status != "pruned":
+        if node.status != Status.PRUNED:
             raise NodeError(f"node {node_id!r} is {node.status}, not pruned; nothing to undo")
         record = node.pruned_from or {}
-        live = lambda i: i in self.nodes and self.nodes[i].status != "pruned"  # noqa: E731
+        live = lambda i: i in self.nodes and self.nodes[i].status != Status.PRUNED  # noqa: E731
         before = list(self.graph.edges)
         self.graph.remove_edges_from(tuple(e) for e in record.get("added", ())
                                      if self.graph.has_edge(*e))
@@ -178,9 +179,7 @@ class Workflow:
             self.graph.add_edges_from(before)
             raise NodeError(f"node {node_id!r} cannot come back: the plan changed since it was "
                             "pruned and its edges would now make a cycle")
-        status = record.get("status", "pending")
-        node.status = status if status in ("done", "failed", "pending") else "pending"
-        node.pruned_from = None
+        transition.unprune(node)
 
     # -- queries
     def node(self, node_id: str) -> Node:
@@ -209,7 +208,7 @@ class Workflow:
     def active(self) -> nx.DiGraph:
         """A new DiGraph of the non-pruned nodes, built in plan order."""
         g = nx.DiGraph()
-        g.add_nodes_from(i for i, n in self.nodes.items() if n.status != "pruned")
+        g.add_nodes_from(i for i, n in self.nodes.items() if n.status != Status.PRUNED)
         g.add_edges_from((a, b) for a, b in self.edges() if a in g and b in g)
         return g
 
@@ -221,12 +220,12 @@ class Workflow:
         return [self._sorted(gen) for gen in nx.topological_generations(self.active())]
 
     def num_parents_not_completed(self, node_id: str) -> int:
-        return sum(1 for p in self.parents(node_id) if self.nodes[p].status != "done")
+        return sum(1 for p in self.parents(node_id) if self.nodes[p].status != Status.DONE)
 
     def ready(self) -> list[str]:
         """Pending nodes whose parents are all done, in plan order."""
         return [i for i, n in self.nodes.items()
-                if n.status == "pending" and self.num_parents_not_completed(i) == 0]
+                if n.status == Status.PENDING and self.num_parents_not_completed(i) == 0]
 
     def copy(self) -> Workflow:
         return _copy.deepcopy(self)
@@ -267,8 +266,8 @@ class Workflow:
             else:
                 wf.graph.add_edge(a, b)
         for node_id, node in wf.nodes.items():
-            if node.status == "pruned" and wf.graph.degree(node_id):
-                node.status = "pending"
+            if node.status == Status.PRUNED and wf.graph.degree(node_id):
+                transition.requeue(node)   # pruned again below, its edges bypassed
                 wf.prune(node_id)
                 warnings.append(f"linked the parents of pruned subtask {node_id} to its children")
         wf.warnings = warnings

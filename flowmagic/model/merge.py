@@ -20,6 +20,8 @@ import networkx as nx
 from ..errors import FlowError, PlanError
 from .._internal.text import short_repr
 from .graph import Node, Workflow, slugify
+from . import status as transition
+from .status import Status
 
 __all__ = ["DIFF_KEYS", "merge", "stats"]
 
@@ -171,13 +173,12 @@ def _resolve(wf: Workflow, ref: Any) -> str | None:
 
 # ---------------------------------------------------------------------------- merging
 def _archive(node: Node, why: str) -> None:
-    """Back to pending; the output it had is kept in attempts (once)."""
+    """Back to pending (`status.reset`); the output it had is kept in attempts (once)."""
     if node.output is not None and not any(a.get("output") == node.output for a in node.attempts):
         node.attempts.append({"output": node.output, "feedback": why,
-                              "passed": node.status == "done",
+                              "passed": node.status == Status.DONE,
                               "start": node.start, "end": node.end})
-    node.status, node.output, node.error = "pending", None, None
-    node.start = node.end = None
+    transition.reset(node)
 
 
 def _differs(wf: Workflow, node: Node, c: _Change) -> bool:
@@ -196,20 +197,19 @@ def _apply(wf: Workflow, c: _Change, diff: dict, warn) -> bool:
         wf.add_node(Node(id=c.id, requirement=c.requirement, agent=c.agent or "assistant"))
         diff["added"].append(c.id)
         return True
-    if node.status == "running":
+    if node.status == Status.RUNNING:
         warn(f"left subtask {c.id} as it is: it is running")
         return False
-    if node.status == "pruned":
+    if node.status == Status.PRUNED:
         warn(f"left subtask {c.id} pruned; add it again under a new id to bring it back")
         return False
-    if node.status == "done" and not c.rerun:
+    if node.status == Status.DONE and not c.rerun:
         if _differs(wf, node, c):
             warn(f"kept finished subtask {c.id} and its output: the update changed it "
                  "without \"rerun\": true")
         return False
-    if node.status in ("done", "failed"):
+    if node.status in (Status.DONE, Status.FAILED):
         _archive(node, "superseded: the update asked to rerun this subtask")
-        node.stale = False
         diff["rerun"].append(c.id)
     if c.requirement not in (None, node.requirement):
         node.requirement = c.requirement
@@ -231,7 +231,7 @@ def _rewire(wf: Workflow, rewire: dict[str, list], diff: dict, warn) -> None:
             if isinstance(ref, str) and ref.strip().lower() in ("", "none", "null", "-"):
                 continue
             p = _resolve(wf, ref)
-            if p is None or wf.nodes[p].status == "pruned":
+            if p is None or wf.nodes[p].status == Status.PRUNED:
                 unknown.append(ref)
             elif p == node_id:
                 warn(f"dropped the dependency of {node_id} on itself")
@@ -256,9 +256,9 @@ def _remove(wf: Workflow, refs: list, diff: dict, warn) -> None:
         node_id = _resolve(wf, ref)
         if node_id is None:
             warn(f"could not remove {short_repr(ref, 30)}: no such subtask")
-        elif wf.nodes[node_id].status == "running":
+        elif wf.nodes[node_id].status == Status.RUNNING:
             warn(f"did not remove subtask {node_id}: it is running")
-        elif wf.nodes[node_id].status != "pruned" and node_id not in diff["removed"]:
+        elif wf.nodes[node_id].status != Status.PRUNED and node_id not in diff["removed"]:
             wf.prune(node_id)
             diff["removed"].append(node_id)
 
@@ -266,19 +266,19 @@ def _remove(wf: Workflow, refs: list, diff: dict, warn) -> None:
 def _mark_stale(wf: Workflow, diff: dict, warn) -> None:
     """Everything downstream of a rerun node must run again on the new inputs."""
     for root in diff["rerun"]:
-        if wf.nodes[root].status == "pruned":
+        if wf.nodes[root].status == Status.PRUNED:
             continue
         for d in wf.descendants(root):
             node = wf.nodes[d]
-            if node.status == "running":   # the executor cancels it and runs it again
+            if node.status == Status.RUNNING:   # the executor cancels it and runs it again
                 warn(f"subtask {d} was running on inputs from {root}, which will be rerun; "
                      "it runs again after it")
                 if d not in diff["stale"]:
                     diff["stale"].append(d)
-            elif node.status != "pruned" and not (node.status == "pending" and node.stale):
-                if node.status == "done":
+            elif node.status != Status.PRUNED and not (node.status == Status.PENDING and node.stale):
+                if node.status == Status.DONE:
                     _archive(node, f"stale: {root} was rerun by an update")
-                node.status, node.error, node.stale = "pending", None, True
+                transition.mark_stale(node)
                 if d not in diff["stale"] and d not in diff["rerun"]:
                     diff["stale"].append(d)
 
@@ -292,7 +292,7 @@ def merge(workflow: Workflow, update: Any) -> tuple[Workflow, dict]:
     wf = workflow.copy()
     diff: dict = {k: [] for k in DIFF_KEYS}
     warn = diff["warnings"].append
-    done_before = [i for i, n in wf.nodes.items() if n.status == "done"]
+    done_before = [i for i, n in wf.nodes.items() if n.status == Status.DONE]
     changes, remove, no_change = _normalise(update, warn)
     if not no_change:
         removing = {_resolve(wf, r) for r in remove} - {None}
@@ -308,7 +308,7 @@ def merge(workflow: Workflow, update: Any) -> tuple[Workflow, dict]:
             by_id[c.id] = c
         rewire = {}
         for c in by_id.values():
-            if c.id in removing and wf.nodes[c.id].status != "running":
+            if c.id in removing and wf.nodes[c.id].status != Status.RUNNING:
                 warn(f"subtask {c.id} is both changed and removed by the update; removed")
             elif _apply(wf, c, diff, warn) and (c.deps is not None or c.id in diff["added"]):
                 rewire[c.id] = c.deps or []
@@ -317,7 +317,7 @@ def merge(workflow: Workflow, update: Any) -> tuple[Workflow, dict]:
         _mark_stale(wf, diff, warn)
     if not nx.is_directed_acyclic_graph(wf.graph):  # cannot happen; never hand out a cycle
         raise PlanError("the merged update left a cycle; please report this as a flowmagic bug")
-    diff["kept_finished"] = [i for i in done_before if wf.nodes[i].status == "done"]
+    diff["kept_finished"] = [i for i in done_before if wf.nodes[i].status == Status.DONE]
     return wf, diff
 
 
@@ -327,7 +327,7 @@ def stats(diff: dict, workflow_before: Workflow) -> dict:
     Changed = distinct ids added, removed, edited, rerun, reassigned or rewired; nodes made
     stale as a consequence are not counted. The ratio is 0.0 for an empty workflow.
     """
-    initial = sum(1 for n in workflow_before.nodes.values() if n.status != "pruned")
+    initial = sum(1 for n in workflow_before.nodes.values() if n.status != Status.PRUNED)
     changed = len({i for k in _CHANGE_KEYS for i in (diff or {}).get(k, [])})
     return {"initial_tasks": initial, "changed_tasks": changed,
             "change_ratio": changed / initial if initial else 0.0}

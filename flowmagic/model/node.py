@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from ..errors import PlanError
+from .status import STATUSES, Status
 
 __all__ = ["STATUSES", "SLUG_MAX", "FIELD_TYPES", "Node", "node_fields", "slugify", "is_slug"]
 
-STATUSES = ("pending", "ready", "running", "done", "failed", "pruned")
 SLUG_MAX = 40
 
 
@@ -40,7 +40,7 @@ class Node:
     requirement: str
     agent: str = "assistant"
     model: str | None = None
-    status: str = "pending"
+    status: Status = Status.PENDING
     output: str | None = None
     attempts: list[dict] = field(default_factory=list)
     tokens_in: int = 0
@@ -56,6 +56,10 @@ class Node:
     # what prune() changed, so unprune() can undo it: {"status", "parents", "children", "added"}
     pruned_from: dict | None = None
     execution: dict | None = None   # code run, its outputs, files and figures (flowmagic.execution)
+
+    def __post_init__(self) -> None:
+        if self.status in STATUSES:   # a plain string from JSON or the store; an unknown one
+            self.status = Status(self.status)   # is the Workflow's to refuse, in one line
 
     def to_dict(self) -> dict:
         # asdict's generic walk was most of the cost of saving a 10,000-node plan
@@ -96,7 +100,7 @@ def _json_copy(value: Any) -> Any:
         return {k: _json_copy(v) for k, v in value.items()}
     if kind is list or kind is tuple:
         return kind(_json_copy(v) for v in value)
-    if kind in (str, int, float, bool, _NONE):
+    if kind in (str, int, float, bool, _NONE, Status):
         return value
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)

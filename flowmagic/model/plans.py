@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import FlowError, PlanError, TruncatedError
 from .._internal.text import short_repr
 from .node import FIELD_TYPES, SLUG_MAX, STATUSES, Node, node_fields, slugify
+from .status import Status
 
 __all__ = ["RepairedPlan", "repair_plan", "clean_agent", "role_for"]
 
@@ -40,9 +41,10 @@ _NODE_KEYS = set(_ID_KEYS + _NAME_KEYS + _REQ_KEYS + _DEP_KEYS + _KID_KEYS + _AG
                  + tuple(FIELD_TYPES) + ("data", "num_parents_not_completed"))
 _SUBTASK_KEYS = _NODE_KEYS - set(_ID_KEYS + _NAME_KEYS)
 _NO_REF = ("", "none", "null", "n/a", "na", "nothing", "-")
-_STATUS_WORDS = {"completed": "done", "complete": "done", "finished": "done", "success": "done",
-                 "in_progress": "running", "started": "running", "todo": "pending",
-                 "not_started": "pending", "waiting": "pending", "error": "failed"}
+_STATUS_WORDS = {"completed": Status.DONE, "complete": Status.DONE, "finished": Status.DONE,
+                 "success": Status.DONE, "in_progress": Status.RUNNING, "started": Status.RUNNING,
+                 "todo": Status.PENDING, "not_started": Status.PENDING, "waiting": Status.PENDING,
+                 "error": Status.FAILED}
 _INDEX_REF = re.compile(r"(?:sub)?(?:task|step|node|t|s)?[\s_#.-]*(\d{1,6})")
 _MAX_NEST = 4
 # Role names that say nothing (or a prompt's placeholder copied), and words that suggest one.
@@ -283,7 +285,7 @@ def _extras(f: dict, label: str, r: _Repair) -> dict:
         f = {**f, "status": _STATUS_WORDS.get(word, word)}
     good, bad = node_fields(f)
     good.pop("agent", None)  # read with the other spellings of agent in _item
-    if good.get("status", "pending") not in STATUSES:
+    if good.get("status", Status.PENDING) not in STATUSES:
         bad.append("status")
         del good["status"]
     if bad:

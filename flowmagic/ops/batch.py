@@ -32,6 +32,8 @@ from ..llm.endpoints import price_of
 from .._internal.aio import gather_all, run_in_script
 from ..errors import ConfigError, FlowError
 from ..model.graph import Workflow
+from ..model import status as transition
+from ..model.status import RunState, Status
 
 if TYPE_CHECKING:
     from ..flow import Flow
@@ -51,8 +53,8 @@ def fresh_copy(workflow: Workflow) -> Workflow:
     """A copy with every run state cleared; pruned nodes stay pruned, models stay as set."""
     wf = workflow.copy()
     for node in wf.nodes.values():
-        if node.status != "pruned":
-            node.status = "pending"
+        if node.status != Status.PRUNED:
+            transition.requeue(node)   # execution kept: it is in map fingerprints
         node.output = node.error = node.clone = None
         node.start = node.end = None
         node.attempts, node.tokens_in, node.tokens_out, node.cost_usd = [], 0, 0, 0.0
@@ -119,7 +121,7 @@ class Item:
     index: int
     input: Any
     result: str | None = None
-    state: str = "pending"
+    state: RunState = RunState.PENDING
     error: str | None = None
     score: float | None = None
     run_id: str | None = None
@@ -191,13 +193,13 @@ async def run_one(flow: "Flow", workflow: Workflow, example: Any, index: int,
     try:
         item.state = await child.arun()
     except FlowError as exc:
-        item.state, item.error = "failed", str(exc)
+        item.state, item.error = RunState.FAILED, str(exc)
     item.duration_s = time.perf_counter() - started
-    item.outputs = {n.id: n.output for n in wf.nodes.values() if n.status != "pruned"}
-    if item.state == "done":
+    item.outputs = {n.id: n.output for n in wf.nodes.values() if n.status != Status.PRUNED}
+    if item.state == RunState.DONE:
         item.result = _final_result(child, ends, consolidated)
     elif item.error is None:
-        failed = [n for n in wf.nodes.values() if n.status == "failed"]
+        failed = [n for n in wf.nodes.values() if n.status == Status.FAILED]
         item.error = (f"node {failed[0].id!r} failed: {failed[0].error}" if failed
                       else child.message or f"the run ended {item.state}")
     _account(item, flow.store.usage(child.run_id))
@@ -247,7 +249,7 @@ class BatchRun:
                  "result": i.result} for i in self.items]
 
     def __repr__(self) -> str:
-        done = sum(i.state == "done" for i in self.items)
+        done = sum(i.state == RunState.DONE for i in self.items)
         scored = "" if self.score is None else f", score {self.score:.3f}"
         return (f"<BatchRun {done}/{len(self.items)} done, ${self.cost_usd:.6f}{scored}, "
                 f"{self.elapsed_s:.2f}s>")
@@ -436,7 +438,7 @@ async def evaluate(flow: "Flow", workflow: Workflow, probe: Probe, *,
                       cost_usd=batch.cost_usd / n,
                       tokens_in=sum(i.tokens_in for i in batch) / n,
                       tokens_out=sum(i.tokens_out for i in batch) / n,
-                      failures=sum(i.state != "done" for i in batch),
+                      failures=sum(i.state != RunState.DONE for i in batch),
                       node_cost=node_cost, batch=batch, unpriced=unpriced)
 
 
@@ -457,7 +459,7 @@ def result_frame(rows: list, fields: list[str], items: list[dict | None],
             node_ids += [n for n in (item or {}).get("outputs", {}) if n not in node_ids]
     table = []
     for example, item in zip(rows, items):
-        item = item or {"state": "skipped", "error": NOT_RUN}
+        item = item or {"state": RunState.SKIPPED, "error": NOT_RUN}
         row = dict(example) if fields else {"input": example}
         row.update(result=item.get("result"), status=item["state"],
                    tokens_in=item.get("tokens_in", 0), tokens_out=item.get("tokens_out", 0),

@@ -26,6 +26,8 @@ from typing import Any
 
 from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
+from ..model import status as transition
+from ..model.status import Status
 
 __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs", "figure_data",
            "handle_flow_code", "files_dir_for"]
@@ -41,7 +43,7 @@ def code_run(node_or_record, *, start: bool = False) -> dict | None:
     get = (node_or_record.get if isinstance(node_or_record, dict)
            else lambda key, default=None: getattr(node_or_record, key, default))
     ex = get("execution")
-    if not ex and get("status") == "failed" and get("attempts"):
+    if not ex and get("status") == Status.FAILED and get("attempts"):
         ex = get("attempts")[-1].get("execution")
     if start and ex:
         ex = ex.get(WORKING_START)
@@ -49,7 +51,7 @@ def code_run(node_or_record, *, start: bool = False) -> dict | None:
 
 
 def is_code_node(node) -> bool:
-    return node.status in ("done", "failed") and code_run(node) is not None
+    return node.status in (Status.DONE, Status.FAILED) and code_run(node) is not None
 
 
 def files_dir_for(notebook: str | Path) -> str:
@@ -126,7 +128,7 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
         what = "working start" if args.start else "code run"
         raise NodeError(f"the record has no {what} of {args.node!r}; export the flow again")
     waiting = [p for p in flow.workflow.parents(args.node)
-               if flow.workflow.nodes[p].status != "done"]
+               if flow.workflow.nodes[p].status != Status.DONE]
     if waiting:
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
     if args.start:   # shown (or run again in the sandbox); the node's own cell settles it
@@ -175,9 +177,12 @@ def _adopt(flow, node_id: str, ex: dict) -> None:
 
     node = flow.workflow.nodes[node_id]
     answer = next((a.get("output") for a in reversed(node.attempts) if a.get("output")), "")
-    node.execution = ex
-    node.output = f"{(answer or '').rstrip()}\n\n{report(ex)}".strip()
-    node.status, node.error = ("done", None) if ex.get("ok") else ("failed", ex.get("error"))
+    output = f"{(answer or '').rstrip()}\n\n{report(ex)}".strip()
+    if ex.get("ok"):
+        transition.finish(node, output, ex)
+    else:
+        node.output, node.execution = output, ex
+        transition.fail(node, ex.get("error"))
 
 
 def _execute(flow, node_id: str, code: str, record: dict) -> dict:

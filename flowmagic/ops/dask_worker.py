@@ -33,6 +33,8 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
+from ..model.status import RunState
+
 __all__ = ["KeyPlugin", "ClusterGate", "run_chunk", "run_partition", "partition_prints"]
 
 _lock = threading.Lock()
@@ -153,7 +155,7 @@ class _Runner:
                 item = await run_one(self.flow, self.flow.workflow, example, index)
         except Exception as exc:   # this input's own mistake (a missing field): its row says so
             return {"fingerprint": fingerprint, "export": None,
-                    "item": {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}}
+                    "item": {"state": RunState.FAILED, "error": f"{type(exc).__name__}: {exc}"}}
         return {"fingerprint": fingerprint, "item": item.to_dict(),
                 "export": self.flow.store.export_run(item.run_id)}
 

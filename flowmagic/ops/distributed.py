@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
+from ..model.status import RunState, Status
 from .batch import NOT_RUN, canonical, fingerprint, fresh_copy, result_frame
 
 if TYPE_CHECKING:
@@ -323,12 +324,12 @@ def _map_partitions(job: "_Job", client, inputs: Any, base: str):
     job.state.resumed = sum(fp in done for part in prints for fp in part)
     fields = [str(c) for c in inputs.columns]
     job.frame_spec = {"fields": fields, "nodes": [n.id for n in job.flow.workflow.nodes.values()
-                                                  if n.status != "pruned"]}
+                                                  if n.status != Status.PRUNED]}
     job.drive(client, [("partition", n, datas[n], prints[n],
                         {fp: dict(done[fp], resumed=True) for fp in prints[n] if fp in done})
                        for n in range(len(datas))])
     for unit in job.not_run:   # past the budget: their rows say so, resumed ones are kept
-        job.frames[unit[1]] = job.partition(client, unit, ("skipped", NOT_RUN))
+        job.frames[unit[1]] = job.partition(client, unit, (RunState.SKIPPED, NOT_RUN))
     frames = [job.frames[n] for n in range(len(datas))]
     job.report(job.state)
     if job.opened:   # the cluster goes with this map: bring the partitions here first
@@ -444,22 +445,22 @@ class _Job:
             error = f"{type(exc).__name__}: {exc}"
             if unit[0] == "chunk":
                 for fp, _, _ in unit[1]:
-                    self.items[fp] = {"state": "failed", "error": error}
+                    self.items[fp] = {"state": RunState.FAILED, "error": error}
                 self.state.failed += len(unit[1])
             else:
-                self.frames[unit[1]] = self.partition(client, unit, ("failed", error))
+                self.frames[unit[1]] = self.partition(client, unit, (RunState.FAILED, error))
                 self.state.failed += len(unit[3]) - len(unit[4])
             return
         if unit[0] == "chunk":
             results = results["results"]
         self.flow.store.merge_many([
-            (r["export"], r["fingerprint"] if r["item"]["state"] == "done" else None, r["item"])
+            (r["export"], r["fingerprint"] if r["item"]["state"] == RunState.DONE else None, r["item"])
             for r in results if r["export"] is not None])
         for result in results:
             item = result["item"]
             self.items[result["fingerprint"]] = item
             self.state.cost_usd += float(item.get("cost_usd") or 0.0)
-            if item["state"] == "done":
+            if item["state"] == RunState.DONE:
                 self.state.done += 1
             else:
                 self.state.failed += 1

@@ -41,6 +41,7 @@ from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, r
                      handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
                      plan_summary, result_bundle, setting_value, settle, show_result,
                      tables)
+from ..model.status import Status
 
 __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
            "handle_flow_plan", "handle_flow_record", "handle_flow_node", "handle_flow_code", "load_cache",
@@ -150,8 +151,8 @@ def _plan(flow) -> dict:
              "model": node.model}
         if node.downgraded_from:
             d["downgraded_from"] = node.downgraded_from
-        if node.status == "pruned":
-            d["status"] = "pruned"
+        if node.status == Status.PRUNED:
+            d["status"] = Status.PRUNED
         nodes.append(d)
     settings = {k: setting_value(flow.settings[k]) for k in DEFAULTS if k in flow.settings}
     return {"task": wf.task, "settings": settings, "nodes": nodes,
@@ -202,11 +203,11 @@ def _replica(flow, name: str, files_dir: str | None = None):
     for node_id in replica.workflow.order():   # parents first: a fingerprint reads their outputs
         original = flow.workflow.nodes[node_id]
         rec = _node_record(original, folder)
-        if original.status in ("done", "failed"):
+        if original.status in (Status.DONE, Status.FAILED):
             apply_record(replica, node_id, rec)
             rec["fingerprint"] = fingerprint(replica, node_id)
         else:
-            rec = {"status": "pending", "fingerprint": None}
+            rec = {"status": Status.PENDING, "fingerprint": None}
         nodes[node_id] = rec
     record = {"format": RECORD_FORMAT, "flowmagic": __version__, "run": flow.run_id,
               "result": flow.result, "overhead": _overhead(flow), "nodes": nodes,
@@ -338,7 +339,7 @@ def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
                                 metadata={"flowmagic": {"node": node_id, "code": True}})
 
     cells = []
-    failed = f"\n\n**failed**: {node.error}" if node.status == "failed" else ""
+    failed = f"\n\n**failed**: {node.error}" if node.status == Status.FAILED else ""
     head = f"**{node_id}** · {node.agent}: {node.requirement.strip()}"
     start = code_run(node, start=True)
     if start:

@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, NodeError, PlanError
 from .._internal.aio import run_blocking
+from ..model import status as transition
+from ..model.status import STATUSES, RunState, Status
 
 __all__ = ["fingerprint", "record_signature", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
@@ -115,14 +117,14 @@ def node_bundle(flow, node_id: str, *, replayed: bool | None = None) -> tuple[di
     """(data, metadata) of a `%%flow_node` cell's output; the data depends only on the node."""
     wf = flow.workflow
     node = wf.nodes[node_id]
-    if node.status == "done":
+    if node.status == Status.DONE:
         text = node.output or ""
         if node.stale:
             text = f"*⚠ stale — an input changed; re-run this cell to update.*\n\n{text}"
-    elif node.status == "failed":
+    elif node.status == Status.FAILED:
         text = f"**failed**: {node.error or 'no output'}"
     else:
-        waiting = [p for p in wf.parents(node_id) if wf.nodes[p].status != "done"]
+        waiting = [p for p in wf.parents(node_id) if wf.nodes[p].status != Status.DONE]
         text = (f"*not run: waits for {', '.join(waiting)}*" if waiting else "*not run yet*")
     attempts = node.attempts
     meta = {"run": flow.run_id, "node": node_id, "agent": node.agent, "status": node.status,
@@ -171,7 +173,7 @@ def tables(header: list[str], rows: list[list[str]]) -> tuple[str, str]:
 def result_bundle(flow) -> tuple[dict, dict]:
     """(data, metadata) of the result-and-cost cell."""
     wf = flow.workflow
-    left = [i for i in wf.order() if wf.nodes[i].status != "done"]
+    left = [i for i in wf.order() if wf.nodes[i].status != Status.DONE]
     stale = [i for i in wf.order() if wf.nodes[i].stale]
     if left:
         result = f"*no result yet: not done: {', '.join(left)}*"
@@ -286,8 +288,8 @@ def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwarg
     workflow = Workflow.from_dict({k: plan[k] for k in ("task", "nodes", "edges") if k in plan},
                                   task=plan.get("task") or "")
     for node in workflow.nodes.values():
-        if node.status != "pruned":
-            node.status, node.output = "pending", None
+        if node.status != Status.PRUNED:
+            transition.reset(node)
     settings = {k: v for k, v in (plan.get("settings") or {}).items() if k in DEFAULTS}
     for key, value in settings.items():
         if isinstance(value, str) and value.startswith("function:"):
@@ -313,9 +315,9 @@ def handle_flow_plan(shell, line: str, cell: str | None) -> None:
 def settle(flow) -> bool:
     """Call the flow done when every active node is; True when it is."""
     wf = flow.workflow
-    done = all(wf.nodes[i].status == "done" for i in wf.order())
+    done = all(wf.nodes[i].status == Status.DONE for i in wf.order())
     if done:
-        flow.status = "done"
+        flow.status = RunState.DONE
     return done
 
 
@@ -356,7 +358,11 @@ def attach_record(flow, record: dict) -> None:
 def apply_record(flow, node_id: str, rec: dict) -> None:
     """Make a node what the record says it was (status, output, usage, timings, attempts)."""
     node = flow.workflow.nodes[node_id]
-    node.status = rec.get("status", "done")
+    status = rec.get("status", Status.DONE)
+    if status not in STATUSES:
+        raise NodeError(f"the record of node {node_id!r} says status {status!r}, which is none "
+                        f"of {STATUSES}; export the flow again to get a good record")
+    node.status = Status(status)
     node.output, node.error = rec.get("output"), rec.get("error")
     node.tokens_in, node.tokens_out = rec.get("tokens_in", 0), rec.get("tokens_out", 0)
     node.cost_usd, node.start, node.end = rec.get("cost_usd", 0.0), rec.get("start"), rec.get("end")
@@ -419,16 +425,16 @@ def handle_flow_node(shell, line: str, cell: str | None) -> None:
     flow = _user_flow(shell, args.name)
     wf = flow.workflow
     node = wf.node(args.node)
-    if node.status == "pruned":
+    if node.status == Status.PRUNED:
         raise NodeError(f"node {args.node!r} is pruned; delete its cell or restore it in the plan")
     _check_after(flow, args.node, args.after)
     requirement = (cell or "").strip()
     if not requirement:
         raise NodeError(f"the cell of {args.node!r} is empty; its body is the node's requirement")
     rec = _state(flow).record.get("nodes", {}).get(args.node)
-    waiting = [p for p in wf.parents(args.node) if wf.nodes[p].status != "done"]
+    waiting = [p for p in wf.parents(args.node) if wf.nodes[p].status != Status.DONE]
     if waiting:
-        if rec is not None and rec.get("status") == "pending":
+        if rec is not None and rec.get("status") == Status.PENDING:
             _show(flow, args.node, node_bundle(flow, args.node))
             return   # it never ran when exported, and cannot run now: same output as then
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
@@ -451,7 +457,7 @@ def _before_call(flow, node_id: str, rec: dict | None, allow: bool) -> None:
     node = flow.workflow.nodes[node_id]
     if rec is None or not state.record:
         why = "no record of it"
-    elif rec.get("status") not in ("done", "failed"):
+    elif rec.get("status") not in (Status.DONE, Status.FAILED):
         why = "it had not run when the notebook was exported"
     else:
         why = "its requirement or inputs changed since the export"
@@ -474,10 +480,10 @@ def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
     node = flow.workflow.nodes[node_id]
     fp = fingerprint(flow, node_id)
     stale: list[str] = []
-    if node.status in ("done", "failed") and not changed and state.seen.get(node_id) == fp:
+    if node.status in (Status.DONE, Status.FAILED) and not changed and state.seen.get(node_id) == fp:
         replayed = node_id in state.replayed   # shown before in this session, unchanged
         node.stale = False                      # its inputs are what they were then
-    elif rec is not None and rec.get("fingerprint") == fp and rec.get("status") in ("done", "failed"):
+    elif rec is not None and rec.get("fingerprint") == fp and rec.get("status") in (Status.DONE, Status.FAILED):
         apply_record(flow, node_id, rec)
         state.replayed.add(node_id)
         replayed = True
@@ -485,7 +491,7 @@ def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
         flow.emit("replayed", node_id, {"source_run": state.record.get("run")})
     else:
         _before_call(flow, node_id, rec, allow)
-        if node.status in ("done", "failed"):
+        if node.status in (Status.DONE, Status.FAILED):
             flow.edit(node_id, node.requirement)   # an input changed: run it again
         _run_one(flow, node_id)
         state.replayed.discard(node_id)
@@ -502,7 +508,7 @@ def show_result(flow) -> None:
     wf = flow.workflow
     active = wf.order()
     fresh = not any(wf.nodes[i].stale for i in active)
-    if flow.result is None and fresh and all(wf.nodes[i].status == "done" for i in active):
+    if flow.result is None and fresh and all(wf.nodes[i].status == Status.DONE for i in active):
         recorded = state.record.get("result")
         if recorded is not None and not state.executed and state.replayed >= set(active):
             flow.result = recorded

@@ -41,6 +41,7 @@ from ..errors import ConfigError, FlowError, NodeError
 from ..model.graph import Workflow
 from ..view.pareto import pareto_front, pareto_svg
 from ..view.safe import text_html
+from ..model.status import Status
 
 if TYPE_CHECKING:
     from ..flow import Flow
@@ -128,15 +129,15 @@ def _check_cheaper(cheaper: dict | None) -> dict[str, str]:
 
 
 def _key(wf: Workflow) -> tuple:
-    return (tuple((i, n.status == "pruned", n.model or "") for i, n in wf.nodes.items()),
+    return (tuple((i, n.status == Status.PRUNED, n.model or "") for i, n in wf.nodes.items()),
             tuple(sorted(wf.graph.edges)))
 
 
 def _describe(original: Workflow, wf: Workflow) -> dict:
     pruned = [i for i, n in wf.nodes.items()
-              if n.status == "pruned" and original.nodes[i].status != "pruned"]
+              if n.status == Status.PRUNED and original.nodes[i].status != Status.PRUNED]
     models = {i: n.model for i, n in wf.nodes.items()
-              if n.status != "pruned" and n.model != original.nodes[i].model}
+              if n.status != Status.PRUNED and n.model != original.nodes[i].model}
     parts = [f"-{i}" for i in pruned] + [f"{i}→{m}" for i, m in models.items()]
     return {"label": " ".join(parts) or "baseline", "pruned": pruned, "models": models}
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from .._internal.aio import gather_all
 from ..errors import ConfigError
+from ..model.status import RunState, Status
 
 __all__ = ["Trial", "TrialReport", "trials", "atrials", "template_checks", "CONDITIONS"]
 
@@ -39,7 +40,7 @@ class Trial:
     index: int
     seed: int
     run_id: str | None = None
-    status: str = ""
+    status: str = ""   # a RunState once it ran
     success: float = 0.0
     duration_s: float = 0.0
     updates: int = 0
@@ -189,11 +190,11 @@ def _success_fn(success: Callable | None, checks: list[str] | None) -> Callable:
     if checks:
         wanted = [c.lower() for c in checks]
         return lambda flow: all(w in (flow.result or _outputs(flow)).lower() for w in wanted)
-    return lambda flow: flow.status == "done"
+    return lambda flow: flow.status == RunState.DONE
 
 
 def _outputs(flow) -> str:
-    return "\n".join(n.output or "" for n in flow.workflow.nodes.values() if n.status == "done")
+    return "\n".join(n.output or "" for n in flow.workflow.nodes.values() if n.status == Status.DONE)
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, ex
             flow = Flow(wf, name=name, llm=llm, **settings)
         await flow.arun()
     except FlowError as exc:   # a trial that cannot run is a failed trial, not a crashed study
-        trial.error, trial.status = str(exc), "error"
+        trial.error, trial.status = str(exc), RunState.ERROR
         trial.duration_s = time.perf_counter() - started
         return trial
     trial.duration_s = time.perf_counter() - started

@@ -34,6 +34,7 @@ from ..llm.client import LLM, ToolsUnsupportedError, get_llm
 from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
                        system_prompt, tool_specs)
+from ..model.status import AnswerState
 
 __all__ = ["Orchestrator", "orchestrate", "aorchestrate", "start", "Agent", "Message",
            "Orchestration", "as_agents", "load_orchestration", "ROLES", "DEFAULT_AGENTS"]
@@ -299,7 +300,7 @@ class Orchestrator:
         submit = next((a for a in actions if a[0] == "submit"), None)
         if submit is not None:
             record["action"] = "submit"
-            o.answer, o.status = submit[1], "submitted"
+            o.answer, o.status = submit[1], AnswerState.SUBMITTED
             self._add(turn, "orchestrator", "user", "submit", submit[1], reply)
             return "submit"
         sends = [a for a in actions if a[0] == "send"]
@@ -506,7 +507,8 @@ class Orchestrator:
             if await self._bounded([task], hard=True) and not task.exception() and task.result().text.strip():
                 reply = task.result()
                 self._count(reply)
-                o.answer, o.status, o.final = self._marked(reply).strip(), "forced", "answered"
+                o.answer, o.status, o.final = (self._marked(reply).strip(), AnswerState.FORCED,
+                                               "answered")
                 if reply.cut:
                     o.note = ("the final answer stopped at the token limit and is incomplete; "
                               "raise max_tokens")
@@ -514,7 +516,7 @@ class Orchestrator:
                 return
         o.final = "failed"
         last = next((m for m in reversed(o.transcript) if m.kind == "reply"), None)
-        o.answer, o.status = (last.content if last else ""), "fallback"
+        o.answer, o.status = (last.content if last else ""), AnswerState.FALLBACK
         o.note = (f"the orchestrator gave no answer within the budget; this is the last reply, "
                   f"from {last.sender}" if last else "no agent answered within the budget")
         self._add(len(o.turns), "flowmagic", "user", "submit", o.answer)

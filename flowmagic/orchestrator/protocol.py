@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..model.status import AnswerState
 
 __all__ = ["Agent", "Message", "Orchestration", "ROLES", "DEFAULT_AGENTS", "as_agents",
            "load_orchestration", "export_notebook", "transcript_markdown", "transcript_text",
@@ -121,7 +122,7 @@ class Orchestration:
     settings: dict
     name: str = "orchestration"
     answer: str = ""
-    status: str = "running"        # submitted | forced | fallback
+    status: AnswerState = AnswerState.RUNNING
     ended_by: str | None = None    # submit | turns | time | stopped | error
     note: str | None = None        # why the answer is a fallback
     transcript: list[Message] = field(default_factory=list)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..errors import FlowError
 from .safe import NO_MATH, markdown_html, text_html
+from ..model.status import Status
 
 __all__ = ["Report", "table", "no_math", "html_table", "describe", "list_report", "cost_report",
            "timeline_report", "models_report", "log_report", "IMPORTANCE_HEADER",
@@ -97,7 +98,7 @@ def describe(flow) -> str:
     wf = flow.workflow
 
     def line(node_id, node, parents):
-        after = ", ".join(parents) if node.status != "pruned" else ""
+        after = ", ".join(parents) if node.status != Status.PRUNED else ""
         return (f"  {node_id} [{node.agent}, {node.status}]"
                 f"{' after ' + after if after else ''}: {node.requirement}")
 
@@ -110,7 +111,7 @@ def describe(flow) -> str:
 
 
 def list_report(flows: dict, runs: list[dict]) -> Report:
-    rows = [[name, f.run_id, f.status, f"{f.counts().get('done', 0)}/{f.total()}",
+    rows = [[name, f.run_id, f.status, f"{f.counts().get(Status.DONE, 0)}/{f.total()}",
              f"${f.spent_usd:.4f}", f.task.splitlines()[0][:50] if f.task else ""]
             for name, f in flows.items()]
     text, flows_html = table(["flow", "run", "status", "done", "cost", "task"], rows)

@@ -27,13 +27,14 @@ from ..errors import ConfigError
 from .._internal.text import one_line
 from ..model.graph import Workflow
 from ..model.metrics import critical_path
+from ..model.status import Status
 
 __all__ = ["STATUS_COLORS", "DOT_HINT", "draw", "svg", "png", "have_dot", "legend_html", "summary",
            "mimebundle", "timeline_svg", "LiveDrawing", "usd", "ran_on_model"]
 
 STATUS_COLORS = {
-    "pending": "#e0e0e0", "ready": "#cfe8ff", "running": "#fff3a8",
-    "done": "#c8eec8", "failed": "#f6c0c0", "pruned": "#f5f5f5",
+    Status.PENDING: "#e0e0e0", Status.READY: "#cfe8ff", Status.RUNNING: "#fff3a8",
+    Status.DONE: "#c8eec8", Status.FAILED: "#f6c0c0", Status.PRUNED: "#f5f5f5",
 }
 DOT_HINT = ("graphviz's `dot` program was not found; install it to see the drawing: "
             "apt-get install graphviz, brew install graphviz or conda install graphviz")
@@ -96,14 +97,14 @@ def _node_attrs(node, critical: bool) -> dict[str, str]:
         attrs.update(peripheries="2", color=_DOWNGRADED)
     elif node.model:
         lines.append(one_line(node.model, 30))
-    if node.status == "failed" and node.attempts and node.attempts[-1].get("cut"):
+    if node.status == Status.FAILED and node.attempts and node.attempts[-1].get("cut"):
         lines.append("✂ cut at the token limit")
         classes.append("cut")
     if node.stale:
         lines.append("⚠ stale")
         classes.append("stale")
         attrs.setdefault("color", _STALE)
-    if node.status == "pruned":
+    if node.status == Status.PRUNED:
         attrs.update(style="rounded,filled,dashed", color=_FAINT, fontcolor=_FAINT)
     if critical:
         classes.append("critical")
@@ -136,7 +137,7 @@ def draw(workflow_or_flow: Any, *, highlight_critical: bool = True, rankdir: str
     g.attr("edge", color=_BORDER, arrowsize="0.7")
     pruned = []
     for node_id, node in wf.nodes.items():
-        if node.status == "pruned":
+        if node.status == Status.PRUNED:
             pruned.append(node)
         else:
             g.node(node_id, **_node_attrs(node, node_id in on_path))
@@ -196,7 +197,7 @@ def legend_html() -> str:
                 f'border-radius:4px;{style}">{label}</span>')
 
     fills = [chip(status, f"background:{color};border:1px solid {_BORDER}")
-             for status, color in STATUS_COLORS.items() if status != "pruned"]
+             for status, color in STATUS_COLORS.items() if status != Status.PRUNED]
     borders = [chip("critical path", f"border:3px solid {_CRITICAL}"),
                chip("↓ downgraded", f"border:3px double {_DOWNGRADED}"),
                chip("⚠ stale", f"border:1px solid {_STALE}"),
@@ -217,10 +218,10 @@ def usd(cost: float | None, unpriced: Any = 0, digits: int = 6) -> str:
 def summary(flow: Any) -> str:
     """One line: name, status, done/total (and failed), cost."""
     counts = flow.counts()
-    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    failed = f", {counts[Status.FAILED]} failed" if counts.get(Status.FAILED) else ""
     unpriced = sorted(getattr(flow, "unpriced", ()))
     unknown = f" ({', '.join(unpriced)}: no price known)" if unpriced else ""
-    return (f"flow {flow.name!r} ({flow.status}): {counts.get('done', 0)}/{flow.total()} done"
+    return (f"flow {flow.name!r} ({flow.status}): {counts.get(Status.DONE, 0)}/{flow.total()} done"
             f"{failed}, {usd(flow.spent_usd, unpriced, 4)}{unknown}")
 
 
@@ -335,7 +336,7 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
     body = []
     for i, (row, end) in enumerate(zip(rows, ends)):
         y = _TOP + i * _ROW_H
-        node, status = str(row.get("node")), str(row.get("status", "pending"))
+        node, status = str(row.get("node")), str(row.get("status", Status.PENDING))
         who = row.get("clone") or row.get("agent") or ""
         label = one_line(f"{node} · {who}" if who else node, 28)
         on_path = node in marked
