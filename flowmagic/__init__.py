@@ -15,7 +15,7 @@ from .errors import (BudgetError, ConfigError, EndpointError, FlowError, ModelOu
 
 __all__ = [
     "__version__", "configure", "LLM", "Reply", "get_llm", "Store", "get_store",
-    "Workflow", "Node", "Flow", "plan", "aplan", "load", "tool", "evaluate",
+    "Workflow", "Node", "Status", "RunState", "Settings", "Flow", "plan", "aplan", "load", "tool", "evaluate",
     "orchestrate", "aorchestrate", "trials", "atrials",
     "FlowError", "ConfigError", "EndpointError", "ModelOutputError", "TruncatedError",
     "PlanError", "NodeError", "BudgetError", "StoreError", "SandboxError",
@@ -26,6 +26,7 @@ _LAZY = {
     "LLM": "llm.client", "Reply": "llm.client", "get_llm": "llm.client",
     "Store": "store", "get_store": "store",
     "Workflow": "model.graph", "Node": "model.graph",
+    "Status": "model.status", "RunState": "model.status", "Settings": "settings",
     "Flow": "flow", "plan": "flow", "aplan": "flow", "load": "flow",
     "tool": "engine.tools",
     "orchestrate": "orchestrator.hub", "aorchestrate": "orchestrator.hub",

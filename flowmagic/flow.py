@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import math
 import secrets
 import sys
 import time
@@ -25,112 +24,16 @@ from .engine.execution import made_files
 from .engine.executor import Executor
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
-from .engine.planner import HARD_MAX_K
 from .engine.context import RunContext
 from .engine.runner import NodeRunner, cut, shares
-from .engine.sandbox import check_sandbox
 from .store import Store, get_store
 from .model import status as transition
+from .settings import DEFAULTS, Settings
 from .model.status import RunState, Status
 
-__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "check_settings"]
+__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "Settings"]
 
-DEFAULTS: dict[str, Any] = {
-    "k": 3, "model": None, "strategy": "balanced", "update": "on-failure", "validate": "none",
-    "validator_model": None, "concurrency": 8, "context": "parents", "budget_usd": None,
-    "max_attempts": 3, "max_updates": 5, "update_k": 1, "mask_rate": 0.0, "fail_rate": 0.0,
-    "seed": 0, "temperature": None, "max_tokens": None, "context_chars": 16000,
-    "continuations": 2,
-    # code (flowmagic.execution): "auto" runs the Python an answer holds in the sandbox, in the
-    # run's workspace (workdir, default <home>/runs/<run>/workspace); "off" keeps text only
-    "execute": "auto", "code_timeout": 60.0, "workdir": None,
-    # the working start (Workspace.example): "auto" runs it for the embedded model only, in
-    # the sandbox, in the first node that explores or plots a table input; "on"; "off"
-    "starter": "auto",
-    "max_subtasks": None, "max_agents": None, "consolidate": True, "repairs": True,
-    # planning: "auto" (stepwise on the embedded model), "oneshot" or "stepwise"; seconds
-    # for one planning (None: K x planner.PLAN_TIME_S on the embedded model, else no limit)
-    "plan_method": "auto", "plan_time_s": None,
-    # tools (flowmagic.engine.tools): how many are offered per node, rounds of calls, seconds per call
-    "tools_top_n": 3, "tool_rounds": 4, "tool_timeout_s": 30.0, "tool_protocol": "auto",
-    "tool_similarity": "auto",
-    # candidate plans are paid calls: k (and update_k) above max_k needs max_k raised on purpose
-    "max_k": 10,
-    # where model-written code runs: "bwrap" (isolated by bubblewrap) or "none" (no
-    # isolation, warned on every run)
-    "sandbox": "bwrap",
-}
-UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
-# concurrency=None: no limit; max_tokens=None: the model's own limit (the embedded one keeps a cap)
-_NONE_MEANS_SOMETHING = frozenset(("concurrency", "max_tokens"))
-
-
-def check_settings(settings: dict) -> dict:
-    """`settings` over DEFAULTS, every value checked; one ConfigError line for a bad one."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **{k: v for k, v in settings.items()
-                             if v is not None or k in _NONE_MEANS_SOMETHING}}
-    if merged["update"] not in UPDATE_STRATEGIES:
-        raise ConfigError(f"update strategy {merged['update']!r} is not one of "
-                          f"{', '.join(UPDATE_STRATEGIES)}")
-    if merged["execute"] not in ("auto", "off"):
-        raise ConfigError(f"execute {merged['execute']!r} must be 'auto' (run the Python an "
-                          "answer holds, in the sandbox) or 'off' (keep text only)")
-    if merged["starter"] not in ("auto", "on", "off"):
-        raise ConfigError(f"starter {merged['starter']!r} must be 'auto' (for the embedded "
-                          "model), 'on' or 'off'")
-    if not float(merged["code_timeout"]) > 0:
-        raise ConfigError("code_timeout must be a number of seconds above 0")
-    if merged["context"] not in ("parents", "ancestors"):
-        raise ConfigError(f"context {merged['context']!r} must be 'parents' or 'ancestors'")
-    if merged["max_tokens"] is not None and int(merged["max_tokens"]) < 1:
-        raise ConfigError("max_tokens must be at least 1 (or None for the model's own limit)")
-    if int(merged["continuations"]) < 0:
-        raise ConfigError("continuations must be 0 or more")
-    if merged["concurrency"] is not None and int(merged["concurrency"]) < 1:
-        raise ConfigError("concurrency must be at least 1 (or None for no limit)")
-    for key in ("mask_rate", "fail_rate"):
-        if not 0.0 <= float(merged[key]) <= 1.0:
-            raise ConfigError(f"{key} must be between 0 and 1")
-    _check_k(merged)
-    budget = merged["budget_usd"]
-    if budget is not None and not _finite_at_least_zero(budget):
-        raise ConfigError(f"budget_usd must be a number of USD, 0 or more, not {budget!r} "
-                          "(leave it out for no budget)")
-    check_sandbox(merged["sandbox"])
-    return merged
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_k(merged: dict) -> None:
-    limit = merged["max_k"]
-    if not _whole(limit) or not 1 <= limit <= HARD_MAX_K:
-        raise ConfigError(f"max_k must be a whole number from 1 to {HARD_MAX_K}, not {limit!r}")
-    for key in ("k", "update_k"):
-        value = merged[key]
-        if not _whole(value) or value < 1:
-            raise ConfigError(f"{key} is a number of candidate plans, a whole number >= 1, "
-                              f"not {value!r}")
-        if value > limit:
-            raise ConfigError(f"{key}={value} would send {value} paid planning calls at once; "
-                              f"the limit is max_k={limit}: lower {key}, or raise the limit on "
-                              f"purpose (--max-k {min(value, HARD_MAX_K)}, at most {HARD_MAX_K})")
-
-
-def _finite_at_least_zero(value: Any) -> bool:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, bool) and math.isfinite(number) and number >= 0
-
-
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
@@ -146,7 +49,7 @@ class Flow:
         self.name = name
         self.candidates = list(candidates or [])
         self.chosen = chosen
-        self.settings = check_settings(settings)
+        self.settings = Settings(**settings)
         self.run_id = run_id or _new_run_id()
         self.origin = origin   # "replay": made by an exported notebook's cells (see load())
         self.llm = llm or get_llm()
@@ -259,13 +162,13 @@ class Flow:
         self.spent_usd += usd or 0.0
         if unpriced and unpriced not in self.unpriced:
             self.unpriced.add(unpriced)
-            if self.settings["budget_usd"] is not None:   # said once per model and Flow
+            if self.settings.budget_usd is not None:   # said once per model and Flow
                 print(f"flowmagic: budget_usd cannot count the calls to {unpriced}: no price is "
                       "known for it, so they count as $0; give one with flowmagic.configure("
                       "prices={MODEL: (USD per 1M in, per 1M out)})", file=sys.stderr)
 
     def _budget_left(self) -> str | None:
-        budget = self.settings["budget_usd"]
+        budget = self.settings.budget_usd
         if budget is not None and self.spent_usd >= float(budget):
             return (f"budget of ${float(budget):.4f} reached (spent ${self.spent_usd:.4f}); "
                     "nothing new starts, finished nodes are kept; raise budget_usd and run() again")
@@ -277,7 +180,7 @@ class Flow:
         """The folder of this run's inputs and files (made when first needed)."""
         if self._workspace is None:
             from .engine.workspace import Workspace
-            workdir = self.settings["workdir"]
+            workdir = self.settings.workdir
             self._workspace = (Workspace(workdir) if workdir else
                                Workspace.for_run(self.store.path.parent, self.run_id))
         return self._workspace
@@ -288,7 +191,7 @@ class Flow:
 
     def files(self) -> list[str]:
         """The files in the workspace now: inputs, deliverables, what code wrote, figures."""
-        made = (self._workspace is not None or self.settings["workdir"]
+        made = (self._workspace is not None or self.settings.workdir
                 or (self.store.path.parent / "runs" / self.run_id / "workspace").is_dir())
         return self.workspace.files() if made else []
 
@@ -311,9 +214,9 @@ class Flow:
 
     def _make_executor(self) -> Executor:
         return Executor(lambda: self.workflow, NodeRunner(self.context()).run,
-                        concurrency=self.settings["concurrency"], on_event=self.emit,
+                        concurrency=self.settings.concurrency, on_event=self.emit,
                         can_start=self._budget_left, after_node=self._wants_update,
-                        update=self._update, concurrent_update=self.settings["update"] == "concurrent")
+                        update=self._update, concurrent_update=self.settings.update == "concurrent")
 
     async def arun(self, *, step: bool = False, only: list[str] | None = None) -> str:
         """Run (or step) to completion on the current loop; returns the run state."""
@@ -332,7 +235,7 @@ class Flow:
                     self.message = self._executor.stop_reason
                 elif (self.message or "").startswith("pausing"):
                     self.message = None
-                if state == RunState.DONE and self.settings["consolidate"] and self.result is None:
+                if state == RunState.DONE and self.settings.consolidate and self.result is None:
                     try:
                         await self._consolidate()
                     except FlowError as exc:   # every node is done and stored; only the summary is missing
@@ -463,10 +366,10 @@ class Flow:
     def tools_for(self, node_id: str) -> list:
         """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
         from .engine.tools import select_tools
-        similarity = self.settings["tool_similarity"]
+        similarity = self.settings.tool_similarity
         similarity = "tfidf" if similarity in ("auto", "embeddings") else similarity
         return select_tools(self.workflow.node(node_id).requirement, self.tools,
-                            top_n=self.settings["tools_top_n"],
+                            top_n=self.settings.tools_top_n,
                             similarity=similarity)
 
     async def atools_for(self, node_id: str) -> list:
@@ -474,9 +377,9 @@ class Flow:
         flowmagic.engine.tools.aselect_tools; `tool_similarity` "auto" by default)."""
         from .engine.tools import aselect_tools
         node = self.workflow.node(node_id)
-        return await aselect_tools(node.requirement, self.tools, top_n=self.settings["tools_top_n"],
-                                   similarity=self.settings["tool_similarity"], llm=self.llm,
-                                   model=node.model or self.settings["model"])
+        return await aselect_tools(node.requirement, self.tools, top_n=self.settings.tools_top_n,
+                                   similarity=self.settings.tool_similarity, llm=self.llm,
+                                   model=node.model or self.settings.model)
 
     def tool_calls(self, node_id: str | None = None) -> list[dict]:
         """Every tool call of this run (or of one node): tool, arguments, result, duration, error."""
@@ -488,15 +391,15 @@ class Flow:
         return sum(1 for e in self.update_log if e.get("kind") == "replan")
 
     def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
-        strategy = self.settings["update"]
+        strategy = self.settings.update
         if strategy == "off":
             return False
         problem = ("failed" if not ok else
                    "empty" if outcome.masked or not (outcome.output or "").strip() else None)
         if strategy == "on-failure" and problem is None:
             return False
-        repair_due = problem == "failed" and self.settings["repairs"]
-        if self._replans() >= int(self.settings["max_updates"]) and not repair_due:
+        repair_due = problem == "failed" and self.settings.repairs
+        if self._replans() >= int(self.settings.max_updates) and not repair_due:
             self._say_capped(node_id)
             return False
         self._triggers.append({"node": node_id, "why": problem or "finished"})
@@ -507,7 +410,7 @@ class Flow:
         if self._capped:
             return
         self._capped = True
-        self.message = (f"max_updates ({int(self.settings['max_updates'])}) reached: no update "
+        self.message = (f"max_updates ({int(self.settings.max_updates)}) reached: no update "
                         f"after {node_id}; raise max_updates (%%flow --max-updates N) to allow more")
         self.emit("update_capped", node_id, {"message": self.message})
 
@@ -520,23 +423,23 @@ class Flow:
         trigger, self._triggers = self._triggers, []
         before = self.workflow.copy()
         fix = None
-        if self.settings["repairs"]:
+        if self.settings.repairs:
             fix = await repairs.plan_repair(before, self.update_log, self.llm,
-                                            model=self.settings["model"], seed=self.settings["seed"],
-                                            run_id=self.run_id, max_tokens=self.settings["max_tokens"])
+                                            model=self.settings.model, seed=self.settings.seed,
+                                            run_id=self.run_id, max_tokens=self.settings.max_tokens)
         if fix is not None:
             self._spend(fix.usage.get("cost_usd", 0.0))
             entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
                      "no_change": False, "errors": []}
             update = fix.update
-        elif self._replans() >= int(self.settings["max_updates"]):
+        elif self._replans() >= int(self.settings.max_updates):
             self._say_capped(trigger[-1]["node"] if trigger else "the last node")
             return
         else:
             # Not the nodes' cap: a restructure cut at 512 tokens silently became "no change";
             # an answer cut anyway is continued (updater._ask).
-            result = await updater.propose(before, llm=self.llm, k=int(self.settings["update_k"]),
-                                           model=self.settings["model"], seed=self.settings["seed"],
+            result = await updater.propose(before, llm=self.llm, k=int(self.settings.update_k),
+                                           model=self.settings.model, seed=self.settings.seed,
                                            run_id=self.run_id, max_tokens=updater.UPDATE_MAX_TOKENS,
                                            trigger=trigger)
             for candidate in result.candidates or []:
@@ -548,7 +451,7 @@ class Flow:
                      "trigger": [i for i, n in before.nodes.items()   # plan order
                                  if n.status == Status.FAILED or i in called]}
             update = None if result.no_change else result.update
-        entry.update(time=time.time(), strategy=self.settings["update"])
+        entry.update(time=time.time(), strategy=self.settings.update)
         if update is not None:
             # Merge onto the live workflow: nodes may have finished since the snapshot.
             self.workflow, entry["diff"] = updater.merge(self.workflow, update)
@@ -571,7 +474,7 @@ class Flow:
         wf = self.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
         texts = [n.output or "" for n in active]
-        allowed = shares([len(t) for t in texts], int(self.settings["context_chars"]))
+        allowed = shares([len(t) for t in texts], int(self.settings.context_chars))
         body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(t, k)}"
                            for n, t, k in zip(active, texts, allowed))
         messages = [
@@ -580,10 +483,10 @@ class Flow:
                                         "Summarise what was done and what it found, briefly. "
                                         "Do not rewrite or repeat the results: they are kept "
                                         "as they are."}]
-        reply = await self.llm.complete_whole(messages, model=self.settings["model"],
-                                              seed=self.settings["seed"],
-                                              continuations=int(self.settings["continuations"]),
-                                              max_tokens=self.settings["max_tokens"],
+        reply = await self.llm.complete_whole(messages, model=self.settings.model,
+                                              seed=self.settings.seed,
+                                              continuations=int(self.settings.continuations),
+                                              max_tokens=self.settings.max_tokens,
                                               run_id=self.run_id, purpose="consolidate")
         self._spend(reply.cost_usd)
         self.result = reply.text
@@ -626,7 +529,7 @@ class Flow:
         node = self._not_running(node_id)
         # a malformed endpoint, or a model the endpoint does not list: a ConfigError now
         check_model(model)
-        node.downgraded_from = node.downgraded_from or node.model or self.settings["model"] or "default"
+        node.downgraded_from = node.downgraded_from or node.model or self.settings.model or "default"
         node.model = model
         self._changed("downgraded", node_id, model=model)
 
@@ -730,7 +633,7 @@ class Flow:
         from .llm.endpoints import price_of
         wf = self.workflow
         pending = [n for n in wf.nodes.values() if n.status not in (Status.DONE, Status.PRUNED)]
-        out_tokens = int(self.settings["max_tokens"] or 512) // 2
+        out_tokens = int(self.settings.max_tokens or 512) // 2
         tokens_in = tokens_out = 0
         cost = 0.0
         for node in pending:
@@ -738,10 +641,10 @@ class Flow:
             t_in = (len(wf.task) + len(node.requirement) + 300) // 4 + parents * out_tokens
             tokens_in += t_in
             tokens_out += out_tokens
-            endpoint, model = resolve(node.model or self.settings["model"])
+            endpoint, model = resolve(node.model or self.settings.model)
             price = price_of(model, local=endpoint.local) or (0.0, 0.0)
             cost += (t_in * price[0] + out_tokens * price[1]) / 1e6
-        calls = len(pending) * (2 if self.settings["validate"] == "llm" else 1) + 1
+        calls = len(pending) * (2 if self.settings.validate_ == "llm" else 1) + 1
         return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out,
                 "cost_usd": round(cost, 6)}
 
@@ -821,25 +724,25 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; write what you want done in words")
     llm = llm or get_llm()
-    settings = check_settings({**settings, "k": k, "model": model, "strategy": strategy})
+    settings = Settings(**{**settings, "k": k, "model": model, "strategy": strategy})
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
     run_id = _new_run_id()
     context = None
     if inputs is not None:
         from .engine.workspace import Workspace
         store_home = llm.store.path.parent
-        workspace = (Workspace(settings["workdir"]) if settings["workdir"]
+        workspace = (Workspace(settings.workdir) if settings.workdir
                      else Workspace.for_run(store_home, run_id))
         workspace.add(inputs)
         context = workspace.describe()
     candidates, chosen = await planner.plan(
-        task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings["seed"],
-        max_subtasks=settings["max_subtasks"], max_agents=settings["max_agents"], run_id=run_id,
-        progress=progress, context=context, method=settings["plan_method"],
-        time_limit_s=settings["plan_time_s"])
+        task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,
+        max_subtasks=settings.max_subtasks, max_agents=settings.max_agents, run_id=run_id,
+        progress=progress, context=context, method=settings.plan_method,
+        time_limit_s=settings.plan_time_s)
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
-                llm=llm, tools=tools, **{k2: v for k2, v in settings.items() if k2 in DEFAULTS})
+                llm=llm, tools=tools, **settings)
     flow.spent_usd = sum(c.cost_usd for c in candidates)
     return flow
 

@@ -10,7 +10,9 @@ it, and report through three callables: `emit` (persist an event, then tell subs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable
+
+from ..settings import Settings
 
 __all__ = ["RunContext"]
 
@@ -21,7 +23,7 @@ class RunContext:
     getters because a flow may switch candidates or make its workspace late."""
 
     current_workflow: Callable[[], Any]
-    settings: Mapping[str, Any]
+    settings: Settings
     llm: Any
     store: Any
     run_id: str

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from . import stepwise
 from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError, PlanError
+from ..settings import HARD_MAX_K
 from ..model.graph import Workflow, parse_plan
 from ..model.plan_checks import check_plan, same_task, topic_share
 from .selection import RULE, candidate_line, coverage, multi_step, score, select
@@ -37,7 +38,6 @@ STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
                       "dependency only when a result is really needed. Give each subtask "
                       "\"estimate_s\", its estimated duration in seconds.", None),
 }
-HARD_MAX_K = 1000   # candidate plans per call, whatever max_k says (each one is a paid call)
 # Placeholders, not a worked example: SmolLM2 answered "List five facts about tea" to an
 # analysis of sales.csv when the prompt showed a real plan for a tea blog post.
 _EXAMPLE = [("<first_id>", "<what this subtask produces for the task>", "<role>", [], 60),

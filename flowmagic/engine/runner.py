@@ -62,8 +62,8 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     fingerprint must not depend on a folder another machine does not have)."""
     wf = ctx.workflow
     node = wf.nodes[node_id]
-    budget = int(ctx.settings["context_chars"])
-    sources = (wf.ancestors(node_id) if ctx.settings["context"] == "ancestors"
+    budget = int(ctx.settings.context_chars)
+    sources = (wf.ancestors(node_id) if ctx.settings.context == "ancestors"
                else wf.parents(node_id))
     done = [p for p in sources if wf.nodes[p].status == Status.DONE]
     texts = [wf.nodes[p].output or "" for p in done]
@@ -84,7 +84,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                      "context and were cut where marked [cut here]; do not guess what is missing.")
     if later:
         parts.append(f"Later subtasks will build on your result:\n{later}")
-    if ctx.settings["execute"] != "off" and (
+    if ctx.settings.execute != "off" and (
             about_files_or_code(wf.task, node.requirement) or (workspace and ctx.workspace.inputs)):
         made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == Status.DONE
                 for f in made_files(wf.nodes[a].execution)]
@@ -106,11 +106,11 @@ class NodeRunner:
         self.ctx = ctx
 
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
-        return random.Random(f"{self.ctx.settings['seed']}:{node_id}:{what}:{attempt}").random()
+        return random.Random(f"{self.ctx.settings.seed}:{node_id}:{what}:{attempt}").random()
 
     async def _verdict(self, node, text: str, code_ran: bool = False,
                        finish_reason: str | None = None):
-        mode = self.ctx.settings["validate"]
+        mode = self.ctx.settings.validate_
         if finish_reason == "content_filter":   # what there is was cut by the endpoint's filter
             return False, "the endpoint's content filter stopped the answer; rephrase the subtask"
         if not (text or "").strip():   # under every mode: an empty answer did not do the work
@@ -119,31 +119,31 @@ class NodeRunner:
             return True, ""
         from .validation import validate
         verdict = await validate(node, text, task=self.ctx.workflow.task, mode=mode,
-                                 llm=self.ctx.llm, model=self.ctx.settings["validator_model"]
-                                 or self.ctx.settings["model"], run_id=self.ctx.run_id,
-                                 max_tokens=self.ctx.settings["max_tokens"],
+                                 llm=self.ctx.llm, model=self.ctx.settings.validator_model
+                                 or self.ctx.settings.model, run_id=self.ctx.run_id,
+                                 max_tokens=self.ctx.settings.max_tokens,
                                  run_output_code=not code_ran,
-                                 sandbox=self.ctx.settings["sandbox"],
-                                 code_timeout=float(self.ctx.settings["code_timeout"]))
+                                 sandbox=self.ctx.settings.sandbox,
+                                 code_timeout=float(self.ctx.settings.code_timeout))
         return verdict.passed, scrub(verdict.feedback)
 
     async def _execute(self, node_id: str, answer: str):
         """Save the answer's named files and run its Python in the sandbox (None when off)."""
         settings = self.ctx.settings
-        if settings["execute"] == "off":
+        if settings.execute == "off":
             return None
-        return await aexecute(self.ctx.workspace, node_id, answer, mode=settings["execute"],
-                              timeout=float(settings["code_timeout"]), sandbox=settings["sandbox"])
+        return await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
+                              timeout=float(settings.code_timeout), sandbox=settings.sandbox)
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
         ctx, settings = self.ctx, self.ctx.settings
-        if settings["execute"] == "off" or settings["starter"] == "off" or node.attempts:
+        if settings.execute == "off" or settings.starter == "off" or node.attempts:
             return False
-        if settings["starter"] == "auto":
+        if settings.starter == "auto":
             from ..llm.endpoints import resolve
             try:
-                endpoint, _ = resolve(node.model or settings["model"])
+                endpoint, _ = resolve(node.model or settings.model)
             except FlowError:
                 return False
             if not endpoint.local:
@@ -169,8 +169,8 @@ class NodeRunner:
         try:
             ex = await asyncio.to_thread(run_python, self.ctx.workspace, node.id,
                                          self.ctx.workspace.example(),
-                                         timeout=float(settings["code_timeout"]),
-                                         sandbox=settings["sandbox"])
+                                         timeout=float(settings.code_timeout),
+                                         sandbox=settings.sandbox)
         finally:
             node.execution = None
         ex.starter = True
@@ -179,14 +179,14 @@ class NodeRunner:
     async def _reply(self, node, messages: list[dict], seed: int):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
         ctx, settings = self.ctx, self.ctx.settings
-        kwargs = dict(model=node.model or settings["model"], seed=seed,
-                      temperature=settings["temperature"], max_tokens=settings["max_tokens"],
+        kwargs = dict(model=node.model or settings.model, seed=seed,
+                      temperature=settings.temperature, max_tokens=settings.max_tokens,
                       run_id=ctx.run_id, node_id=node.id, purpose="node",
                       on_text=ctx.text_sink(node.id))
         offered = await ctx.offer_tools(node.id) if ctx.has_tools() else []
         if not offered:
             return await ctx.llm.complete_whole(
-                messages, continuations=int(settings["continuations"]), **kwargs), []
+                messages, continuations=int(settings.continuations), **kwargs), []
         from .toolloop import run_with_tools
 
         def called(call) -> None:
@@ -196,8 +196,8 @@ class NodeRunner:
             ctx.emit("tool", node.id, {"call": call.to_dict()})
 
         result = await run_with_tools(
-            ctx.llm, messages, offered, max_rounds=int(settings["tool_rounds"]),
-            timeout_s=settings["tool_timeout_s"], protocol=settings["tool_protocol"],
+            ctx.llm, messages, offered, max_rounds=int(settings.tool_rounds),
+            timeout_s=settings.tool_timeout_s, protocol=settings.tool_protocol,
             on_call=called, **kwargs)
         reply = result.reply
         reply.cut = reply.finish_reason == "length"   # the tool loop does not continue answers
@@ -218,12 +218,12 @@ class NodeRunner:
                                                           "error": str(exc)}]
             return outcome
         start_report = report(start) if start is not None else ""
-        for attempt in range(int(settings["max_attempts"])):
+        for attempt in range(int(settings.max_attempts)):
             started = time.time()
             # the model asked for; the reply's own id (endpoint:model) replaces it when one comes
             record = {"start": started, "attempt": history + attempt + 1,
-                      "model": node.model or settings["model"] or "default"}
-            if settings["fail_rate"] and self._chance(node_id, "fail", history + attempt) < settings["fail_rate"]:
+                      "model": node.model or settings.model or "default"}
+            if settings.fail_rate and self._chance(node_id, "fail", history + attempt) < settings.fail_rate:
                 record.update(end=time.time(), passed=False, output=None,
                               error="injected failure (fail_rate)")
                 attempts.append(record)
@@ -231,7 +231,7 @@ class NodeRunner:
             messages = node_messages(ctx, node_id, retry_prompt(attempts), started=start_report)
             try:
                 reply, tool_calls = await self._reply(node, messages,
-                                                      settings["seed"] + history + attempt)
+                                                      settings.seed + history + attempt)
             except EndpointError as exc:
                 record.update(end=time.time(), passed=False, output=None, error=str(exc))
                 attempts.append(record)
@@ -245,7 +245,7 @@ class NodeRunner:
             record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
-                          cost_usd=reply.cost_usd, seed=settings["seed"] + history + attempt)
+                          cost_usd=reply.cost_usd, seed=settings.seed + history + attempt)
             if not reply.priced:   # 0.0 above is "no price known", not "free"
                 record["unpriced"] = True
             if tool_calls:
@@ -314,8 +314,8 @@ class NodeRunner:
             last = attempts[-1] if attempts else {}
             why = " ".join(str(last.get("feedback") or last.get("error") or "no output").split())
             outcome.error = f"failed {len(attempts)} attempt(s); last: {why[:300]}" + ("…" if len(why) > 300 else "")  # one line
-        if (outcome.ok and not history and settings["mask_rate"]
-                and self._chance(node_id, "mask") < settings["mask_rate"]):
+        if (outcome.ok and not history and settings.mask_rate
+                and self._chance(node_id, "mask") < settings.mask_rate):
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome

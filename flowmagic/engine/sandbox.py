@@ -59,13 +59,13 @@ from dataclasses import asdict, dataclass, field
 from ..errors import ConfigError, SandboxError
 from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
+from ..settings import SANDBOXES, check_sandbox
 from . import bwrap, seccomp
 
 __all__ = ["SandboxResult", "SandboxStatus", "run_code", "arun_code", "sandbox_status",
            "check_sandbox", "extract_code", "TESTS_FAILED", "SANDBOXES"]
 
 TESTS_FAILED = 97      # the child's exit status when the code ran but a test failed
-SANDBOXES = ("bwrap", "none")
 NONE_WARNING = ("flowmagic: sandbox='none': model-written code runs WITHOUT isolation, with "
                 "your rights over your files; install bubblewrap and use sandbox='bwrap'")
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
@@ -222,14 +222,6 @@ def sandbox_status(*, refresh: bool = False) -> SandboxStatus:
         if _status is None or refresh:
             _status = _probe()
         return _status
-
-
-def check_sandbox(sandbox: object) -> str:
-    """`sandbox` if it is a known setting, else a ConfigError saying which are."""
-    if sandbox not in SANDBOXES:
-        raise ConfigError(f"sandbox must be 'bwrap' (isolated, the default) or 'none' (no "
-                          f"isolation, unsafe), not {sandbox!r}")
-    return sandbox
 
 
 # ------------------------------------------------------------------------------ running

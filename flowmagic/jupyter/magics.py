@@ -251,7 +251,7 @@ class FlowMagics(Magics):
 
     @staticmethod
     def _check_budget(flow) -> None:
-        budget = flow.settings.get("budget_usd")
+        budget = flow.settings.budget_usd
         if budget is None:
             return
         estimate = flow.estimate()["cost_usd"]
@@ -450,8 +450,8 @@ class FlowMagics(Magics):
         """Set defaults by short name (k=2) or trait name (default_k=2), all checked first."""
         if not values:
             return
-        # flow.py's own check, so a bad default fails here and not at the next %%flow.
-        from ..flow import DEFAULTS, check_settings
+        # the Settings model's own check, so a bad default fails here and not at the next %%flow.
+        from ..settings import DEFAULTS, Settings
 
         traits, extra = {}, dict(self.settings)
         for key, value in values.items():
@@ -467,7 +467,7 @@ class FlowMagics(Magics):
                 traits[trait] = value
         merged = {k: traits.get(t, getattr(self, t)) for k, t in _TRAITS.items() if k != "mode"}
         try:
-            check_settings({**merged, **extra})
+            Settings(**{**merged, **extra})
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
         for trait, value in traits.items():

@@ -38,7 +38,7 @@ def derive_cheaper(flow: Any, target: str | None) -> dict[str, str]:
     goal = resolve(target)
     out: dict[str, str] = {}
     for node in flow.workflow.nodes.values():
-        model = node.model or flow.settings.get("model") or "default"
+        model = node.model or flow.settings.model or "default"
         if node.status != Status.PRUNED and model not in out and resolve(model) != goal:
             out[model] = target
     return out

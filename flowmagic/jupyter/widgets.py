@@ -413,7 +413,7 @@ class Panel:
         if est["output_tokens"]:
             line += (f" · still to run: ~{_fmt_int(est['input_tokens'] + est['output_tokens'])}"
                      f" tokens, ~${est['cost_usd']:.4f}")
-        budget = self.flow.settings.get("budget_usd")
+        budget = self.flow.settings.budget_usd
         if budget is not None:
             line += f" · budget ${float(budget):.4f}"
         return line
@@ -424,7 +424,7 @@ class Panel:
             return ""
         from ..view.render import ran_on_model
 
-        model = node.model or self.flow.settings.get("model") or "default"
+        model = node.model or self.flow.settings.model or "default"
         if model == "default":   # say which model that is
             try:
                 from ..llm.endpoints import resolve

@@ -185,7 +185,7 @@ async def run_one(flow: "Flow", workflow: Workflow, example: Any, index: int,
     ends = sinks(wf)
     if not ends:
         raise ConfigError("the workflow has no active nodes; nothing to run")
-    consolidated = bool(flow.settings["consolidate"]) and len(ends) > 1
+    consolidated = bool(flow.settings.consolidate) and len(ends) > 1
     # The same workflow on every input: no updater rewriting it mid-run.
     child = flow.derive(wf, name=f"{flow.name}[{index}]", update="off", consolidate=consolidated)
     item = Item(index=index, input=example, run_id=child.run_id)

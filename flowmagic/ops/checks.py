@@ -216,7 +216,7 @@ def check_deliverables(flow, *, html_words: tuple[str, ...] = (),
             checks.append(check_gobang(path))
         elif rel.endswith(".tex"):
             checks.append(check_latex(path, expect_frames=frames,
-                                      sandbox=flow.settings.get("sandbox") or "bwrap"))
+                                      sandbox=flow.settings.sandbox or "bwrap"))
     if not checks:
         checks.append(Check("-", False, "no deliverable to check: the run wrote "
                                         + (", ".join(files) if files else "no files")))

@@ -193,8 +193,8 @@ def _execute(flow, node_id: str, code: str, record: dict) -> dict:
     if not folder.is_dir():
         raise ConfigError(f"the run's files are not next to the notebook ({folder} is missing); "
                           "export the flow again, or copy that folder back")
-    timeout = float(flow.settings.get("code_timeout") or 60.0)
+    timeout = float(flow.settings.code_timeout or 60.0)
     ex = run_python(Workspace(folder), node_id, code, timeout=timeout,
-                    sandbox=flow.settings.get("sandbox") or "bwrap").to_dict()
+                    sandbox=flow.settings.sandbox or "bwrap").to_dict()
     _show(code_outputs(flow.run_id, node_id, ex, figure_data(folder, ex["figures"])))
     return ex

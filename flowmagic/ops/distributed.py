@@ -107,7 +107,7 @@ def write_results(frame: Any, path: str | os.PathLike) -> None:
 def _base(flow: "Flow", endpoints: dict) -> str:
     """What decides an input's answer besides the input: the workflow, settings and models."""
     return canonical({"workflow": fresh_copy(flow.workflow).to_dict(),
-                       "settings": flow.settings,
+                       "settings": flow.settings.to_dict(),
                        "endpoints": {n: (e.identity, e.model) for n, e in endpoints.items()}})
 
 

@@ -142,8 +142,6 @@ def _identifier(name: str) -> str:
 
 
 def _plan(flow) -> dict:
-    from ..flow import DEFAULTS
-
     wf = flow.workflow
     nodes = []
     for node in wf.nodes.values():
@@ -154,7 +152,7 @@ def _plan(flow) -> dict:
         if node.status == Status.PRUNED:
             d["status"] = Status.PRUNED
         nodes.append(d)
-    settings = {k: setting_value(flow.settings[k]) for k in DEFAULTS if k in flow.settings}
+    settings = {k: setting_value(v) for k, v in flow.settings.items()}
     return {"task": wf.task, "settings": settings, "nodes": nodes,
             "edges": [list(e) for e in wf.edges()]}
 

@@ -92,7 +92,7 @@ def fingerprint(flow, node_id: str) -> str:
 
     node = flow.workflow.nodes[node_id]
     facts = {"messages": node_messages(flow.context(), node_id, workspace=False),
-             "model": node.model or flow.settings.get("model"),
+             "model": node.model or flow.settings.model,
              **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -110,7 +110,7 @@ def _model_of(flow, node) -> str:
     for attempt in reversed(node.attempts):
         if attempt.get("model"):
             return str(attempt["model"])
-    return node.model or flow.settings.get("model") or "default"
+    return node.model or flow.settings.model or "default"
 
 
 def node_bundle(flow, node_id: str, *, replayed: bool | None = None) -> tuple[dict, dict]:
@@ -182,7 +182,7 @@ def result_bundle(flow) -> tuple[dict, dict]:
                   + (f"\n\n{flow.result}" if flow.result else ""))
     elif flow.result is None:
         result = ("*no result: the final write-up is off (consolidate=False)*"
-                  if not flow.settings.get("consolidate") else "*no result yet*")
+                  if not flow.settings.consolidate else "*no result yet*")
     else:
         result = flow.result
     rows, total = _cost_rows(flow)
@@ -279,8 +279,9 @@ def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwarg
     A setting "function:NAME" (a validator) becomes the function NAME of `namespace` when
     the notebook defines it; else it stays a name, and a node that runs again reports
     its validator as unavailable."""
-    from ..flow import DEFAULTS, Flow
+    from ..flow import Flow
     from ..model.graph import Workflow
+    from ..settings import DEFAULTS
 
     if not isinstance(plan, dict) or "nodes" not in plan:
         raise PlanError('a %%flow_plan body is {"task": ..., "settings": {...}, "nodes": [...], '
@@ -400,12 +401,12 @@ def _run_one(flow, node_id: str) -> None:
     (and hits the cache the next time); earlier attempts are kept before the new ones.
     No final write-up: the result cell does that."""
     node = flow.workflow.nodes[node_id]
-    consolidate, earlier = flow.settings["consolidate"], node.attempts
-    flow.settings["consolidate"], node.attempts = False, []
+    consolidate, earlier = flow.settings.consolidate, node.attempts
+    flow.settings.consolidate, node.attempts = False, []
     try:
         _block(flow, lambda: flow.arun(only=[node_id]))
     finally:
-        flow.settings["consolidate"] = consolidate
+        flow.settings.consolidate = consolidate
         node.attempts = earlier + node.attempts
 
 
@@ -461,7 +462,7 @@ def _before_call(flow, node_id: str, rec: dict | None, allow: bool) -> None:
         why = "it had not run when the notebook was exported"
     else:
         why = "its requirement or inputs changed since the export"
-    print(f"{node_id}: {why}; calling {_model_named(node.model or flow.settings.get('model'))}")
+    print(f"{node_id}: {why}; calling {_model_named(node.model or flow.settings.model)}")
 
 
 def _model_named(model: str | None) -> str:
@@ -512,14 +513,14 @@ def show_result(flow) -> None:
         recorded = state.record.get("result")
         if recorded is not None and not state.executed and state.replayed >= set(active):
             flow.result = recorded
-        elif flow.settings.get("consolidate"):
+        elif flow.settings.consolidate:
             if not (state.record or state.allow_calls or state.executed):
                 raise NodeError(
                     f"the result of {flow.name!r} has no trusted record to replay "
                     f"({state.rejected or 'no record cell has run'}), so this cell would call "
                     f"the model; export again, or add --allow-calls to %%flow_plan {flow.name}")
             print(f"result: the nodes are not all as exported; calling "
-                  f"{_model_named(flow.settings.get('model'))} for the final write-up")
+                  f"{_model_named(flow.settings.model)} for the final write-up")
             _block(flow, flow.arun)   # nothing left to run: only the final write-up
     _show(flow, "result", result_bundle(flow))
 

@@ -224,7 +224,7 @@ async def _importance(session: _Session, wf: Workflow, stage: str, cheaper: dict
     nodes = list(g.nodes)
     degree = nx.degree_centrality(g) if len(nodes) > 1 else {v: 0.0 for v in nodes}
     between = nx.betweenness_centrality(g)
-    default = session.flow.settings["model"]
+    default = session.flow.settings.model
     trials = {v: t for v in nodes if (t := _trial(wf, stage, v, cheaper, default)) is not None}
     evs = await gather_all([session.evaluate(t[0]) for t in trials.values()])
     loo: dict[str, float | None] = dict.fromkeys(nodes)
@@ -359,7 +359,7 @@ async def _stage(session: _Session, judge: _Session, report: SlimReport, wf: Wor
                  cheaper: dict, weights: dict) -> tuple[Workflow, Evaluation]:
     """Rank on `session`'s probe split, accept on `judge`'s (the same session when no
     separate split was given)."""
-    default = session.flow.settings["model"]
+    default = session.flow.settings.model
     round_no = 0
     # Ends: a kept prune removes a node, a kept downgrade strictly lowers the cost.
     while True:

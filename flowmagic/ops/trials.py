@@ -268,7 +268,7 @@ async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
     function); `plan_score(workflow) -> dict of numbers` scores each trial's plan, e.g.
     `lambda wf: flowmagic.evaluate.compare(wf, gold)` (its Scores are read as a dict).
     """
-    from ..flow import DEFAULTS
+    from ..settings import Settings
     from .batch import get_scorer
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -283,9 +283,7 @@ async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
     judge = _success_fn(success, checks)
     conds = _conditions(conditions)
     given = sorted({k for c in conds.values() for k in c} | set(settings))
-    unknown = [k for k in given if k not in DEFAULTS]
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    Settings.refuse_unknown(given)
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
