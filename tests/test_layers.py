@@ -166,3 +166,36 @@ def test_the_private_name_check_sees_a_reach_in(tmp_path):
     hits = list(private_reach_ins(probe, "flowmagic.engine"))
     assert any("import _canon" in h for h in hits), hits
     assert any("ep._Endpoint" in h for h in hits), hits
+
+
+FRONT_ENDS = ("IPython", "ipywidgets")
+
+
+def front_end_imports(path):
+    """(line, module) of every import of IPython or ipywidgets in a file, lazy ones included."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                 else [])
+        for name in names:
+            if name.split(".")[0] in FRONT_ENDS:
+                yield node.lineno, name
+
+
+def test_only_jupyter_and_the_cli_import_ipython_or_ipywidgets():
+    """The layers below `jupyter/` reach a notebook through `_internal.outputs` (which
+    `flowmagic.jupyter` fills in), never by importing IPython themselves."""
+    found = []
+    for path in (ROOT / "flowmagic").rglob("*.py"):
+        where = path.relative_to(ROOT / "flowmagic")
+        if where.parts[0] == "jupyter" or where == type(where)("cli.py"):
+            continue
+        found += [f"{where}:{line}: {name}" for line, name in front_end_imports(path)]
+    assert not found, "IPython or ipywidgets imported outside jupyter/ and cli.py:\n" + \
+        "\n".join(found)
+
+
+def test_the_front_end_check_sees_a_lazy_import(tmp_path):
+    probe = tmp_path / "render.py"
+    probe.write_text("def f():\n    from IPython.display import display\n    import ipywidgets\n")
+    assert [name for _, name in front_end_imports(probe)] == ["IPython.display", "ipywidgets"]

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._internal import outputs
 from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
 from ..model import status as transition
@@ -97,15 +98,13 @@ def code_outputs(run_id: str, node_id: str, execution: dict, figures: dict[str, 
     return out
 
 
-def _show(outputs: list[tuple]) -> None:
-    from IPython.display import display
-
-    for item in outputs:
+def _show(items: list[tuple]) -> None:
+    for item in items:
         if item[0] == "stream":
             print(item[2], end="", file=sys.stdout if item[1] == "stdout" else sys.stderr)
             (sys.stdout if item[1] == "stdout" else sys.stderr).flush()
         else:
-            display(item[1], raw=True, metadata=item[2])
+            outputs.show(item[1], item[2])
 
 
 def handle_flow_code(shell, line: str, cell: str | None) -> None:

@@ -42,6 +42,7 @@ from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, r
                      plan_summary, result_bundle, setting_value, settle, show_result,
                      tables)
 from ..model.status import Status
+from .._internal.outputs import show as display_output
 
 __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
            "handle_flow_plan", "handle_flow_record", "handle_flow_node", "handle_flow_code", "load_cache",
@@ -126,10 +127,8 @@ def drawing_bundles(flow) -> list[tuple[dict, dict]]:
 
 def show_drawings(flow) -> None:
     """The graph and the timeline, each as PNG beside SVG."""
-    from IPython.display import display
-
     for data, meta in drawing_bundles(flow):
-        display(data, raw=True, metadata=meta)
+        display_output(data, meta)
 
 
 # ----------------------------------------------------------------------------- export

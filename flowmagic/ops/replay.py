@@ -35,6 +35,7 @@ import weakref
 from typing import Any, Callable
 
 from ..errors import ConfigError, NodeError, PlanError
+from .._internal import outputs
 from .._internal.aio import run_blocking
 from ..model import status as transition
 from ..model.status import STATUSES, RunState, Status
@@ -202,25 +203,15 @@ def _show(flow, what: str, bundle: tuple[dict, dict], *, update: bool = False) -
 
     Each display gets a new id, remembered per node: an update must reach the output now
     on screen, not one a re-run cell has already cleared (nbclient trips over those)."""
-    from IPython.display import display, update_display
-
     data, meta = bundle
     state = _state(flow)
     if update:
         if what in state.shown:
-            update_display(data, raw=True, metadata=meta, display_id=state.shown[what])
+            outputs.show(data, meta, display_id=state.shown[what], update=True)
         return
     state.count += 1
     state.shown[what] = f"flowmagic-{flow.name}-{what}-{state.count}"
-    display(data, raw=True, metadata=meta, display_id=state.shown[what])
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return getattr(get_ipython(), "kernel", None) is not None
+    outputs.show(data, meta, display_id=state.shown[what])
 
 
 # ----------------------------------------------------------------------------- the magics
@@ -413,7 +404,7 @@ def _run_one(flow, node_id: str) -> None:
 def _mark_stale(flow, node_id: str) -> list[str]:
     wf = flow.workflow
     stale = [d for d in wf.descendants(node_id) if wf.nodes[d].stale]
-    if _in_kernel():
+    if outputs.in_kernel():
         for d in stale:
             _show(flow, d, node_bundle(flow, d), update=True)
         _show(flow, "result", result_bundle(flow), update=True)

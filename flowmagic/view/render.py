@@ -11,7 +11,8 @@ children); a downgraded node shows "↓ model" and a double border; a stale node
 Rendering needs graphviz's `dot` program. Without it `svg()` returns the DOT text after a
 DOT comment line saying how to install graphviz (the text is still valid DOT), and
 `png()` raises a `ConfigError` with that line: bytes that are not a PNG would be worse.
-graphviz and IPython are imported on first use only.
+graphviz is imported on first use only; IPython never (a live drawing reaches the notebook
+through `flowmagic._internal.outputs`, which `flowmagic.jupyter` fills in).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from typing import Any, Callable, Iterable
+from xml.dom import minidom
 from xml.sax.saxutils import escape as _xml, quoteattr as _attr
 
 from ..errors import ConfigError
+from .._internal import outputs
 from .._internal.text import one_line
 from ..model.graph import Workflow
 from ..model.metrics import critical_path
@@ -367,7 +371,7 @@ class LiveDrawing:
     widens the interval to twice the render time, so a big graph cannot hog the kernel.
 
     `update(content)` receives the SVG text (or, without `dot`, the summary and DOT_HINT);
-    by default it updates an IPython display made with `display(..., display_id=True)`.
+    by default it updates one notebook output (a display id), in IPython only.
     """
 
     def __init__(self, flow: Any, *, interval: float = 0.25,
@@ -392,17 +396,20 @@ class LiveDrawing:
         return data.decode("utf-8") if data is not None else f"{summary(self.flow)}\n{DOT_HINT}"
 
     def _show(self, content: str) -> None:
-        from IPython import get_ipython
-        from IPython.display import SVG, Pretty, display
-
-        shown = SVG(data=content) if content.lstrip().startswith("<") else Pretty(content)
-        if self._handle is None:
-            if get_ipython() is None:
-                raise ConfigError("LiveDrawing updates a notebook output; outside IPython pass "
-                                  "update=<a function taking the SVG text>")
-            self._handle = display(shown, display_id=True)
+        if self._handle is None and not outputs.available():
+            raise ConfigError("LiveDrawing updates a notebook output; outside IPython pass "
+                              "update=<a function taking the SVG text>")
+        if content.lstrip().startswith("<"):   # the <svg> element alone, as IPython's SVG keeps it
+            found = minidom.parseString(content).getElementsByTagName("svg")
+            shown = {"image/svg+xml": found[0].toxml() if found else content,
+                     "text/plain": "<flowmagic drawing>"}
         else:
-            self._handle.update(shown)
+            shown = {"text/plain": content}
+        if self._handle is None:
+            self._handle = f"flowmagic-drawing-{secrets.token_hex(8)}"
+            outputs.show(shown, display_id=self._handle)
+        else:
+            outputs.show(shown, display_id=self._handle, update=True)
 
     def _redraw(self) -> None:
         self._cancel()
