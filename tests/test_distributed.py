@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -39,6 +40,11 @@ def asked(server) -> list[str]:
     return [m.group(1) for r in server.requests if (m := ASKED.search(str(r["body"])))]
 
 
+def worker_files(cluster) -> list[pathlib.Path]:
+    folders = cluster.run(lambda dask_worker: dask_worker.local_directory)
+    return [p for f in folders.values() for p in pathlib.Path(f).rglob("*") if p.is_file()]
+
+
 def cities(n: int) -> pd.DataFrame:
     return pd.DataFrame({"city": [f"c{i}" for i in range(n)], "year": [2000 + i for i in range(n)]})
 
@@ -61,8 +67,16 @@ def test_200_rows_on_two_workers_complete_in_order_logged_and_resumed_with_zero_
     with LoopbackServer(responder=echo, latency=latency) as server:
         flowmagic.configure(base_url=server.base_url, model="m", api_key=KEY)
         flow = Flow.from_dict(PLAN, task="answer questions")
-        seen = []
-        out = flow.map(frame, engine=cluster, progress=lambda p: seen.append(p.line()))
+        seen, during = [], []
+
+        def look(progress):
+            seen.append(progress.line())
+            if len(seen) == 5:   # mid-map: the workers' own stores are on their disks
+                during.extend(worker_files(cluster))
+
+        out = flow.map(frame, engine=cluster, progress=look)
+        after = worker_files(cluster)
+        threads = cluster.run(lambda: [t.name for t in threading.enumerate()])
         first = asked(server)
         again = flow.map(frame, engine=cluster, progress=False)
         second = asked(server)[len(first):]
@@ -82,11 +96,12 @@ def test_200_rows_on_two_workers_complete_in_order_logged_and_resumed_with_zero_
     assert second == []
     assert again["resumed"].all() and list(again["result"]) == list(out["result"])
     # No key on any worker's disk (stores, spill), in the user's store, nor in the payload.
-    folders = cluster.run(lambda dask_worker: dask_worker.local_directory)
-    files = [p for f in folders.values() for p in pathlib.Path(f).rglob("*") if p.is_file()]
-    files += list(pathlib.Path(os.environ["FLOWMAGIC_HOME"]).rglob("*"))
-    assert any(p.name.endswith(".db") for p in files)
+    files = during + list(pathlib.Path(os.environ["FLOWMAGIC_HOME"]).rglob("*"))
+    assert len([p for p in during if p.name.startswith("flowmagic-") and p.suffix == ".db"]) == 2
     assert not [p for p in files if p.is_file() and KEY.encode() in p.read_bytes()]
+    # When the map ends each worker drops it: no store file, no loop thread left behind.
+    assert not [p for p in after if p.name.startswith("flowmagic-")]
+    assert not [t for names in threads.values() for t in names if t.startswith("flowmagic-map")]
     assert KEY.encode() not in distributed.task_payload(flow, distributed._endpoints())
 
 
