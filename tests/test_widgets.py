@@ -78,7 +78,7 @@ def test_buttons_match_methods(server, tmp_path):
         via_panel()
         via_code()
         assert state(by_panel) == state(by_code)
-    assert panel.message.value == ""
+    assert panel.message.value == "running again: <b>stats</b>"   # no error; the last click
     wf = by_panel.workflow
     # load still reaches report through stats: pruning plot adds no redundant load -> report.
     assert wf.nodes["plot"].status == "pruned"
@@ -104,6 +104,7 @@ def test_enabled_buttons_follow_the_state(server):
     assert panel.progress.value == 1 and panel.progress.description == "1/4 done"
     pick(panel, "plot")
     panel.prune_button.click()
+    assert panel.message.value == "pruned <b>plot</b>"   # which node the click acted on
     assert disabled()["prune"] and disabled()["rerun"] and disabled()["downgrade"]
     assert panel.progress.description == "1/3 done"
     pick(panel, "report", "m")   # its model already: nothing to downgrade to

@@ -182,12 +182,13 @@ class Panel:
             self.step_button: self.flow.step,
             self.pause_button: self._pause_or_resume,
             self.stop_button: self.flow.stop,
-            self.prune_button: lambda: self.flow.prune(self.node_picker.value),
-            self.unprune_button: lambda: self.flow.unprune(self.node_picker.value),
+            self.prune_button: lambda: self._on_node("pruned", self.flow.prune),
+            self.unprune_button: lambda: self._on_node("brought back", self.flow.unprune),
             self.use_button: lambda: self.flow.use_candidate(self.candidate_picker.value),
-            self.downgrade_button: lambda: self.flow.downgrade(self.node_picker.value,
-                                                               self.model_picker.value),
-            self.rerun_button: lambda: self.flow.rerun(self.node_picker.value),
+            self.downgrade_button: lambda: self._on_node(
+                f"moved to {self.model_picker.value}:", self.flow.downgrade,
+                self.model_picker.value),
+            self.rerun_button: lambda: self._on_node("running again:", self.flow.rerun),
             self.output_button: lambda: self.show_output(self.node_picker.value),
         }
         zooms = {self.zoom_in_button: lambda: self.zoom.zoom_in(self._svg),
@@ -211,6 +212,14 @@ class Panel:
             self._error(exc)
         self.follow()
         self.refresh()
+
+    def _on_node(self, done: str, method: Callable[..., Any], *args: Any) -> None:
+        """Act on the chosen node and say which one: a click sent right after a new choice
+        can reach the kernel before the choice does (ipywidgets holds a dropdown's change
+        back while earlier messages are unanswered), and then acts on the node chosen before."""
+        node = self.node_picker.value
+        method(node, *args)
+        self.message.value = f"{text_html(done)} <b>{text_html(node)}</b>"
 
     def _error(self, exc: BaseException) -> None:
         self.message.value = (f'<span style="color:{_RED}">flowmagic: '
