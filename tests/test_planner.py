@@ -546,6 +546,20 @@ def test_stepwise_reads_steps_numbered_twice_or_written_on_one_line():
                                                 "Crush the saffron threads.", "Add 2 cups of rice"]
 
 
+def test_stepwise_drops_a_line_that_says_the_prompt_back():
+    from flowmagic.engine.stepwise import clean_steps
+
+    # SmolLM2 listed the prompt's own instruction (with the task's words in it) as a step.
+    answer = ("1. Task: How to Relieve Urinary Tract Infections in Cats\n"
+              "2. Pattern: urinary, tract, infections, cats: name it in each step.\n"
+              "3. Take the cat with the urinary tract infection to a vet\n"
+              "4. Every step is about cats\n"
+              "5. Give the cat the medicine the vet prescribed for the infection")
+    assert clean_steps(answer, 8) == ["Take the cat with the urinary tract infection to a vet",
+                                      "Give the cat the medicine the vet prescribed for the "
+                                      "infection"]
+
+
 def test_stepwise_asks_again_when_the_answer_has_too_few_steps():
     # No grammar counts the lines any more: SmolLM2 wrote two steps for "How to Prepare
     # Saffron" where at least three were asked for.

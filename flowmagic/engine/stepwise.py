@@ -54,6 +54,11 @@ _STEPS_SYSTEM = (
     "numbered lines, the steps in the order they are done, each one short sentence (at most "
     "12 words) that names what it works on (the file, data or topic of the task). The last "
     "step delivers what the task asks for.")
+# A line that repeats our own prompt back ("Pattern: name it in each step", "Task: ...")
+# is no step, whatever words of the task it quotes.
+_ECHOES = ("name it in each step", "every step is about", "numbered lines", "at most 12 words",
+           "steps a team of ai agents", "the last step delivers")
+_TASK_LINE = re.compile(r"^\W*task\s*:", re.I)
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
     "it uses, or [] when it needs none. Steps that do not use each other can run at the "
@@ -207,7 +212,16 @@ def clean_steps(raw: Any, hi: int) -> list[str]:
             out.append(text)
     if len(out) < 2:
         raise PlanError(f"the model listed {len(out)} usable step(s); a plan needs at least two")
-    return out[:hi]
+    real = [s for s in out if not _echoes_prompt(s)]
+    # Lines that say the prompt back go when a plan is left without them (else the caller's
+    # ask again and topic ranking judge the answer as it is).
+    return (real if len(real) >= 2 else out)[:hi]
+
+
+def _echoes_prompt(text: str) -> bool:
+    """Whether a listed "step" is our prompt said back (SmolLM2 does it)."""
+    flat = " ".join(text.lower().split())
+    return bool(_TASK_LINE.match(flat)) or any(e in flat for e in _ECHOES)
 
 
 def _ids(steps: list[str]) -> list[str]:
