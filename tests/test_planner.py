@@ -510,6 +510,21 @@ def test_stepwise_keeps_the_steps_when_the_dependency_answer_is_unreadable():
     assert "could not be read" in cand.warnings[0]
 
 
+def plan_asked_twice(task, first, second):
+    """One stepwise candidate whose first steps answer is `first` and whose second (the ask
+    again, seed REASK_SEED) is `second`; (candidate, the chat request bodies in order)."""
+    from flowmagic.engine.stepwise import REASK_SEED
+
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: first, REASK_SEED: second},
+                                                     {"2": ["1"], "3": ["2"]})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
+        bodies = [r["body"] for r in server.stats(bodies=True)["requests"]
+                  if r["path"].endswith("/chat/completions")]
+    return cand, bodies
+
+
 def test_stepwise_names_the_subject_and_asks_again_when_a_step_drifts():
     from flowmagic.engine.stepwise import REASK_SEED
 
@@ -517,13 +532,7 @@ def test_stepwise_names_the_subject_and_asks_again_when_a_step_drifts():
     drift = ["Prepare the saffron threads", "Cook the pasta with garlic", "Serve hot ginger beer"]
     kept = ["Crush the saffron threads", "Soak the saffron in warm water",
             "Stir the saffron water into the rice"]
-    llm = fast_llm()
-    with LoopbackServer(responder=stepwise_responder({0: drift, REASK_SEED: kept},
-                                                     {"2": ["1"], "3": ["2"]})) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
-        bodies = [r["body"] for r in server.stats(bodies=True)["requests"]
-                  if r["path"].endswith("/chat/completions")]
+    cand, bodies = plan_asked_twice(task, drift, kept)
     assert len(bodies) == 3   # steps, steps again, dependencies
     assert bodies[0]["messages"][-1]["content"] == (
         "Task: How to Prepare Saffron\nEvery step is about saffron: name it in each step.")
@@ -569,14 +578,8 @@ def test_stepwise_asks_again_when_the_answer_has_too_few_steps():
     short = ["Cut the saffron sprigs", "Wash the saffron with hot water"]
     kept = ["Crush the saffron threads", "Soak the saffron in warm water",
             "Stir the saffron water into the rice"]
-    llm = fast_llm()
-    with LoopbackServer(responder=stepwise_responder({0: short, REASK_SEED: kept},
-                                                     {"2": ["1"], "3": ["2"]})) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
-        seeds = [r["body"]["seed"] for r in server.stats(bodies=True)["requests"]
-                 if r["path"].endswith("/chat/completions")]
-    assert seeds == [0, REASK_SEED, 0]
+    cand, bodies = plan_asked_twice(task, short, kept)
+    assert [b["seed"] for b in bodies] == [0, REASK_SEED, 0]
     assert [n.requirement for n in cand.workflow.nodes.values()] == kept
 
 
