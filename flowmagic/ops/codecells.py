@@ -130,30 +130,24 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
                if flow.workflow.nodes[p].status != Status.DONE]
     if waiting:
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
-    if args.start:   # shown (or run again in the sandbox); the node's own cell settles it
-        code = (cell or "").strip("\n") + "\n"
-        if args.execute or os.environ.get(EXECUTE_ENV) == "1":
-            _execute(flow, args.node, code, state.record)
-        else:
-            _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
-        return
-    stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
-    apply_record(flow, args.node, rec)
-    state.replayed.add(args.node)
-    settle(flow)
     code = (cell or "").strip("\n") + "\n"
-    if stale:   # the record was made from other inputs: never shown as if it were current
-        print(f"{args.node}: {stale} in this session, so the recorded outputs are stale; "
-              "running this code again in the sandbox", file=sys.stderr)
-        ex = _execute(flow, args.node, code, state.record)
-        _adopt(flow, args.node, ex)
-        state.replayed.discard(args.node)
-        state.executed.add(args.node)
-        return
+    if not args.start:   # a --start cell only shows (or runs again); the node's own cell settles it
+        stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
+        apply_record(flow, args.node, rec)
+        state.replayed.add(args.node)
+        settle(flow)
+        if stale:   # the record was made from other inputs: never shown as if it were current
+            print(f"{args.node}: {stale} in this session, so the recorded outputs are stale; "
+                  "running this code again in the sandbox", file=sys.stderr)
+            ex = _execute(flow, args.node, code, state.record)
+            _adopt(flow, args.node, ex)
+            state.replayed.discard(args.node)
+            state.executed.add(args.node)
+            return
     if args.execute or os.environ.get(EXECUTE_ENV) == "1":
         _execute(flow, args.node, code, state.record)
         return
-    if code.strip() != (ran.get("code") or "").strip():
+    if not args.start and code.strip() != (ran.get("code") or "").strip():
         print(f"{args.node}: the code differs from the recorded run; add --execute to the "
               "line to run it in the sandbox (the recorded outputs follow)", file=sys.stderr)
     _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))

@@ -157,22 +157,20 @@ def timeline_report(flow) -> Report:
               f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "",
               r["tokens_out"], f"${r['cost_usd']:.6f}"] for r in rows]
     text, _ = table(["node", "agent", "status", "start s", "took s", "tokens out", "USD"], cells)
-    idle = _idle_lines(rows, t0)
+    idle = _idle_lines(rows)
     return Report(f"{text}\n{idle}" if idle else text, svg=timeline_svg(flow), run=flow.run_id)
 
 
-def _idle_lines(rows: list[dict], t0: float) -> str:
-    """The idle stretches the chart skips (the same TimeScale), one line each, so the text
-    table does not hide them either."""
+def _idle_lines(rows: list[dict]) -> str:
+    """The idle stretches the chart skips, one line each, so the text table does not hide
+    them either."""
     import time
 
-    from .timescale import TimeScale, skipped_text
+    from .timescale import of_rows, skipped_text
 
-    now = time.time()
-    spans = [(r["start"] - t0, (r["end"] if r.get("end") is not None else max(now, r["start"])) - t0)
-             for r in rows if r.get("start") is not None]
+    scale, _, _ = of_rows(rows, 600, time.time())
     return "\n".join(f"idle: nothing ran for {skipped_text(b.seconds)} from {b.start:.2f} s "
-                     "(the chart skips it)" for b in TimeScale(spans, 600).breaks)
+                     "(the chart skips it)" for b in scale.breaks)
 
 
 def models_report(key_vars: tuple[str, ...]) -> Report:

@@ -311,7 +311,7 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
     skipped (see timescale.py); each tool call (given, or the Flow's) is a dark strip inside
     its node's bar.
     """
-    from .timescale import TimeScale
+    from .timescale import of_rows
 
     if hasattr(flow_or_rows, "timeline"):
         rows = flow_or_rows.timeline()
@@ -329,9 +329,7 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
                 f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">'
                 f'<text x="10" y="{_TOP + 14}">nothing has run yet</text></svg>')
-    t0 = min(r["start"] for r in rows)
-    ends = [(r["end"] if r.get("end") is not None else max(now, r["start"])) for r in rows]
-    ts = TimeScale([(r["start"] - t0, end - t0) for r, end in zip(rows, ends)], _CHART_W)
+    ts, t0, ends = of_rows(rows, _CHART_W, now)
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" '
             f'height="{height}" font-family="Helvetica, sans-serif" font-size="11">')
     by_node: dict[str, list[dict]] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TimeScale", "Break", "skipped_text"]
+__all__ = ["TimeScale", "Break", "skipped_text", "of_rows"]
 
 
 @dataclass
@@ -83,3 +83,11 @@ class TimeScale:
             last = e
         out.append((last, self.span))
         return out
+
+
+def of_rows(rows: list[dict], width: float, now: float) -> tuple[TimeScale, float, list[float]]:
+    """(the scale, t0, each row's end) for timeline rows that have a start: the chart and
+    the text table skip the same idle stretches. A row still running ends at `now`."""
+    t0 = min(r["start"] for r in rows)
+    ends = [(r["end"] if r.get("end") is not None else max(now, r["start"])) for r in rows]
+    return TimeScale([(r["start"] - t0, end - t0) for r, end in zip(rows, ends)], width), t0, ends
