@@ -1,4 +1,5 @@
-"""Pull one JSON value out of what a model really wrote.
+"""Pull one JSON value out of what a model really wrote, and join an answer continued
+after the token limit.
 
 Models wrap JSON in code fences and prose, leave trailing commas, use single quotes,
 Python literals (True, None), comments and unquoted keys, and get cut off by a length
@@ -15,7 +16,7 @@ from typing import Any
 
 from .errors import ModelOutputError, TruncatedError
 
-__all__ = ["extract_json", "find_json_spans"]
+__all__ = ["extract_json", "find_json_spans", "join_continued"]
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|\Z)", re.S)
 _SMART = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
@@ -190,3 +191,51 @@ def extract_json(text: str, *, finish_reason: str | None = None) -> Any:
         f"the model did not answer with JSON (it began {stripped[:60]!r}); "
         "try again, or use a model that follows formats better"
     )
+
+
+# ----------------------------------------------------------------------------- continuations
+_FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n`]*$")
+
+
+def _open_block(lines: list[str]) -> tuple[int, str] | None:
+    """Where the fenced block left open at the end of `lines` starts (the index of its
+    opening fence line) and its fence, or None when every block is closed."""
+    open_at: tuple[int, str] | None = None
+    for i, line in enumerate(lines):
+        m = _FENCE_LINE.match(line)
+        if open_at is None:
+            if m:
+                open_at = (i, m.group(1))
+        elif line.strip() and set(line.strip()) == {open_at[1][0]} and len(line.strip()) >= len(open_at[1]):
+            open_at = None
+    return open_at
+
+
+def join_continued(text: str, more: str) -> str:
+    """`text`, an answer cut at the token limit, followed by `more`, its continuation.
+
+    Asked to continue where it stopped, a model cut inside a code block often opens a
+    new block instead (```python) and writes the cut line again. Glued as they are, the
+    fence would land in the middle of a code line. So when `text` ends inside an open
+    block and `more` starts with a fence that names a language, `more`'s code goes into
+    the open block: from the line it repeats when it repeats one (the cut line begun
+    again, or the block written again from an earlier line), else after the block's
+    finished lines (the cut line is dropped: where it would have ended is unknown).
+    Anything else is joined as it is; a bare fence at the start of `more` closes the
+    block."""
+    head = more.lstrip("\n")
+    first, _, code = head.partition("\n")
+    start = _FENCE_LINE.match(first)
+    lines = text.split("\n")
+    block = _open_block(lines)
+    if not start or not start.group(2) or block is None or start.group(1)[0] != block[1][0]:
+        return text + more
+    body, partial = lines[block[0] + 1:-1], lines[-1]
+    again = code.split("\n", 1)[0].strip()
+    if again and partial.strip() and again.startswith(partial.strip()):
+        keep = body
+    elif again and again in (line.strip() for line in body):
+        keep = body[:max(i for i, line in enumerate(body) if line.strip() == again)]
+    else:
+        keep = body   # the cut line: where it would have ended is unknown
+    return "\n".join([*lines[:block[0] + 1], *keep, code])

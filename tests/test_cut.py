@@ -109,3 +109,49 @@ def test_bad_settings_are_one_line():
         Flow.from_dict(PAIR, max_tokens=0, save=False)
     with pytest.raises(flowmagic.errors.ConfigError, match="continuations"):
         Flow.from_dict(PAIR, continuations=-1, save=False)
+
+
+def test_a_continuation_that_opens_its_code_block_again_is_stitched_into_the_open_one():
+    """SmolLM2 cut inside a code block often continues with a new ```python fence and the cut
+    line written again: the joined answer must hold one block of code that runs, not the
+    broken line glued to the fence ("for x in range(2```python")."""
+    from flowmagic.engine.sandbox import extract_code
+
+    def responder(body):
+        if body["messages"][-1]["content"].startswith("Your answer stopped at the length limit"):
+            return "```python\nfor x in range(2):\n    print(math.sqrt(x))\n```\nDone."
+        return {"content": "Here:\n```python\nimport math\nfor x in range(2",
+                "finish_reason": "length"}
+
+    flow, _ = run_flow(responder)
+    draft = flow.workflow.nodes["draft"]
+    assert draft.output.startswith("Here:\n```python\nimport math\nfor x in range(2):\n"
+                                   "    print(math.sqrt(x))\n```\nDone.")
+    assert extract_code(draft.output) == ["import math\nfor x in range(2):\n    print(math.sqrt(x))\n"]
+    assert draft.execution["ok"] and draft.execution["stdout"] == "0.0\n1.0\n"   # and it ran
+
+
+@pytest.mark.parametrize("text, more, joined", [
+    # prose, and code continued mid-line as asked: joined as they are
+    ("the first half ", "and the second.", "the first half and the second."),
+    ("```python\nfor x in ra", "nge(2):\n    pass\n```", "```python\nfor x in range(2):\n    pass\n```"),
+    # the block closed by the continuation: a bare fence is a close, not a new block
+    ("```python\nprint(1)\n", "```\nThat prints 1.", "```python\nprint(1)\n```\nThat prints 1."),
+    # a new block after a closed one is a new block
+    ("```python\nprint(1)\n```\n", "```python\nprint(2)\n```", "```python\nprint(1)\n```\n```python\nprint(2)\n```"),
+    # the whole block written again from its first line: the first try is replaced
+    ("```python\nimport os\nx = os.get", "```python\nimport os\nx = os.getcwd()\n```",
+     "```python\nimport os\nx = os.getcwd()\n```"),
+    # a restart from a line the block does not hold: the cut line goes (its end is unknown,
+    # "os.get" parses but was "os.getcwd()"), the finished lines stay
+    ("```py\nimport os\nx = os.get", "\n```python\nprint(os.sep)\n```", "```py\nimport os\nprint(os.sep)\n```"),
+    # a line cut right after its end is dropped too, unless the restart repeats it
+    ("```python\nimport os\nprint(1)", "```python\nprint(2)\n```", "```python\nimport os\nprint(2)\n```"),
+    ("```python\nimport os\nprint(1)", "```python\nprint(1)\nprint(2)\n```", "```python\nimport os\nprint(1)\nprint(2)\n```"),
+    # ~~~ blocks the same way; a ``` restart inside a ~~~ block is code, not a fence of it
+    ("~~~python\nimport os\nx = 1", "~~~python\nx = 1\n~~~", "~~~python\nimport os\nx = 1\n~~~"),
+])
+def test_join_continued(text, more, joined):
+    from flowmagic.extract import join_continued
+
+    assert join_continued(text, more) == joined

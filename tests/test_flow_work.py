@@ -272,8 +272,9 @@ def test_the_csv_eda_template_on_the_embedded_model_runs_code(embedded_url, tmp_
     ran = [a["execution"] for r in record["nodes"].values() for a in r["attempts"]
            if (a.get("execution") or {}).get("ran")]
     assert ran, f"no node's code ran: {json.dumps(record['nodes'])[:3000]}"
-    # joined as the LLM door joins a continuation to the answer it continues: a code line can
-    # span the two ("for x in range(2" + "```python..." after a cut at max_tokens)
+    # the answers as the model wrote them, glued: the LLM door stitches a continuation that
+    # opened its code block again into the open one (extract.join_continued), so every line of
+    # the code it ran is in the glued text, whole or across the cut
     answers = "".join(json.loads(row[0])["text"] for row in sqlite3.connect(
         flowmagic_home / "flowmagic.db").execute("SELECT response FROM calls WHERE purpose = 'node'"))
     for ex in ran:   # the code is the model's (or flowmagic's working start, and says so)

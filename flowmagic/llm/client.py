@@ -34,7 +34,7 @@ from . import transport as _transport
 from .endpoints import Endpoint, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
-from ..extract import extract_json
+from ..extract import extract_json, join_continued
 from ..store import Store, get_store
 
 __all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
@@ -510,7 +510,7 @@ class LLM:
             more = [*messages, {"role": "assistant", "content": text},
                     {"role": "user", "content": CONTINUE_PROMPT}]
             reply = await self.complete(more, **rest)
-            text += reply.text
+            text = join_continued(text, reply.text)
             total = Reply(text, None, reply.model, total.input_tokens + reply.input_tokens,
                           total.output_tokens + reply.output_tokens,
                           total.latency_s + reply.latency_s, total.cost_usd + reply.cost_usd,
