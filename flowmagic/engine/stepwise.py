@@ -49,15 +49,18 @@ REASK_SEED = 7919  # the second ask for steps (a drift, too few steps) uses seed
 _NUMBERING = re.compile(r"^\s*(?:(?:step\s*)?\d{1,2}\s*[.):-]\s*)+", re.I)
 # "1. Soak it. 2. Crush it." on one line is two steps
 _INLINE_NUMBER = re.compile(r"(?<=\S)\s+(?=\d{1,2}[.)]\s+[A-Za-z])")
+# The prompt's own phrases, each written once: a listed line that says one of them back
+# ("Pattern: name it in each step", "Task: ...") is no step, whatever words of the task it
+# quotes (SmolLM2 does it).
+_TEAM, _LINES, _SHORT, _LAST = ("steps a team of AI agents", "numbered lines", "at most 12 words",
+                                "The last step delivers")
+_ABOUT, _NAME_IT = "Every step is about", "name it in each step"
 _STEPS_SYSTEM = (
-    "You split a task into the steps a team of AI agents will do. Answer with {lo} to {hi} "
-    "numbered lines, the steps in the order they are done, each one short sentence (at most "
-    "12 words) that names what it works on (the file, data or topic of the task). The last "
-    "step delivers what the task asks for.")
-# A line that repeats our own prompt back ("Pattern: name it in each step", "Task: ...")
-# is no step, whatever words of the task it quotes.
-_ECHOES = ("name it in each step", "every step is about", "numbered lines", "at most 12 words",
-           "steps a team of ai agents", "the last step delivers")
+    f"You split a task into the {_TEAM} will do. Answer with {{lo}} to {{hi}} "
+    f"{_LINES}, the steps in the order they are done, each one short sentence ({_SHORT}"
+    f") that names what it works on (the file, data or topic of the task). {_LAST} "
+    "what the task asks for.")
+_ECHOES = tuple(p.lower() for p in (_NAME_IT, _ABOUT, _LINES, _SHORT, _TEAM, _LAST))
 _TASK_LINE = re.compile(r"^\W*task\s*:", re.I)
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
@@ -144,7 +147,7 @@ def steps_messages(task: str, examples: list[Example], lo: int, hi: int,
                      {"role": "assistant", "content": _numbered(e.steps)}]
     ask = f"Task: {task}"
     if about:
-        ask += f"\nEvery step is about {', '.join(about)}: name it in each step."
+        ask += f"\n{_ABOUT} {', '.join(about)}: {_NAME_IT}."
     return messages + [{"role": "user", "content": ask}]
 
 
