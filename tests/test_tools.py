@@ -112,6 +112,57 @@ def test_schema_from_signature_hints_and_docstring(fn, description, properties, 
     json.dumps(schema)   # always serialisable
 
 
+def test_tool_specs_are_written_byte_for_byte_as_before():
+    # specs are in prompts, so in cache keys and exported replays: pydantic writes them now, in
+    # the same text (key order included) that the hand-written schemas had
+    assert json.dumps(as_tool(forecast).spec()) == (
+        '{"type": "function", "function": {"name": "forecast", "description": "Get the weather '
+        'forecast for a city.", "parameters": {"type": "object", "properties": {"city": {"type": '
+        '"string", "description": "The city name, for example Paris."}, "days": {"type": "integer",'
+        ' "description": "How many days ahead.", "default": 3}, "units": {"enum": ["c", "f"], '
+        '"description": "Celsius or Fahrenheit.", "default": "c"}, "tags": {"type": "array", '
+        '"items": {"type": "string"}, "default": null}}, "required": ["city"], '
+        '"additionalProperties": false}}}')
+
+    class Shade(enum.Enum):
+        """A docstring that is not part of the spec."""
+        DARK = "dark"
+
+    def nested(shades: list[Shade], table: dict, rows: list[dict[str, float]],
+               when: "datetime.date", pair: tuple[int, str] = (1, "a")):
+        return None
+
+    assert schema_of(nested)[1]["properties"] == {
+        "shades": {"type": "array", "items": {"enum": ["dark"]}}, "table": {"type": "object"},
+        "rows": {"type": "array", "items": {"type": "object",
+                                            "additionalProperties": {"type": "number"}}},
+        "when": {}, "pair": {"type": "array", "default": (1, "a")}}
+
+
+def test_arguments_that_do_not_fit_the_signature_go_back_to_the_model_in_one_line():
+    seen = []
+
+    def book(nights: int, guests: Optional[list[str]] = None, late: bool = False) -> str:
+        seen.append((nights, guests, late))
+        return "booked"
+
+    async def main():
+        return await asyncio.gather(
+            call_tool(as_tool(book), {"nights": "two"}),
+            call_tool(as_tool(book), {"nights": 2.5}),
+            call_tool(as_tool(book), {"nights": 1, "guests": "Ann"}),
+            call_tool(as_tool(book), '{"nights": "3", "guests": ["Ann"], "late": "true"}'))
+
+    words, fraction, not_list, ok = asyncio.run(main())
+    assert words.error == ("bad arguments: nights: Input should be a valid integer, "
+                           "unable to parse string as an integer")
+    assert "nights" in fraction.error and "fractional" in fraction.error
+    assert not_list.error == "bad arguments: guests: Input should be a valid list"
+    assert all("\n" not in c.result for c in (words, fraction, not_list))
+    assert ok.error is None and ok.result == "booked"
+    assert seen == [(3, ["Ann"], True)]   # the function only ran with arguments that fit
+
+
 def test_decorator_registers_and_leaves_the_function_callable():
     @flowmagic.tool
     def word_count(text: str) -> int:

@@ -2,7 +2,7 @@
 
 `@flowmagic.tool` registers a function (so does `%%flow --tools fn1,fn2` or
 `flow.tools = [...]`); its JSON schema comes from the signature, the type hints and
-the docstring (Google, NumPy or Sphinx style parameter descriptions). A node is offered
+the docstring (`flowmagic.engine.toolschema`, which also checks a model's arguments). A node is offered
 only the `top_n` tools most similar to its requirement (`select_tools`, with the
 similarity backends of `flowmagic.evaluate`).
 
@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
-import enum
 import inspect
 import json
 import re
 import threading
 import time
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError
+from .toolschema import check_arguments, schema_of
 
 __all__ = ["Tool", "ToolCall", "tool", "registry", "unregister", "as_tool", "as_tools",
            "schema_of", "resolve_tools", "select_tools", "aselect_tools", "call_tool"]
@@ -80,129 +77,6 @@ class ToolCall:
         return {"tool": self.tool, "arguments": self.arguments, "result": self.summary(),
                 "duration_s": round(self.duration_s, 4), "error": self.error,
                 "round": self.round, "protocol": self.protocol}
-
-
-# ---------------------------------------------------------------------------- schemas
-_SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
-_PARAM_HEADS = ("args", "arguments", "parameters", "params", "keyword args",
-                "keyword arguments", "other parameters")
-_GOOGLE_HEAD = re.compile(r"^(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments|"
-                          r"Other Parameters|Returns?|Yields?|Raises|Examples?|Notes?|See Also|"
-                          r"Attributes|Warnings?|References|Todo):$")
-_SPHINX = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
-
-
-def _json_type(tp: Any) -> dict:
-    """The JSON schema of a type hint; {} (any JSON value) when it has no JSON form."""
-    if tp is inspect.Parameter.empty or tp is Any:
-        return {}
-    if isinstance(tp, str):   # an unresolved forward reference: only the plain names
-        return {"type": _SIMPLE[t]} if (t := {"str": str, "int": int, "float": float,
-                                             "bool": bool}.get(tp)) else {}
-    if tp in _SIMPLE:
-        return {"type": _SIMPLE[tp]}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return {"enum": [m.value for m in tp]}
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Annotated:
-        out = _json_type(args[0])
-        notes = [a for a in args[1:] if isinstance(a, str)]
-        return {**out, "description": notes[0]} if notes else out
-    if origin is typing.Literal:
-        return {"enum": list(args)}
-    if origin in (typing.Union, types.UnionType):
-        options = [_json_type(a) for a in args if a is not type(None)]
-        return options[0] if len(options) == 1 else {"anyOf": options}
-    if tp in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset) or (
-            origin is not None and origin.__name__ in ("Sequence", "Iterable", "Collection")):
-        items = [a for a in args if a is not Ellipsis]
-        return {"type": "array", **({"items": _json_type(items[0])} if len(set(items)) == 1 else {})}
-    if tp is dict or origin is dict or (origin is not None and origin.__name__ == "Mapping"):
-        return {"type": "object", **({"additionalProperties": _json_type(args[1])} if args else {})}
-    if dataclasses.is_dataclass(tp):
-        return {"type": "object"}
-    return {}
-
-
-def _heading(lines: list[str], i: int) -> str | None:
-    """The section name when line i starts a section (Google `Args:` or NumPy underlined)."""
-    line = lines[i].strip()
-    if i + 1 < len(lines) and line and re.fullmatch(r"-{3,}", lines[i + 1].strip()):
-        return line.lower()
-    found = _GOOGLE_HEAD.match(line)
-    return found.group(1).lower() if found else None
-
-
-def _doc_sections(doc: str) -> tuple[str, dict[str, str]]:
-    """(summary, {param: description}) from a Google, NumPy or Sphinx style docstring."""
-    lines, summary, params = doc.splitlines(), [], {}
-    section, current, entry_indent, seen_section = None, None, None, False
-    for i, raw in enumerate(lines):
-        line, indent = raw.strip(), len(raw) - len(raw.lstrip())
-        head = _heading(lines, i)
-        sphinx = _SPHINX.match(line)
-        if head is not None:
-            section, current, entry_indent, seen_section = head, None, None, True
-        elif re.fullmatch(r"-{3,}", line):
-            continue
-        elif sphinx:
-            section, current, seen_section = None, sphinx.group(1), True
-            params[current] = sphinx.group(2)
-        elif line.startswith(":"):
-            section, current, seen_section = None, None, True
-        elif section in _PARAM_HEADS and line:
-            entry_indent = indent if entry_indent is None else entry_indent
-            found = re.match(r"^\*{0,2}(\w+)\s*(\([^)]*\))?\s*(:\s*(.*))?$", line)
-            if indent <= entry_indent and found:
-                current = found.group(1)
-                numpy_type = " : " in f" {line} " and not found.group(2)
-                params[current] = "" if numpy_type else (found.group(4) or "")
-            elif current:
-                params[current] = f"{params[current]} {line}".strip()
-        elif current and line and section is None:
-            params[current] = f"{params[current]} {line}".strip()   # a Sphinx continuation
-        elif not seen_section:
-            summary.append(line)
-    paragraph = "\n".join(summary).strip().split("\n\n")[0]
-    return " ".join(paragraph.split()), {k: " ".join(v.split()) for k, v in params.items()}
-
-
-def schema_of(fn: Callable) -> tuple[str, dict]:
-    """(description, parameters JSON schema) of a function, from its signature and docstring."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        raise ConfigError(f"cannot read the signature of {fn!r}; wrap it in a def with "
-                          "named parameters") from None
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception:   # forward references that do not resolve: use the raw annotations
-        hints = {k: p.annotation for k, p in sig.parameters.items()}
-    summary, docs = _doc_sections(inspect.getdoc(fn) or "")
-    props, required = {}, []
-    for name, param in sig.parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        hint = hints.get(name, param.annotation)
-        prop = _json_type(hint)
-        if hint is inspect.Parameter.empty and param.default not in (inspect.Parameter.empty, None):
-            prop = _json_type(type(param.default))
-        if docs.get(name):
-            prop["description"] = docs[name]
-        if param.default is inspect.Parameter.empty:
-            required.append(name)
-        else:
-            try:
-                json.dumps(param.default)
-                prop["default"] = param.default
-            except (TypeError, ValueError):
-                pass
-        props[name] = prop
-    schema = {"type": "object", "properties": props, "required": required}
-    if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
-        schema["additionalProperties"] = False
-    name = getattr(fn, "__name__", "tool")
-    return summary or f"The Python function {name}.", schema
 
 
 # ---------------------------------------------------------------------------- registration
@@ -348,52 +222,6 @@ async def aselect_tools(requirement: str, tools: Any, top_n: int | None = 3,
 
 
 # ---------------------------------------------------------------------------- calling
-def _arguments(t: Tool, arguments: Any) -> dict:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
-            raise ValueError(f"the arguments are not JSON ({exc}); send a JSON object") from None
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        raise ValueError(f"the arguments must be a JSON object, not {type(arguments).__name__}")
-    props = t.parameters.get("properties", {})
-    args = {k: _coerce(v, props.get(k, {})) for k, v in arguments.items()}
-    try:
-        hints = typing.get_type_hints(t.fn)
-    except Exception:   # unresolvable annotations: pass the values as they are
-        hints = {}
-    for key, value in args.items():
-        kind = hints.get(key)
-        if isinstance(kind, type) and issubclass(kind, enum.Enum) and not isinstance(value, kind):
-            try:
-                args[key] = kind(value)
-            except ValueError:
-                raise ValueError(f"{key} must be one of {[m.value for m in kind]}") from None
-    try:
-        inspect.signature(t.fn).bind(**args)
-    except TypeError as exc:
-        raise ValueError(f"{exc}; parameters: {', '.join(props) or 'none'}") from None
-    return args
-
-
-def _coerce(value: Any, schema: dict) -> Any:
-    """Small models send "3" for 3; convert strings the schema says are numbers or booleans."""
-    kind = schema.get("type")
-    if isinstance(value, str):
-        try:
-            if kind == "integer":
-                return int(value.strip())
-            if kind == "number":
-                return float(value.strip())
-        except ValueError:
-            return value
-        if kind == "boolean" and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-    return value
-
-
 def _in_thread(fn: Callable, kwargs: dict) -> asyncio.Future:
     loop = asyncio.get_running_loop()
     future = loop.create_future()
@@ -443,7 +271,7 @@ async def call_tool(t: Tool, arguments: Any, *, timeout_s: float | None = 30.0,
     started = time.perf_counter()
     call = ToolCall(t.name, arguments, "")
     try:
-        args = _arguments(t, arguments)
+        args = check_arguments(t.fn, arguments, t.parameters)
         call.arguments = args
         if inspect.iscoroutinefunction(t.fn):
             ok, value = await asyncio.wait_for(_guarded(t.fn(**args)), timeout)
