@@ -510,7 +510,7 @@ def test_stepwise_keeps_the_steps_when_the_dependency_answer_is_unreadable():
     assert "could not be read" in cand.warnings[0]
 
 
-def plan_asked_twice(task, first, second):
+def plan_asked_twice(task, first, second, **options):
     """One stepwise candidate whose first steps answer is `first` and whose second (the ask
     again, seed REASK_SEED) is `second`; (candidate, the chat request bodies in order)."""
     from flowmagic.engine.stepwise import REASK_SEED
@@ -519,7 +519,8 @@ def plan_asked_twice(task, first, second):
     with LoopbackServer(responder=stepwise_responder({0: first, REASK_SEED: second},
                                                      {"2": ["1"], "3": ["2"]})) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
-        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise"), llm)
+        (cand,) = run(lambda: plan_candidates(task, k=1, llm=llm, method="stepwise", **options),
+                      llm)
         bodies = [r["body"] for r in server.stats(bodies=True)["requests"]
                   if r["path"].endswith("/chat/completions")]
     return cand, bodies
@@ -567,6 +568,21 @@ def test_stepwise_drops_a_line_that_says_the_prompt_back():
     assert clean_steps(answer, 8) == ["Take the cat with the urinary tract infection to a vet",
                                       "Give the cat the medicine the vet prescribed for the "
                                       "infection"]
+
+
+def test_stepwise_asks_again_when_only_one_step_is_left_beside_a_prompt_echo():
+    # Tutorial 03's slides plan (two subtasks at most), as recorded before: SmolLM2 listed one
+    # step and the prompt's own instruction, which became a node "every_step_is_about".
+    from flowmagic.engine.stepwise import REASK_SEED
+
+    task = "Write LaTeX Beamer slides on reinforcement learning for teaching"
+    echo = ["Share the slides on reinforcement learning",
+            "Every step is about teaching, research: name it in each step."]
+    kept = ["Write the slides on each reinforcement learning algorithm",
+            "Compile the reinforcement learning slides"]
+    cand, bodies = plan_asked_twice(task, echo, kept, max_subtasks=2)
+    assert [b["seed"] for b in bodies] == [0, REASK_SEED, 0]
+    assert [n.requirement for n in cand.workflow.nodes.values()] == kept
 
 
 def test_stepwise_asks_again_when_the_answer_has_too_few_steps():

@@ -211,14 +211,13 @@ def clean_steps(raw: Any, hi: int) -> list[str]:
     out: list[str] = []
     for item in items:
         text = _one_sentence(item) if isinstance(item, str) else ""
-        if len(text) >= 8 and text.lower() not in {s.lower() for s in out}:
+        # a line that says the prompt back is no step (and no usable one for the count)
+        if len(text) >= 8 and text.lower() not in {s.lower() for s in out} \
+                and not _echoes_prompt(text):
             out.append(text)
     if len(out) < 2:
         raise PlanError(f"the model listed {len(out)} usable step(s); a plan needs at least two")
-    real = [s for s in out if not _echoes_prompt(s)]
-    # Lines that say the prompt back go when a plan is left without them (else the caller's
-    # ask again and topic ranking judge the answer as it is).
-    return (real if len(real) >= 2 else out)[:hi]
+    return out[:hi]
 
 
 def _echoes_prompt(text: str) -> bool:
