@@ -1,9 +1,9 @@
 """Scheduler overhead per node with a zero-latency model, and peak memory.
 
 flowmagic: a Flow of the DAG (built with `Flow.from_dict`, which writes the run to
-SQLite), then the `Executor` the Flow would make, with the Flow's own hooks (so every
-node state change is persisted by `Flow.emit`) and a work function that returns at
-once instead of calling a model. LangGraph: the same DAG as a StateGraph whose nodes
+SQLite), then the executor the Flow runs with (`Flow.executor`), with the Flow's own hooks
+(so every node state change is persisted by `Flow.emit`) and a work function that returns
+at once instead of calling a model. LangGraph: the same DAG as a StateGraph whose nodes
 return at once, compile included. Each figure is the best of a few repeats: on a
 shared 2-core machine the minimum is the least disturbed run.
 
@@ -58,11 +58,9 @@ def _build_flow(dag: dict, home: Path):
 
 
 def _executor(flow):
-    from flowmagic.engine.executor import Executor
-    # Flow._make_executor minus the model: the same hooks, so store writes are included.
-    return Executor(lambda: flow.workflow, _noop, concurrency=None, on_event=flow.emit,
-                    can_start=flow._budget_left, after_node=flow._wants_update,
-                    update=flow._update)
+    # The executor a run of the flow uses, with its hooks (so store writes are included),
+    # and the no-op in place of the node runner.
+    return flow.executor(_noop)
 
 
 def _flowmagic_once(dag: dict) -> tuple[float, float, str]:

@@ -21,7 +21,7 @@ from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError
 from .engine.execution import made_files
-from .engine.executor import Executor
+from .engine.executor import Executor, Work
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.context import RunContext
@@ -115,16 +115,24 @@ class Flow:
 
         The executor's node events of one event-loop turn are written in one transaction
         (one commit per turn instead of two per node); subscribers hear of them only
-        after that commit, so the UI never shows what the store does not have. Every
+        after that commit, so the UI never shows what the store does not have. The commit
+        waits one more turn, so that the nodes started in this one have sent their
+        requests first (a chain's next call does not wait for its parent's write). Every
         other event is written and announced at once.
         """
         event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
         self._pending.append((kind, node_id, data or None, event))
-        if kind in _NODE_EVENTS and in_loop():
-            if not self._flush_soon:
+        if kind in _NODE_EVENTS:
+            if self._flush_soon:
+                return
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:
                 self._flush_soon = True
-                asyncio.get_running_loop().call_soon(self._flush)
-            return
+                loop.call_soon(loop.call_soon, self._flush)
+                return
         self._flush()
 
     def _flush(self) -> None:
@@ -133,7 +141,12 @@ class Flow:
         if not pending:
             return
         nodes = self.workflow.nodes
-        changed = dict.fromkeys(n for _, n, _, _ in pending if n is not None and n in nodes)
+        # A node that starts for the first time keeps its stored row (pending, as planned)
+        # until it ends: its "started" event says it began, and load() turns a running node
+        # back into a pending one anyway. A node that ran before is written at its start,
+        # so a kill cannot leave its old result looking current.
+        changed = dict.fromkeys(n for kind, n, _, _ in pending if n is not None and n in nodes
+                                and (kind != "started" or nodes[n].attempts))
         self.store.write_batch(
             # A shallow view: it is serialised right away, so no deep copy is needed.
             self.run_id, [vars(nodes[n]) for n in changed],
@@ -212,8 +225,11 @@ class Flow:
         child._tools = self._tools
         return child
 
-    def _make_executor(self) -> Executor:
-        return Executor(lambda: self.workflow, NodeRunner(self.context()).run,
+    def executor(self, work: Work | None = None) -> Executor:
+        """The executor a run of this flow uses: its hooks persist every state change
+        (`emit`), stop starting nodes at the budget and call the updater. `work(node_id) ->
+        Outcome` replaces the node runner when given (a benchmark's zero-latency stand-in)."""
+        return Executor(lambda: self.workflow, work or NodeRunner(self.context()).run,
                         concurrency=self.settings.concurrency, on_event=self.emit,
                         can_start=self._budget_left, after_node=self._wants_update,
                         update=self._update, concurrent_update=self.settings.update == "concurrent")
@@ -224,7 +240,7 @@ class Flow:
             raise NodeError(f"flow {self.name!r} is already running; pause() or stop() it first")
         import openai  # noqa: F401 - loaded before the clock of the first node starts
 
-        self._executor = self._make_executor()
+        self._executor = self.executor()
         self.status, self.message, self._capped = RunState.RUNNING, None, False
         self.store.set_run_status(self.run_id, RunState.RUNNING)
         state = RunState.STOPPED

@@ -128,12 +128,15 @@ class NodeRunner:
         return verdict.passed, scrub(verdict.feedback)
 
     async def _execute(self, node_id: str, answer: str):
-        """Save the answer's named files and run its Python in the sandbox (None when off)."""
+        """Save the answer's named files and run its Python in the sandbox (None when off,
+        and when the answer held nothing to save or run: a text node carries no record of
+        code that never was)."""
         settings = self.ctx.settings
         if settings.execute == "off":
             return None
-        return await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
-                              timeout=float(settings.code_timeout), sandbox=settings.sandbox)
+        ex = await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
+                            timeout=float(settings.code_timeout), sandbox=settings.sandbox)
+        return ex if ex.ran or ex.saved or not ex.ok else None
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
@@ -201,6 +204,7 @@ class NodeRunner:
             on_call=called, **kwargs)
         reply = result.reply
         reply.cut = reply.finish_reason == "length"   # the tool loop does not continue answers
+        reply.text = scrub(reply.text)   # it may be taken out of an action's JSON
         return reply, result.calls
 
     async def run(self, node_id: str) -> Outcome:
@@ -241,7 +245,10 @@ class NodeRunner:
             outcome.tokens_in += reply.input_tokens
             outcome.tokens_out += reply.output_tokens
             outcome.cost_usd += reply.cost_usd
-            text = scrub(reply.text)   # a key that reached a model's answer is stored nowhere
+            # A key that reached a model's answer is stored nowhere. The LLM door scrubbed a
+            # fresh answer already; one from the cache (a key configured since) or joined from
+            # continuations (a key across two pieces) is scrubbed here (the tool loop's in _reply).
+            text = reply.text if not (reply.cached or reply.continuations) else scrub(reply.text)
             record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,

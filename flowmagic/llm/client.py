@@ -262,7 +262,7 @@ class LLM:
         with self._loop_lock:
             state = self._per_loop.get(loop)
             if state is None:
-                state = {"clients": {}, "limits": {}, "log": [], "reads": [],
+                state = {"clients": {}, "limits": {}, "log": [], "reads": [], "active": 0, "turn": set(),
                          "all": asyncio.Semaphore(self.concurrency)}
                 self._per_loop[loop] = state
                 state["closer"] = _arm(_close_with_loop(self, loop))
@@ -303,13 +303,25 @@ class LLM:
 
     async def _in_turn(self, queue: str, item: Any, handle: Callable[[Store, list], list]) -> Any:
         """`handle(store, items)[i]` for this item, with the items queued in this event-loop
-        turn handled together in the next one (one SQLite statement or commit per store)."""
-        loop = asyncio.get_running_loop()
+        turn handled together in the next one (one SQLite statement or commit per store).
+        The first item of a turn from the only call in progress on this loop (a chain's) is
+        handled at once instead: waiting would hold its request or its result back. (Only
+        the first: calls that do not wait on the network, cache hits, run to their end one
+        after another in one turn, each the only one in progress.)"""
         state = self._state()
-        if not state[queue]:
+        pending = state[queue]
+        loop = asyncio.get_running_loop()
+        if state["active"] == 1 and not pending:
+            turn = state["turn"]
+            if queue not in turn:
+                if not turn:
+                    loop.call_soon(turn.clear)
+                turn.add(queue)
+                return handle(self.store, [item])[0]
+        if not pending:
             loop.call_soon(self._handle_queue, state, queue, handle)
         done = loop.create_future()
-        state[queue].append((self.store, item, done))
+        pending.append((self.store, item, done))
         return await done
 
     @staticmethod
@@ -362,15 +374,21 @@ class LLM:
             for client in clients.values():
                 client.abandon()
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, endpoint: Endpoint):
+    def _slot(self, endpoint: Endpoint):
         """One request's place: the requests-per-minute pace, the process-wide cap and the
-        endpoint's own cap (the embedded server serves one request at a time)."""
+        endpoint's own cap (the embedded server serves one request at a time). With no
+        pace, no endpoint cap and no gate (the usual case) it is the process-wide cap alone."""
+        if not self.rpm and not endpoint.concurrency and self.gate is None:
+            return self._state()["all"]
+        return self._paced_slot(endpoint)
+
+    @contextlib.asynccontextmanager
+    async def _paced_slot(self, endpoint: Endpoint):
         if self.rpm:
             await self._pace()
         limit = self._limit(endpoint)
         async with self._state()["all"]:
-            if limit is None and self.gate is None:   # the usual case: no stack to build
+            if limit is None and self.gate is None:   # a pace alone: no stack to build
                 yield
                 return
             async with contextlib.AsyncExitStack() as stack:
@@ -405,6 +423,16 @@ class LLM:
         `tools` are OpenAI function specs; the reply's `tool_calls` holds what the model
         asked for (None when it answered in text).
         """
+        state = self._state()
+        state["active"] += 1   # calls in progress on this loop (see _in_turn)
+        try:
+            return await self._complete(messages, model, schema, temperature, seed, max_tokens,
+                                        cache, run_id, node_id, purpose, on_text, tools)
+        finally:
+            state["active"] -= 1
+
+    async def _complete(self, messages, model, schema, temperature, seed, max_tokens, cache,
+                        run_id, node_id, purpose, on_text, tools) -> Reply:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         # a lone surrogate cannot go over HTTP as UTF-8

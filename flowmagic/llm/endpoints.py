@@ -126,9 +126,10 @@ def api_keys() -> list[str]:
     Every stored string is scrubbed with these, several times per model call: the list is
     rebuilt only when a key variable or a configured key has changed."""
     global _keys_seen
+    env = os.environ
     with _lock:
-        given = (*(os.environ.get(var, "") for var in _KEY_ENV),
-                 *(e.api_key for e in _configured.values()))
+        given = (env.get(_KEY_ENV[0], ""), env.get(_KEY_ENV[1], ""),
+                 *[e.api_key for e in _configured.values()])
     if given == _keys_seen[0]:
         return list(_keys_seen[1])
     keys = {k.strip() for k in given if k and len(k.strip()) >= _MIN_SECRET}

@@ -91,6 +91,9 @@ class Workflow:
         return nodes.positions()
 
     def _sorted(self, ids) -> list[str]:
+        ids = list(ids)
+        if len(ids) < 2:   # most nodes have one parent or one child: nothing to order
+            return ids
         pos = self._positions()
         return sorted(ids, key=lambda i: (pos.get(i, len(pos)), i))
 
