@@ -15,9 +15,11 @@ import sqlite3
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ._internal.checkpoint import Checkpointer
 from .errors import StoreError
 from .model.status import RunState
 
@@ -261,6 +263,7 @@ class Store:
         self.path = Path(path) if path else home() / "flowmagic.db"
         self.read_only = False
         self.notice: str | None = None
+        self._checkpoints: Checkpointer | None = None
         self._lock = threading.RLock()
         try:
             self._open()
@@ -292,6 +295,10 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
+            # Checkpoints (the only disk syncs in WAL mode) run in a thread, not in a commit.
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpoints = Checkpointer(self.path)
+            weakref.finalize(self, self._checkpoints.stop)
         except sqlite3.OperationalError as exc:
             if not any(k in str(exc).lower() for k in _READ_ONLY) or not self.path.is_file():
                 raise
@@ -371,6 +378,7 @@ class Store:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
+                self._committed()
             except BaseException:
                 if self._db.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
@@ -419,17 +427,25 @@ class Store:
             return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         with self._lock:
             self._db.close()
+
+    def _committed(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.committed()
 
     def _execute(self, sql: str, args: tuple = (), doing: str = "record this") -> sqlite3.Cursor:
         """One write (secrets scrubbed from its texts) or one small read."""
         write = not sql.lstrip().upper().startswith("SELECT")
         with self._lock, self._guard(doing):
-            if write:
-                self._check_writable(doing)
-                args = _scrub_rows([args], _secrets())[0]
-            return self._db.execute(sql, args)
+            if not write:
+                return self._db.execute(sql, args)
+            self._check_writable(doing)
+            cursor = self._db.execute(sql, _scrub_rows([args], _secrets())[0])
+            self._committed()
+            return cursor
 
     def _executemany(self, db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
         db.executemany(sql, _scrub_rows(rows, _secrets()))
