@@ -385,3 +385,24 @@ def test_concurrency_none_means_no_limit():
                               llm=LLM(concurrency=100)).run()
         assert flow.settings["concurrency"] is None
         assert flow.status == "done" and server.max_in_flight == 12
+
+
+def test_a_flow_runs_other_work_through_its_executor_and_keeps_every_state(tmp_path):
+    """`Flow.executor(work)`: the flow's own hooks with other work in place of the model
+    (what bench/overhead.py measures); every finished node is in the store."""
+    from flowmagic.engine.executor import Outcome
+    from flowmagic.store import Store
+
+    store = Store(tmp_path / "flowmagic.db")
+    flow = Flow.from_dict(DIAMOND, task="t", consolidate=False, llm=LLM(store), store=store)
+    told = []
+    flow.subscribe(lambda e: told.append((e["kind"], e["node"])))
+
+    async def work(node_id):
+        return Outcome(ok=True, output=f"did {node_id}")
+
+    assert asyncio.run(flow.executor(work).run()) == "done"
+    stored = load(flow.run_id, store=store)
+    assert {i: n.output for i, n in stored.workflow.nodes.items()} == {i: f"did {i}" for i in "abcd"}
+    assert [n for kind, n in told if kind == "finished"] == ["a", "b", "c", "d"]
+    store.close()

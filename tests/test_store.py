@@ -238,3 +238,28 @@ def test_a_run_merged_from_another_store_is_complete_and_merged_once(tmp_path):
     assert user.load_run("r1")["workflow"]["nodes"][0]["output"] == "x"
     assert user.cache_get("k1") == {"text": "x"}
     assert user.map_done(["fp", "nope"]) == {"fp": {"state": "done"}}
+
+
+def test_checkpoints_run_in_their_own_thread_and_end_with_the_store(tmp_path):
+    """A commit never runs SQLite's checkpoint (its disk syncs) itself: a thread of the
+    store's does, the data reaches the database file, and closing the store ends it."""
+    import threading
+    import time
+
+    store = Store(tmp_path / "flowmagic.db")
+    for i in range(300):
+        store.save_node("r", {"id": f"n{i}", "requirement": "x" * 400})
+    deadline = time.monotonic() + 20   # the thread copies the log into the database file
+    while (tmp_path / "flowmagic.db").stat().st_size < 100 * 400 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "flowmagic.db").stat().st_size >= 100 * 400
+    name = f"flowmagic-checkpoint {tmp_path / 'flowmagic.db'}"
+    assert any(t.name == name for t in threading.enumerate())
+    store.close()
+    assert not any(t.name == name and t.is_alive() for t in threading.enumerate())
+    assert not (tmp_path / "flowmagic.db-wal").exists()   # the last connection checkpointed
+    db = sqlite3.connect(tmp_path / "flowmagic.db")
+    try:
+        assert db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0] == 300
+    finally:
+        db.close()

@@ -38,8 +38,8 @@ class Checkpointer:
         if self._count >= self.every:
             self._count = 0
             if self._thread is None or not self._thread.is_alive():   # a forked child too
-                self._thread = threading.Thread(target=self._run, name="flowmagic-checkpoint",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"flowmagic-checkpoint {self.path}")
                 self._thread.start()
             self._due.set()
 
