@@ -368,6 +368,78 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
     print(f"browser test (buttons): {time.monotonic() - started:.1f} s")
 
 
+@pytest.fixture
+def quick_plan_server():
+    """Plans for planning requests, text for the rest, at once."""
+    def responder(body):
+        return json.dumps(PLAN) if body.get("response_format") else "Some text."
+
+    with LoopbackServer(responder=responder) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def kernel_busy(page, seconds: float = 6.0):
+    """The kernel runs `time.sleep(seconds)` (as a long cell would) for the whole block, and
+    the block's choices and clicks are made meanwhile; on leaving, wait until it is done."""
+    page.evaluate("""s => {
+      const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+      window.__fmBusy = k.requestExecute({code: `import time; time.sleep(${s})`,
+                                          store_history: false}).done.then(() => true);
+    }""", seconds)
+    page.wait_for_function(f"() => !({KERNEL_IDLE})()", timeout=10_000, polling=20)
+    started = time.monotonic()
+    yield
+    assert time.monotonic() - started < seconds, "the block outlasted the busy kernel"
+    page.evaluate("() => window.__fmBusy")
+
+
+def choose(select, text: str) -> str:
+    """Choose the option whose text starts with `text`, as a user would; its full text."""
+    index = select.evaluate("(sel, t) => [...sel.options].findIndex(o => "
+                            "o.textContent.trim().startsWith(t))", text)
+    assert index >= 0, (text, select.evaluate("sel => [...sel.options].map(o => o.textContent)"))
+    select.select_option(index=index)
+    return select.evaluate("sel => sel.options[sel.selectedIndex].textContent.trim()")
+
+
+@pytest.mark.timeout(400)
+def test_a_click_acts_on_the_node_and_model_chosen_just_before_it(lab, quick_plan_server):
+    """The user picks a node and clicks at once while the kernel is busy (a cell runs): the
+    kernel must act on the node and model the page showed at the click. ipywidgets holds a
+    dropdown's second change back until the kernel answers the first, and sends a click at
+    once; a panel whose click carries no choice prunes the node chosen before."""
+    server = lab(["%load_ext flowmagic", "%%flow demo --k 1\nMake tea"],
+                 FLOWMAGIC_BASE_URL=quick_plan_server.base_url, FLOWMAGIC_MODEL="m")
+    with notebook_page(server, ARTIFACTS / "browser-click-race.png") as page:
+        selects = page.locator(".flowmagic-panel select")
+        with kernel_busy(page):
+            choose(selects.nth(0), "post")     # sent at once: the dropdown had nothing in flight
+            choose(selects.nth(0), "photo")    # held back until the kernel answers the first
+            button(page, "Prune").click()
+        state = wait_flow(page, lambda st: any(n[0] == "pruned" for n in st["nodes"].values()))
+        assert {i for i, n in state["nodes"].items() if n[0] == "pruned"} == {"photo"}, state
+        wait_node(page, "photo", "pruned")
+        panel = page.locator(".flowmagic-panel")
+        assert "pruned photo" in " ".join(panel.inner_text().split())
+
+        # The same for a model: two quick choices, then Downgrade, the kernel still busy.
+        models = json.loads(kernel_eval(page, "import json; from flowmagic.jupyter.widgets "
+                                              "import model_choices; "
+                                              "print(json.dumps(model_choices()))"))
+        (first, _), (second, want) = models[-2], models[-1]
+        with kernel_busy(page):
+            choose(selects.nth(0), "facts")
+            choose(selects.nth(0), "post")
+            choose(selects.nth(1), first)
+            shown = choose(selects.nth(1), second)
+            button(page, "Downgrade").click()
+        assert shown == second
+        state = wait_flow(page, lambda st: any(n[1] for n in st["nodes"].values()))
+        assert {i: n[1] for i, n in state["nodes"].items() if n[1]} == {"post": want}, state
+        wait_node(page, "post", "downgraded")
+
+
 def run_cell(page, index: int) -> None:
     """Run one cell of the notebook as a user would (select it, Shift+Enter)."""
     page.evaluate("""async i => {
