@@ -124,19 +124,28 @@ class Panel:
         self.step_button = self._button("Step", "step-forward", "run the nodes that are ready now")
         self.pause_button = self._button("Pause", "pause", "nothing new starts; running nodes finish")
         self.stop_button = self._button("Stop", "stop", "cancel running nodes (they go back to pending)")
-        self.node_picker = w.Dropdown(description="node", options=list(flow.workflow.nodes),
-                                      layout=w.Layout(width="260px"))
-        self.model_picker = w.Dropdown(description="model", options=models or model_choices(),
-                                       layout=w.Layout(width="340px"))
-        self.prune_button = self._button("Prune", "cut", "remove the node; its parents feed its children")
-        self.unprune_button = self._button("Unprune", "undo",
-                                           "bring the pruned node back with its edges")
-        self.downgrade_button = self._button("Downgrade", "arrow-down", "run the node on the chosen model")
-        self.rerun_button = self._button("Rerun", "redo", "run the node again; descendants become pending")
-        self.output_button = self._button("Show output", "file-text", "the node's output as Markdown")
-        self.candidate_picker = w.Dropdown(description="plan", layout=w.Layout(width="420px"))
-        self.use_button = self._button("Use plan", "random", "switch to this candidate plan "
-                                       "(before anything has run)")
+        # The node and model dropdowns and the buttons that act on them are one anywidget:
+        # a click carries the choices shown at that moment (see controls.py).
+        from .controls import Controls
+        self.choice_controls = ctl = Controls(rows=[
+            ["picker:node", "button:prune", "button:unprune", "button:rerun", "button:output"],
+            ["picker:model", "button:downgrade"]])
+        self.node_picker = ctl.picker("node", "node", list(flow.workflow.nodes), "260px")
+        self.model_picker = ctl.picker("model", "model", models or model_choices(), "340px")
+        self.prune_button = ctl.action("prune", "Prune", "cut",
+                                       "remove the node; its parents feed its children")
+        self.unprune_button = ctl.action("unprune", "Unprune", "undo",
+                                         "bring the pruned node back with its edges")
+        self.downgrade_button = ctl.action("downgrade", "Downgrade", "arrow-down",
+                                           "run the node on the chosen model")
+        self.rerun_button = ctl.action("rerun", "Rerun", "redo",
+                                       "run the node again; descendants become pending")
+        self.output_button = ctl.action("output", "Show output", "file-text",
+                                        "the node's output as Markdown")
+        self.plan_controls = Controls(rows=[["picker:plan", "button:use"]])
+        self.candidate_picker = self.plan_controls.picker("plan", "plan", (), "420px")
+        self.use_button = self.plan_controls.action(
+            "use", "Use plan", "random", "switch to this candidate plan (before anything has run)")
         self.slim = SlimControls(flow, self.model_picker)
         self.importance_button = self.slim.importance_button
         self.slim_button = self.slim.slim_button
@@ -157,12 +166,10 @@ class Panel:
             w.HBox([self.zoom_out_button, self.fit_button, self.zoom_in_button, self.zoom_label]),
             self.legend,
             w.HBox([self.run_button, self.step_button, self.pause_button, self.stop_button]),
-            w.HBox([self.node_picker, self.prune_button, self.unprune_button, self.rerun_button,
-                    self.output_button]),
-            w.HBox([self.model_picker, self.downgrade_button]), self.slim.widget,
+            self.choice_controls, self.slim.widget,
             self.node_info, w.HBox([self.progress, self.meter]), self.message,
             self.output, self.result, self.warnings,
-            w.HBox([self.candidate_picker, self.use_button]), self.candidates, self.log])
+            self.plan_controls, self.candidates, self.log])
         self.widget.add_class("flowmagic-panel")
         self._wire()
         from ..view.render import LiveDrawing
@@ -214,9 +221,7 @@ class Panel:
         self.refresh()
 
     def _on_node(self, done: str, method: Callable[..., Any], *args: Any) -> None:
-        """Act on the chosen node and say which one: a click sent right after a new choice
-        can reach the kernel before the choice does (ipywidgets holds a dropdown's change
-        back while earlier messages are unanswered), and then acts on the node chosen before."""
+        """Act on the chosen node (the one the click carried) and say which one."""
         node = self.node_picker.value
         method(node, *args)
         self.message.value = f"{text_html(done)} <b>{text_html(node)}</b>"
@@ -342,6 +347,10 @@ class Panel:
 
     def refresh(self) -> None:
         """Bring every part except the drawing (LiveDrawing owns it) up to date."""
+        with self.choice_controls.hold_sync(), self.plan_controls.hold_sync():   # one message each
+            self._refresh()
+
+    def _refresh(self) -> None:
         flow, wf = self.flow, self.flow.workflow
         counts = flow.counts()
         done, total = counts.get(Status.DONE, 0), flow.total()
@@ -378,8 +387,7 @@ class Panel:
             self.candidate_picker.options = options
             if any(i == self.flow.chosen for _, i in options):
                 self.candidate_picker.value = self.flow.chosen
-        self.candidate_picker.layout.display = self.use_button.layout.display = (
-            "" if len(options) > 1 else "none")
+        self.plan_controls.layout.display = "" if len(options) > 1 else "none"
 
     def _sync_buttons(self) -> None:
         flow = self.flow

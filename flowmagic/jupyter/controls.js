@@ -1,0 +1,101 @@
+// The front end of flowmagic.jupyter.controls.Controls (an anywidget module).
+// A click sends one message holding the action and what every dropdown shows at that
+// moment, so the kernel acts on the choice the user saw even when the dropdown's own
+// change is still held back by ipywidgets (it sends one change at a time per widget).
+// Option texts and labels are set as text, never as markup.
+
+function pickerView(model, name, selects) {
+  const box = document.createElement("div");
+  box.className = "flowmagic-picker widget-inline-hbox widget-dropdown";
+  const label = document.createElement("label");
+  label.className = "widget-label";
+  const select = document.createElement("select");
+  box.append(label, select);
+  selects.set(name, select);
+  const spec = () => (model.get("pickers") || {})[name] || { options: [] };
+  const show = () => {
+    const { label: text, width, options } = spec();
+    label.textContent = text || "";
+    box.style.width = width || "";
+    const texts = options.map((o) => String(o[0]));
+    if (texts.join("\u0000") !== [...select.options].map((o) => o.textContent).join("\u0000")
+        || texts.length !== select.options.length) {
+      select.replaceChildren(...texts.map((t, i) => {
+        const option = document.createElement("option");
+        option.value = String(i);
+        option.textContent = t;
+        return option;
+      }));
+    }
+    const want = JSON.stringify((model.get("choices") || {})[name] ?? null);
+    select.selectedIndex = options.findIndex((o) => JSON.stringify(o[1]) === want);
+  };
+  select.addEventListener("change", () => {
+    const option = spec().options[select.selectedIndex];
+    model.set("choices", { ...model.get("choices"), [name]: option ? option[1] : null });
+    model.save_changes();
+  });
+  return { box, show };
+}
+
+function buttonView(model, name, selects) {
+  const button = document.createElement("button");
+  button.className = "jupyter-widgets jupyter-button widget-button";
+  const show = () => {
+    const spec = (model.get("buttons") || {})[name] || {};
+    button.replaceChildren();
+    if (spec.icon) {
+      const icon = document.createElement("i");
+      icon.className = `fa fa-${spec.icon}`;
+      button.append(icon);
+    }
+    button.append(document.createTextNode(spec.label || ""));
+    button.title = spec.tip || "";
+    button.disabled = Boolean(spec.disabled);
+  };
+  button.addEventListener("click", () => {
+    const pickers = model.get("pickers") || {};
+    const choices = {};
+    for (const [picker, select] of selects) {
+      const option = (pickers[picker] || { options: [] }).options[select.selectedIndex];
+      choices[picker] = option ? option[1] : null;
+    }
+    model.send({ action: name, choices });
+  });
+  return { box: button, show };
+}
+
+function render({ model, el }) {
+  el.classList.add("flowmagic-controls");
+  let parts = [];
+  const build = () => {
+    const selects = new Map();
+    parts = [];
+    el.replaceChildren(...(model.get("rows") || []).map((row) => {
+      const line = document.createElement("div");
+      line.className = "flowmagic-row";
+      for (const item of row) {
+        const [kind, name] = item.split(":");
+        const part = (kind === "picker" ? pickerView : buttonView)(model, name, selects);
+        parts.push(part);
+        line.append(part.box);
+      }
+      return line;
+    }));
+    update();
+  };
+  const update = () => parts.forEach((part) => part.show());
+  model.on("change:rows", build);
+  model.on("change:pickers", update);
+  model.on("change:choices", update);
+  model.on("change:buttons", update);
+  build();
+  return () => {
+    model.off("change:rows", build);
+    model.off("change:pickers", update);
+    model.off("change:choices", update);
+    model.off("change:buttons", update);
+  };
+}
+
+export default { render };
