@@ -252,17 +252,6 @@ def notebook_page(server: dict, shot: Path):
             browser.close()
 
 
-def pick_node(page, select, node: str) -> None:
-    """Choose `node` in the panel's node dropdown and wait until the kernel has it (the node's
-    info line, which the kernel writes, names it). ipywidgets holds a dropdown's change back
-    while earlier messages are unanswered but sends a click at once, so a click right after
-    the choice can reach the kernel first and act on the node chosen before."""
-    select.select_option(label=node)
-    page.wait_for_function(
-        "(id) => [...document.querySelectorAll('.flowmagic-panel b')]"
-        ".some(b => b.textContent === id)", arg=node, timeout=120_000)
-
-
 def wait_node(page, node: str, cls: str, timeout: float = 60_000) -> None:
     page.wait_for_function(
         "([id, cls]) => { const g = document.getElementById('node-' + id);"
@@ -302,7 +291,7 @@ def test_flow_cell_step_and_prune_in_jupyterlab(lab):
         # Prune a node that has not run if there is one, else a finished one.
         node = next((n for n, c in states.items() if "pending" in c),
                     next(n for n, c in states.items() if "done" in c))
-        pick_node(page, page.locator(".flowmagic-panel select").first, node)
+        page.locator(".flowmagic-panel select").first.select_option(label=node)
         button(page, "Prune").click()
         # the click waits its turn behind the step's dynamic update, itself an embedded-model
         # call that takes minutes when the machine is loaded (the prune then shows at once)
@@ -342,11 +331,8 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
         assert {n[0] for n in state["nodes"].values()} == {"pending"}
 
         selects = page.locator(".flowmagic-panel select")
-        pick_node(page, selects.nth(0), "post")
-        # Option values are the labels ("gpt-5-nano ($0.05 / ...)"): pick by position.
-        cheap = selects.nth(1).evaluate(
-            "sel => [...sel.options].findIndex(o => o.value.startsWith('gpt-5-nano'))")
-        selects.nth(1).select_option(index=cheap)
+        selects.nth(0).select_option(label="post")
+        choose(selects.nth(1), "gpt-5-nano")
         button(page, "Downgrade").click()
         wait_node(page, "post", "downgraded")
         assert flow_state(page)["nodes"]["post"][:2] == ["pending", "gpt-5-nano"]
@@ -354,7 +340,7 @@ def test_every_button_in_jupyterlab(lab, slow_plan_server):
         button(page, "Run").click()
         wait_node(page, "post", "done")
         assert wait_flow(page, lambda st: st["status"] == "done")["nodes"]["facts"][2] == 1
-        pick_node(page, selects.nth(0), "facts")
+        selects.nth(0).select_option(label="facts")
         button(page, "Rerun").click()
         wait_node(page, "facts", "running")
         wait_node(page, "post", "done")
@@ -503,7 +489,7 @@ def test_the_notebook_experience_in_jupyterlab(lab, plan_server):
         wait_kernel(page, "demo.chosen", other)
 
         # 15: prune, then unprune, from the panel.
-        pick_node(page, selects.nth(0), "photo")
+        selects.nth(0).select_option(label="photo")
         button(page, "Prune").click()
         wait_node(page, "photo", "pruned")
         assert page.locator(".flowmagic-drawing #edge-photo-post").count() == 0
@@ -619,7 +605,7 @@ def test_a_flow_cell_on_a_dataframe_runs_pandas_code_in_jupyterlab(lab, pandas_s
         state = flow_state(page)
         assert state["nodes"] == {"totals": ["done", None, 1], "chart": ["done", None, 1]}, state
         selects = panel.locator("select")
-        pick_node(page, selects.first, "totals")
+        selects.first.select_option(label="totals")
         button(page, "Show output").click()
         page.wait_for_function(
             "want => (' ' + document.querySelector('.flowmagic-panel').innerText.split(/\\s+/)"
@@ -627,7 +613,7 @@ def test_a_flow_cell_on_a_dataframe_runs_pandas_code_in_jupyterlab(lab, pandas_s
         shown = " ".join(panel.inner_text().split())
         assert expected in shown                       # pandas' own totals, as printed
         assert "ran without error" in shown
-        pick_node(page, selects.first, "chart")
+        selects.first.select_option(label="chart")
         button(page, "Show output").click()
         figure = panel.locator("img[src^='data:image/png']")
         figure.first.wait_for(timeout=10_000)
@@ -680,7 +666,7 @@ def test_model_html_runs_nothing_in_the_panel_or_an_exported_notebook(lab, hosti
         panel = page.locator(".flowmagic-panel")
         button(page, "Run").click()
         wait_flow(page, lambda st: st["status"] == "done" and not st["busy"])
-        pick_node(page, panel.locator("select").first, "facts")
+        panel.locator("select").first.select_option(label="facts")
         button(page, "Show output").click()
         shown = panel.locator(".flowmagic-output")
         shown.get_by_text("<script>window.__fmPwned = 99</script>").wait_for(timeout=30_000)

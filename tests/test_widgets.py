@@ -89,6 +89,32 @@ def test_buttons_match_methods(server, tmp_path):
     panel.close()
 
 
+def test_a_click_from_the_page_acts_on_the_choices_it_carries(server):
+    """The page sends a click with the node and model it shows; the kernel may not have
+    those choices yet (ipywidgets holds a dropdown's change back while an earlier one is
+    unanswered), and must act on them, not on the choices it had."""
+    flow = make_flow()
+    panel = Panel(flow)
+    pick(panel, "load", "m")
+    controls = panel.choice_controls
+    controls.receive({"action": "prune", "choices": {"node": "plot"}})
+    assert flow.workflow.nodes["plot"].status == "pruned"
+    assert flow.workflow.nodes["load"].status == "pending"
+    assert panel.message.value == "pruned <b>plot</b>"
+    controls.receive({"action": "downgrade", "choices": {"node": "report", "model": "gpt-4o-mini"}})
+    assert flow.workflow.nodes["report"].model == "gpt-4o-mini"
+    assert flow.workflow.nodes["load"].model is None
+    assert panel.node_picker.value == "load"   # the page's own change comes after the click
+    # a node the flow no longer has (a stale page): one red line, nothing changes
+    controls.receive({"action": "prune", "choices": {"node": "gone"}})
+    assert "gone" in panel.message.value and "flowmagic:" in panel.message.value
+    assert [n.status for n in flow.workflow.nodes.values()].count("pruned") == 1
+    controls.receive({"action": "no such button"})   # ignored, as is anything malformed
+    controls.receive(["prune"])
+    assert [n.status for n in flow.workflow.nodes.values()].count("pruned") == 1
+    panel.close()
+
+
 def test_enabled_buttons_follow_the_state(server):
     flow = make_flow()
     panel = Panel(flow)

@@ -43,7 +43,7 @@ class Controls(anywidget.AnyWidget):
         self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
         self._pickers: dict[str, Picker] = {}
         self._actions: dict[str, Action] = {}
-        self.on_msg(self._on_msg)
+        self.on_msg(lambda _widget, content, _buffers: self.receive(content))
         self.observe(self._on_choices, names="choices")
 
     def picker(self, name: str, label: str, options: Any = (), width: str = "260px") -> "Picker":
@@ -75,7 +75,9 @@ class Controls(anywidget.AnyWidget):
         finally:
             self._clicked = {}
 
-    def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+    def receive(self, content: Any) -> None:
+        """A message from the front end: `{"action": button, "choices": {picker: value}}`;
+        anything else is ignored."""
         if isinstance(content, dict) and content.get("action") in self._actions:
             choices = content.get("choices")
             self.click(content["action"], choices if isinstance(choices, dict) else None)
