@@ -9,6 +9,9 @@ output reads `node.output` (while a node runs, the text it streamed so far,
 `flow.partial_output(node)`: the panel turns `flow.streaming` on); with a probe set attached,
 Importance -> `flow.aimportance()` and Slim -> `flow.aslim(cheaper=...)`
 (flowmagic.jupyter.slimpanel). When the run ends the result and the deliverable files show.
+The node, model and plan dropdowns and the buttons acting on them are anywidgets
+(flowmagic.jupyter.controls) whose click carries the choices the page shows, so a click made
+while the kernel is busy acts on the node the user saw chosen.
 `show()` also displays a static copy (the drawing as SVG and PNG, the status as text) that
 the live panel hides while it is there: a reopened or shared notebook still shows the flow.
 The panel follows the Flow through `flow.subscribe`, so a change made from code, a magic
