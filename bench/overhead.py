@@ -90,7 +90,7 @@ def _no_network():
     from flowmagic.llm.transport import Transport
 
     class NoNetwork(Transport):
-        async def post_json(self, client, path: str, body: dict):
+        async def post_json(self, client, path: str, body: dict, *, whole=None):
             return _REPLY
 
     return NoNetwork()

@@ -719,12 +719,15 @@ class LLM:
             kwargs = self._request(model, messages, schema, mode, temperature, seed, max_tokens)
             if tools:
                 kwargs["tools"] = tools
+            # The transport's timeout bounds each read; `whole` bounds the whole answer, so
+            # an endpoint trickling bytes cannot hold a call past `timeout`. The embedded
+            # server is ours: slow there is a busy machine, not a trick.
+            whole = None if endpoint.local else self.timeout
             try:
                 async with self._slot(endpoint):
-                    # The SDK's timeout bounds each read; this bounds the whole answer, so
-                    # an endpoint trickling bytes cannot hold a call past `timeout`. The
-                    # embedded server is ours: slow there is a busy machine, not a trick.
-                    async with asyncio.timeout(None if endpoint.local else self.timeout):
+                    if on_text is None:   # the transport's own timer bounds it: no second one
+                        return await self._send(client, kwargs, None, whole)
+                    async with asyncio.timeout(whole):
                         return await self._send(client, kwargs, on_text)
             except TimeoutError:
                 raise _Retryable(f"no answer within {self.timeout:g} s") from None
@@ -776,11 +779,14 @@ class LLM:
                 kwargs["response_format"] = {"type": "json_object", "schema": schema}
         return kwargs
 
-    async def _send(self, client, kwargs: dict, on_text) -> tuple[str, str | None, int, int, list]:
+    async def _send(self, client, kwargs: dict, on_text,
+                    whole: float | None = None) -> tuple[str, str | None, int, int, list]:
         """The reply as (text, finish reason, input tokens, output tokens, tool calls), from
-        the JSON as it came (no pydantic models); a malformed body raises ValueError."""
+        the JSON as it came (no pydantic models); a malformed body raises ValueError.
+        Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream)."""
         if on_text is None:
-            return _completion(await self._transport.post_json(client, "/chat/completions", kwargs))
+            return _completion(await self._transport.post_json(
+                client, "/chat/completions", kwargs, whole=whole))
         parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, {}
         async for chunk in self._transport.post_stream(
                 client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):

@@ -29,12 +29,14 @@ transport turns them into the openai SDK's errors.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import math
 import ssl as _ssl
 import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Http1", "available"]
+__all__ = ["Http1", "available", "header_pairs"]
 
 _KEEP_IDLE = 1000   # idle connections kept per client; more are closed
 
@@ -48,23 +50,35 @@ def available() -> bool:
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP (or TLS) connection: at most one request on it at a time."""
+    """One TCP (or TLS) connection: at most one request on it at a time. The answer's
+    header block and body are kept in bytearrays, which the garbage collector does not
+    track; the connection is also its request's timer callback (see `Http1.post`)."""
 
-    __slots__ = ("transport", "parser", "waiter", "timer", "headers", "body", "eof_body",
-                 "active", "answered", "closed", "reused")
+    __slots__ = ("transport", "parser", "waiter", "timer", "head", "body", "framed",
+                 "headers_done", "active", "answered", "closed", "reused", "timeout",
+                 "deadline")
 
-    def __init__(self, parser_class):
+    def __init__(self, parser_class, timeout: float):
         self.parser = parser_class(self)
         self.transport: Any = None
         self.waiter: asyncio.Future | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.headers: list = []
-        self.body: list = []
-        self.eof_body = False   # the answer has no length: it ends when the connection does
-        self.active = False     # bytes came in since the timer last looked
-        self.answered = False   # bytes came in for the request in flight
+        self.head = bytearray()   # b"name:value\r\n" per header
+        self.body = bytearray()
+        self.framed = False         # a Content-Length or Transfer-Encoding header came
+        self.headers_done = False
+        self.active = False         # bytes came in since the timer last looked
+        self.answered = False       # bytes came in for the request in flight
         self.closed = False
         self.reused = False
+        self.timeout = timeout      # for each wait for bytes
+        self.deadline = math.inf    # for the whole answer (loop time)
+
+    def start(self, waiter: asyncio.Future, deadline: float) -> None:
+        self.waiter, self.deadline = waiter, deadline
+        self.head.clear()
+        self.body.clear()
+        self.framed = self.headers_done = self.active = self.answered = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -74,7 +88,7 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        if self.eof_body:   # a body without a length ends here
+        if self.headers_done and not self.framed:   # a body without a length ends here
             self._complete(keep=False)
         else:
             waiter.set_exception(ConnectionError(
@@ -92,30 +106,51 @@ class _Connection(asyncio.Protocol):
                 self.waiter.set_exception(ConnectionError(f"the reply is not HTTP/1.1 ({exc})"))
             self.transport.close()
 
-    # httptools' callbacks
-    def on_message_begin(self) -> None:
-        self.headers, self.body, self.eof_body = [], [], False
+    def __call__(self) -> None:
+        """The request's timer: no byte for `timeout` seconds, or the whole answer past its
+        deadline, fails the request; bytes meanwhile re-arm it."""
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        loop = waiter.get_loop()
+        now = loop.time()
+        if now >= self.deadline:
+            waiter.set_exception(TimeoutError("no whole answer in time"))
+        elif not self.active:
+            waiter.set_exception(TimeoutError(f"no byte of the answer for {self.timeout:g} s"))
+        else:
+            self.active = False
+            self.timer = loop.call_at(min(now + self.timeout, self.deadline), self,
+                                      context=_QUIET)
 
+    # httptools' callbacks (each one defined is a bound method the parser keeps)
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        self.head += b"%s:%s\r\n" % (name, value)
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
 
     def on_headers_complete(self) -> None:
-        names = {name.lower() for name, _ in self.headers}
-        self.eof_body = b"content-length" not in names and b"transfer-encoding" not in names
+        self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        self.body += body
 
     def on_message_complete(self) -> None:
-        self.eof_body = False
-        if self.parser.get_status_code() >= 200:   # not an informational 1xx: the answer
+        if self.parser.get_status_code() >= 200:
             self._complete(keep=self.parser.should_keep_alive())
+        else:   # an informational 1xx: the answer is still to come
+            self.start(self.waiter, self.deadline)
 
     def _complete(self, *, keep: bool) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), self.headers,
-                               b"".join(self.body), keep))
+            waiter.set_result((self.parser.get_status_code(), bytes(self.head),
+                               bytes(self.body), keep))
+
+
+# The context the timers run in: they read no context variable, and one shared context
+# spares a copy of the caller's per request.
+_QUIET = contextvars.Context()
 
 
 class Http1:
@@ -147,66 +182,64 @@ class Http1:
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
 
-    async def post(self, path: str, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """(status, headers, body) of POST `path` with the JSON `body`."""
+    async def post(self, path: str, body: bytes, *, whole: float | None = None
+                   ) -> tuple[int, bytes, bytes]:
+        """(status, header block, body) of POST `path` with the JSON `body` (`header_pairs`
+        reads the block); `whole` bounds the whole exchange, connecting included (seconds),
+        `timeout` each wait for bytes."""
         request = b"POST %s%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
             self._prefix, path.encode("ascii"), self._head, len(body), body)
+        loop = asyncio.get_running_loop()
+        deadline = math.inf if whole is None else loop.time() + whole
         while True:
-            conn = await self._take()
+            conn = self._idle_connection() or await self._connect(deadline - loop.time())
+            waiter = loop.create_future()
+            conn.start(waiter, deadline)
+            conn.transport.write(request)
+            # the connection is the timer's callback: one TimerHandle is all a request adds
+            conn.timer = loop.call_at(min(loop.time() + self.timeout, deadline), conn,
+                                      context=_QUIET)
             try:
-                status, headers, content, keep = await self._exchange(conn, request)
+                status, head, content, keep = await waiter
             except ConnectionError:
+                self._drop(conn)
                 if conn.reused and not conn.answered:   # closed while idle: once more, anew
                     continue
                 raise
+            except BaseException:   # timed out or cancelled: the connection is unusable
+                self._drop(conn)
+                raise
+            finally:
+                conn.waiter = None
+                conn.timer.cancel()
+                conn.timer = None
             break
         if keep:
             self._give_back(conn)
         else:
             self._drop(conn)
-        return status, headers, _decoded(headers, content)
+        return status, head, _decoded(head, content)
 
-    async def _take(self) -> _Connection:
+    def _idle_connection(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and not conn.transport.is_closing():
                 conn.reused = True
                 return conn
             self._open.discard(conn)
+        return None
+
+    async def _connect(self, left: float) -> _Connection:
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.timeout):
+        async with asyncio.timeout(min(self.timeout, left)):
             _, conn = await loop.create_connection(
-                lambda: _Connection(self._parser), self._host, self._port, ssl=self._ssl,
+                self._new_connection, self._host, self._port, ssl=self._ssl,
                 server_hostname=self._host if self._tls else None)
         self._open.add(conn)
         return conn
 
-    async def _exchange(self, conn: _Connection, request: bytes):
-        loop = asyncio.get_running_loop()
-        waiter = conn.waiter = loop.create_future()
-        conn.active = conn.answered = False
-        conn.transport.write(request)
-        conn.timer = loop.call_at(loop.time() + self.timeout, self._expire, conn, waiter)
-        try:
-            return await waiter
-        except BaseException:   # timed out, cancelled, or broken: the connection is unusable
-            self._drop(conn)
-            raise
-        finally:
-            conn.waiter = None
-            conn.timer.cancel()
-            conn.timer = None
-
-    def _expire(self, conn: _Connection, waiter: asyncio.Future) -> None:
-        """No byte for `timeout` seconds: the request fails; bytes meanwhile: wait on."""
-        if waiter.done():
-            return
-        if conn.active:
-            conn.active = False
-            loop = asyncio.get_running_loop()
-            conn.timer = loop.call_at(loop.time() + self.timeout, self._expire, conn, waiter)
-            return
-        waiter.set_exception(TimeoutError(f"no byte of the answer for {self.timeout:g} s"))
+    def _new_connection(self) -> _Connection:
+        return _Connection(self._parser, self.timeout)
 
     def _give_back(self, conn: _Connection) -> None:
         conn.reused = False
@@ -232,17 +265,28 @@ class Http1:
             await asyncio.sleep(0)
 
 
-def _decoded(headers: list[tuple[bytes, bytes]], content: bytes) -> bytes:
-    for name, value in headers:
-        if name.lower() == b"content-encoding":
-            coding = value.strip().lower()
-            if coding in (b"gzip", b"x-gzip", b"deflate"):
+def header_pairs(head: bytes) -> list[tuple[str, str]]:
+    """The (name, value) pairs of a header block from `Http1.post`."""
+    pairs = []
+    for line in head.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        pairs.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+    return pairs
+
+
+def _decoded(head: bytes, content: bytes) -> bytes:
+    if b"ncoding:" not in head.lower():   # no Content-Encoding (nor Transfer-)
+        return content
+    for name, value in header_pairs(head):
+        if name.lower() == "content-encoding":
+            coding = value.lower()
+            if coding in ("gzip", "x-gzip", "deflate"):
                 try:   # 32 + 15: a gzip or a zlib header, told apart by the decoder
                     return zlib.decompress(content, 47)
                 except zlib.error:
-                    if coding != b"deflate":
+                    if coding != "deflate":
                         raise ValueError("the reply's gzip body is corrupt") from None
                     return zlib.decompress(content, -15)   # raw deflate, as some servers send
-            if coding not in (b"", b"identity"):
-                raise ValueError(f"the reply is encoded as {coding.decode('latin-1')!r}")
+            if coding not in ("", "identity"):
+                raise ValueError(f"the reply is encoded as {coding!r}")
     return content

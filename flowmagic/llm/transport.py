@@ -21,6 +21,7 @@ zero-latency stand-in replaces the HTTP call and nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import json
@@ -112,8 +113,6 @@ class Client:
     def abandon(self) -> None:
         """Close the client after its event loop has closed (at process exit): the sessions
         are marked closed without that loop, and their sockets end with the process."""
-        import asyncio
-
         try:
             asyncio.run(self.close())
         except Exception:   # noqa: BLE001 - at exit, closing is best effort
@@ -137,19 +136,39 @@ class Transport:
         return Client(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
                                          timeout=timeout, http_client=http_client), timeout)
 
-    async def post_json(self, client: Client, path: str, body: dict) -> Any:
-        """POST `body` as it is; the reply's JSON as plain Python values. Failures raise the
-        SDK's errors (APIStatusError and its subclasses, APITimeoutError, APIConnectionError);
-        a body that is not JSON raises ValueError."""
+    async def post_json(self, client: Client, path: str, body: dict, *,
+                        whole: float | None = None) -> Any:
+        """POST `body` as it is; the reply's JSON as plain Python values. `whole` bounds the
+        whole answer in seconds (TimeoutError, or the SDK's APITimeoutError, past it).
+        Failures raise the SDK's errors (APIStatusError and its subclasses, APITimeoutError,
+        APIConnectionError); a body that is not JSON raises ValueError."""
+        import openai
+
+        url = client.base + path
         lean = client.http1()
-        if lean is not None:
-            return await _post_lean(client, lean, path, body)
+        if lean is None:
+            async with asyncio.timeout(whole):
+                return await self._post_library(client, path, url, body)
+        _log.debug("Sending HTTP Request: POST %s", url)
+        try:
+            status, head, content = await lean.post(path, json.dumps(body).encode(),
+                                                    whole=whole)
+        except TimeoutError as exc:
+            raise openai.APITimeoutError(request=_request(url)) from exc
+        except OSError as exc:   # refused, reset, closed early, TLS, not HTTP
+            raise openai.APIConnectionError(request=_request(url)) from exc
+        _log.debug("HTTP Response: POST %s %d", url, status)
+        if status >= 400:
+            raise _status_error(client, url, status, content, http1.header_pairs(head))
+        return json.loads(content)
+
+    async def _post_library(self, client: Client, path: str, url: str, body: dict) -> Any:
+        """`post_json` through aiohttp (an endpoint behind a proxy), or the SDK's `post`."""
         if not aiohttp_available():
             return await client.sdk.post(path, body=body, cast_to=object)
         import aiohttp
         import openai
 
-        url = client.base + path
         _log.debug("Sending HTTP Request: POST %s", url)
         try:
             async with client.session().post(url, data=json.dumps(body).encode(),
@@ -194,25 +213,6 @@ def _env_proxy(url: str) -> str | None:
     if not parts.hostname or proxy_bypass(parts.hostname):
         return None
     return getproxies().get(parts.scheme)
-
-
-async def _post_lean(client: Client, lean, path: str, body: dict) -> Any:
-    """`Transport.post_json` over `http1.Http1`."""
-    import openai
-
-    url = client.base + path
-    _log.debug("Sending HTTP Request: POST %s", url)
-    try:
-        status, headers, content = await lean.post(path, json.dumps(body).encode())
-    except TimeoutError as exc:
-        raise openai.APITimeoutError(request=_request(url)) from exc
-    except OSError as exc:   # refused, reset, closed early, TLS, not HTTP
-        raise openai.APIConnectionError(request=_request(url)) from exc
-    _log.debug("HTTP Response: POST %s %d", url, status)
-    if status >= 400:
-        raise _status_error(client, url, status, content,
-                            ((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
-    return json.loads(content)
 
 
 def _status_error(client: Client, url: str, status: int, content: bytes, headers):
