@@ -626,11 +626,14 @@ HOSTILE = ('<img src=x onerror="window.__fmPwned = (window.__fmPwned || 0) + 1">
            '<script>window.__fmPwned = 99</script> **bold** '
            '[click](javascript:window.__fmPwned=7)')
 PWNED = "() => window.__fmPwned === undefined"
+# a model id as an endpoint may list it: the panel's model dropdown shows it as text
+HOSTILE_MODEL = '<img src=x onerror="window.__fmPwned=3">m2'
 
 
 @pytest.fixture
 def hostile_server():
-    """A plan whose requirement holds an <img onerror>, and answers full of script."""
+    """A plan whose requirement holds an <img onerror>, answers full of script, and a model
+    list (GET /models) with markup in a model id."""
     plan = {"subtasks": [
         {"id": "facts", "requirement": 'List facts <img src=x onerror="window.__fmPwned=5">',
          "agent": "researcher", "depends_on": []},
@@ -640,7 +643,7 @@ def hostile_server():
     def responder(body):
         return json.dumps(plan) if body.get("response_format") else HOSTILE
 
-    with LoopbackServer(responder=responder) as server:
+    with LoopbackServer(responder=responder, models=["m", HOSTILE_MODEL]) as server:
         yield server
 
 
@@ -661,7 +664,8 @@ def test_model_html_runs_nothing_in_the_panel_or_an_exported_notebook(lab, hosti
     stands between a model's `<img onerror>` or `<script>` and the page (issue 13)."""
     started = time.monotonic()
     server = lab(["%load_ext flowmagic", "%%flow demo --k 1\nMake tea"],
-                 FLOWMAGIC_BASE_URL=hostile_server.base_url, FLOWMAGIC_MODEL="m")
+                 FLOWMAGIC_BASE_URL=hostile_server.base_url, FLOWMAGIC_MODEL="m",
+                 FLOWMAGIC_CHECK_MODELS="1")   # the model dropdown lists what the server lists
     with notebook_page(server, ARTIFACTS / "browser-hostile-panel.png") as page:
         panel = page.locator(".flowmagic-panel")
         button(page, "Run").click()
@@ -674,6 +678,9 @@ def test_model_html_runs_nothing_in_the_panel_or_an_exported_notebook(lab, hosti
         assert shown.locator("strong", has_text="bold").count() == 1   # Markdown still renders
         result = panel.locator(".flowmagic-result")
         result.get_by_text("<script>window.__fmPwned = 99</script>").wait_for(timeout=30_000)
+        models = panel.locator("select").nth(1).evaluate(
+            "sel => [...sel.options].map(o => o.textContent)")
+        assert any(t.startswith(HOSTILE_MODEL) for t in models), models
         _no_active_markup(page)
         kernel_eval(page, "demo.to_notebook('exported.ipynb')")
 
