@@ -783,27 +783,44 @@ class LLM:
                     whole: float | None = None) -> tuple[str, str | None, int, int, list]:
         """The reply as (text, finish reason, input tokens, output tokens, tool calls), from
         the JSON as it came (no pydantic models); a malformed body raises ValueError.
-        Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream)."""
+        Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream).
+
+        A streamed reply (only when someone watches the text: `on_text`) is joined by the
+        SDK's `ChatCompletionStreamState`, which needs the SDK's chunk objects; they are built
+        here, off the fan-out path, with `construct` (no validation: a server that leaves out
+        `created` still streams). It costs ~0.1-0.3 ms a chunk against ~5 us for reading the
+        JSON by hand (bench note in issue 17), under 1% of a chunk's time at 40 tokens/s."""
         if on_text is None:
             return _completion(await self._transport.post_json(
                 client, "/chat/completions", kwargs, whole=whole))
-        parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, {}
+        from openai.lib.streaming.chat import ChatCompletionStreamState
+        from openai.types.chat import ChatCompletionChunk
+
+        state, tokens_in, tokens_out, started = ChatCompletionStreamState(), 0, 0, False
         async for chunk in self._transport.post_stream(
                 client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):
             if not isinstance(chunk, dict):
                 raise ValueError("a streamed event is not a chat completion chunk")
-            usage = chunk.get("usage")
+            usage = chunk.get("usage")   # the SDK keeps only the last chunk's, None or not
             if isinstance(usage, dict):
                 tokens_in, tokens_out = _tokens(usage)
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    parts.append(delta["content"])
-                    on_text(delta["content"])
-                for piece in delta.get("tool_calls") or []:
-                    _add_tool_delta(calls, piece)
-                finish = choice.get("finish_reason") or finish
-        return "".join(parts), finish, tokens_in, tokens_out, list(calls.values())
+            try:
+                events = state.handle_chunk(ChatCompletionChunk.construct(**chunk))
+            except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+                raise ValueError(f"a streamed event is not a chat completion chunk ({exc})") from None
+            started = True
+            for event in events:
+                if event.type == "content.delta" and event.delta:
+                    on_text(event.delta)
+        choices = state.current_completion_snapshot.choices if started else []
+        if not choices:
+            return "", None, tokens_in, tokens_out, []
+        message = choices[0].message
+        calls = [{"id": call.id or f"call_{i}", "type": "function",
+                  "function": {"name": call.function.name or "",
+                               "arguments": call.function.arguments or ""}}
+                 for i, call in enumerate(message.tool_calls or [])]
+        return message.content or "", choices[0].finish_reason, tokens_in, tokens_out, calls
 
 
 def _tokens(usage: Any) -> tuple[int, int]:
@@ -823,19 +840,6 @@ def _completion(body: Any) -> tuple[str, str | None, int, int, list]:
              for c in message.get("tool_calls") or [] if isinstance(c.get("function"), dict)]
     return (message.get("content") or "", choice.get("finish_reason"),
             *_tokens(body.get("usage")), calls)
-
-
-def _add_tool_delta(calls: dict, piece) -> None:
-    """Streamed tool calls arrive in pieces keyed by index: the id and name once, the
-    arguments as text fragments to join."""
-    index = piece.get("index", 0)
-    slot = calls.setdefault(index, {"id": None, "type": "function",
-                                    "function": {"name": "", "arguments": ""}})
-    slot["id"] = piece.get("id") or slot["id"] or f"call_{index}"
-    function = piece.get("function")
-    if isinstance(function, dict):
-        slot["function"]["name"] += function.get("name") or ""
-        slot["function"]["arguments"] += function.get("arguments") or ""
 
 
 async def _close_with_loop(llm: LLM, loop: asyncio.AbstractEventLoop):

@@ -178,7 +178,13 @@ def stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: b
     pieces = re.findall(r"\S*\s*", msg.get("content") or "")  # word by word, joining back exactly
     chunks += [chunk({"content": piece}) for piece in pieces if piece]
     for i, tc in enumerate(msg.get("tool_calls") or []):
-        chunks.append(chunk({"tool_calls": [dict(tc, index=i)]}))
+        # as OpenAI streams them: the id, type and name once, then the arguments in pieces
+        function = tc.get("function") or {}
+        arguments = function.get("arguments") or ""
+        head = {**tc, "index": i, "function": {**function, "arguments": arguments[:8]}}
+        chunks.append(chunk({"tool_calls": [head]}))
+        chunks += [chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[at:at + 8]}}]})
+                   for at in range(8, len(arguments), 8)]
     chunks.append(chunk({}, finish))
     if with_usage:
         chunks.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
