@@ -16,11 +16,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, FlowError, write_error
 from ._internal.text import one_line
 from .model.status import RunState, Status
 from .parsers import add_map_options, map_options
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 __all__ = ["main", "build_parser"]
 
@@ -88,13 +92,18 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _settings(pairs: list[str] | None) -> dict:
+def _settings(pairs: list[str] | None, **options: Any) -> Settings:
+    """The flow settings of the command's own options (those not None) with `--set key=value`
+    on top (typed on purpose, where an option may be its default), checked once: an unknown
+    key or a bad value is one line, before any model call."""
     from .parsers import parse_assignments
+    from .settings import Settings
 
     try:
-        return parse_assignments(list(pairs)) if pairs else {}
+        given = parse_assignments(list(pairs)) if pairs else {}
     except ConfigError:
         raise ConfigError(f"--set takes key=value, not {' '.join(pairs)!r}") from None
+    return Settings(**{**{k: v for k, v in options.items() if v is not None}, **given})
 
 
 def _writable_folder(folder: Path) -> Path:
@@ -131,18 +140,15 @@ def _name_from(task: str) -> str:
 def _plan(args, progress: Progress):
     from .flow import plan
 
-    settings = _settings(getattr(args, "set", None))
-    if getattr(args, "max_tokens", None):
-        settings["max_tokens"] = args.max_tokens
-    if getattr(args, "max_k", None):
-        settings["max_k"] = args.max_k
-    if getattr(args, "sandbox", None):
-        settings["sandbox"] = args.sandbox
+    settings = _settings(getattr(args, "set", None), k=args.k, model=args.model,
+                         strategy=args.strategy, max_tokens=getattr(args, "max_tokens", None) or None,
+                         max_k=getattr(args, "max_k", None) or None,
+                         sandbox=getattr(args, "sandbox", None) or None)
     name = args.name or _name_from(args.task)
     progress.doing = "planning"
-    progress.say(f"planning {args.task!r}: {args.k} candidate plan(s) on {args.model or 'the default model'}")
-    flow = plan(args.task, k=args.k, model=args.model, strategy=args.strategy, name=name,
-                **settings)
+    progress.say(f"planning {args.task!r}: {settings.k} candidate plan(s) on "
+                 f"{settings.model or 'the default model'}")
+    flow = plan(args.task, name=name, **settings.given())
     progress.doing = ""
     scores = flow.metrics()
     progress.say(f"plan: {flow.total()} subtasks, {len(flow.workflow.edges())} dependencies, "
@@ -451,13 +457,12 @@ def cmd_trials(args: argparse.Namespace) -> int:
         gold = json.loads(Path(args.gold).read_text(encoding="utf-8"))
         plan_score = lambda wf: {k: v for k, v in compare(wf, gold).as_dict().items()  # noqa: E731
                                  if k in ("ssi", "node_f1", "edge_f1")}
-    settings = _settings(args.set)
-    if args.model:
-        settings["model"] = args.model
+    settings = _settings(args.set, model=args.model or None)
     conditions = CONDITIONS if args.compare_updates else {"as set": {}}
     report = trials(source, n=args.n, mask_rates=args.mask_rate or (0.0,), conditions=conditions,
                     checks=args.check, template=args.template, expected=args.expect,
-                    plan_score=plan_score, seed=args.seed, concurrency=args.concurrency, **settings)
+                    plan_score=plan_score, seed=args.seed, concurrency=args.concurrency,
+                    **settings.given())
     print(report.text())
     if args.out:
         Path(args.out).write_text(json.dumps(report.to_dict(), indent=2, default=str), encoding="utf-8")

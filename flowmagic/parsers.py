@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from .errors import ConfigError
 from ._internal.text import one_line
 
-__all__ = ["FlowArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
+__all__ = ["FlowArgs", "OrchestrateArgs", "SlimArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
            "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
            "is_flow_name",
            "parse_cheaper", "parse_slim_options", "single_brace_names", "add_map_options",
@@ -79,8 +79,23 @@ class FlowArgs:
     settings: dict[str, Any] = field(default_factory=dict)
     tools: str | None = None           # --tools fn1,fn2: functions in the notebook
     kind: str = "aov"                  # --mode: "aov" (a planned workflow) | "orchestrate"
-    orchestrate: dict[str, Any] = field(default_factory=dict)   # agents, budget_s, max_turns
+    orchestrate: OrchestrateArgs = field(default_factory=lambda: OrchestrateArgs())
     inputs: list[str] = field(default_factory=list)   # --inputs a.csv,b.csv: files for the workspace
+
+
+@dataclass
+class OrchestrateArgs:
+    """The options of `%%flow NAME --mode orchestrate` (the Orchestrator's defaults)."""
+    agents: str | None = None          # --agents A,B (None: the default team)
+    budget_s: float | None = 300.0     # --budget-s
+    max_turns: int | None = 8          # --max-turns
+
+
+@dataclass
+class SlimArgs:
+    """The options of `%flow slim NAME`."""
+    cheaper: dict[str, str]            # --cheaper big=small,...
+    tau: float = 0.95                  # --tau: the share of the baseline score a step must keep
 
 
 @dataclass
@@ -203,7 +218,8 @@ def parse_flow_line(line: str) -> FlowArgs:
     if ns.inputs is not None and not inputs:
         raise ConfigError("%%flow: --inputs takes file names, e.g. --inputs sales.csv,regions.csv")
     return FlowArgs(name=check_name(ns.name), mode=ns.mode, interpolate=ns.interpolate,
-                    tools=ns.tools, inputs=inputs, kind=ns.kind, orchestrate=orchestrate,
+                    tools=ns.tools, inputs=inputs, kind=ns.kind,
+                    orchestrate=OrchestrateArgs(**orchestrate),
                     debug=ns.debug, help=ns.help, force=ns.force, settings=settings)
 
 
@@ -249,15 +265,15 @@ def parse_cheaper(text: str) -> dict[str, str]:
     return out
 
 
-def parse_slim_options(words: list[str]) -> dict[str, Any]:
-    """The options of `%flow slim NAME`: {"cheaper": {...}, "tau": float}."""
+def parse_slim_options(words: list[str]) -> SlimArgs:
+    """The options of `%flow slim NAME`."""
     p = _Parser(prog="%flow slim", add_help=False, allow_abbrev=False)
     p.add_argument("--cheaper", default="")
     p.add_argument("--tau", type=_positive(float, "--tau", 0.0), default=0.95)
     ns = p.parse_args(words)
     if not 0 < ns.tau <= 1:
         raise ConfigError(f"%flow slim: --tau must be in (0, 1], e.g. 0.95, not {ns.tau:g}")
-    return {"cheaper": parse_cheaper(ns.cheaper), "tau": ns.tau}
+    return SlimArgs(parse_cheaper(ns.cheaper), ns.tau)
 
 
 def add_map_options(p: argparse.ArgumentParser) -> None:

@@ -260,6 +260,20 @@ class Settings(BaseModel):
         """The settings as a plain dict, by their names (`validate`, not `validate_`)."""
         return dict(self.items())
 
+    def given(self) -> dict:
+        """The settings set on purpose (at construction or later), by name: what a caller
+        passes on to a function whose own defaults should hold for the rest."""
+        return {key: self[key] for key in DEFAULTS if _FIELD.get(key, key) in self.model_fields_set}
+
+    def deciding_calls(self) -> dict:
+        """The settings that change what a node's model call returns, by name (a replay's
+        fingerprint holds them; the prompt is hashed apart)."""
+        return {"seed": self.seed, "temperature": self.temperature, "max_tokens": self.max_tokens,
+                "validate": self.validate_, "validator_model": self.validator_model,
+                "max_attempts": self.max_attempts, "fail_rate": self.fail_rate,
+                "mask_rate": self.mask_rate, "context": self.context,
+                "context_chars": self.context_chars}
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Settings):
             return self.to_dict() == other.to_dict()

@@ -105,6 +105,16 @@ def test_plan_then_export_gives_a_notebook_that_runs_the_nodes(server, tmp_path,
     assert json.loads(out)["workflow"]["edges"] == [["leaves", "guide"], ["water", "guide"]]
 
 
+def test_set_may_name_a_setting_that_has_its_own_option(server, capsys):
+    # plan() got k twice (from --k's default and from --set) and the command crashed
+    code, out, err = flowmagic(capsys, "plan", TASK, "--set", "k=1", "--set", "max_tokens=300",
+                               "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["workflow"]["nodes"]) == 3
+    code, out, err = flowmagic(capsys, "plan", TASK, "--set", "k=0")
+    assert code != 0 and "k is a number of candidate plans" in err and "Traceback" not in err
+
+
 def test_every_template_fills_its_parameters(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_notes").mkdir()

@@ -255,7 +255,7 @@ def test_embed_caches_each_text_and_logs_calls(loopback):
 def test_embeddings_similarity_can_name_its_own_model(loopback, pred_file, monkeypatch):
     flowmagic.configure(base_url=loopback.base_url, model="chat")
     run = evaluate_file(GOLD, pred=pred_file, similarity="embeddings", embed_model="e5", limit=2)
-    assert run.settings["similarity"] == "embeddings" and run.rows[0]["node_recall"] == 1.0
+    assert run.settings.similarity == "embeddings" and run.rows[0]["node_recall"] == 1.0
     assert {r["body"]["model"] for r in loopback.stats(bodies=True)["requests"]} == {"e5"}
     assert "similarity: embeddings from" in run.notes[0] and "(e5)" in run.notes[0]
     monkeypatch.setenv("FLOWMAGIC_EMBED_MODEL", "e6")

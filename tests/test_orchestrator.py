@@ -465,7 +465,7 @@ def test_the_magic_orchestrates_with_notebook_tools(shell, capsys):
         assert result.success and not err, err
         orch = shell.user_ns["chat"]
         assert orch.result.answer == "the sky is blue" and "the sky is blue" in out
-        assert orch.result.settings["max_turns"] == 3 and orch.result.settings["budget_s"] == 30
+        assert orch.result.settings.max_turns == 3 and orch.result.settings.budget_s == 30
         assert [r["tool"] for r in get_store().tool_calls(orch.result.run_id)] == ["sky"]
 
         shell.run_cell("%%flow bad --agents writer\nx")

@@ -23,10 +23,12 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import BaseModel
+
 from . import scoring as ev
 from ..errors import ConfigError, EndpointError, FlowError
 
-__all__ = ["EvalRun", "aresolve_similarity", "resolve_similarity", "select_records",
+__all__ = ["EvalRun", "EvalSettings", "aresolve_similarity", "resolve_similarity", "select_records",
            "prediction_of", "aevaluate_file", "evaluate_file", "load_one_gold", "compare_flow",
            "format_scores"]
 
@@ -161,13 +163,40 @@ _MEANS = (("node F1", "node_f1"), ("edge F1", "edge_f1"), ("label", "label_simil
           ("SSI", "ssi"), ("GED", "ged"))
 
 
+class EvalSettings(BaseModel):
+    """What an evaluation ran with: the gold file and its selection, the scoring, and either
+    the predictions file it scored or how it planned each record (k ... cache) and the usage.
+    `to_dict()` has only the keys that were set, in this order (the --out JSON's "settings")."""
+
+    gold: str
+    records: int
+    available: int
+    limit: int | None = None
+    sample: int | None = None
+    similarity: str = ""
+    threshold: int | float = 0.5
+    ged_timeout: int | float | None = 2.0
+    pred: str | None = None
+    k: int = 3
+    model: str | None = None
+    strategy: str = "balanced"
+    context: bool = False
+    seed: int = 0
+    max_tokens: int | None = None
+    cache: bool = True
+    usage: dict | None = None
+
+    def to_dict(self) -> dict:
+        return self.model_dump(exclude_unset=True)
+
+
 @dataclass
 class EvalRun:
     """What one evaluation produced; `table()` and `summary_text()` are what the CLI prints."""
 
     rows: list[dict]
     summary: dict
-    settings: dict
+    settings: EvalSettings
     predictions: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -177,12 +206,12 @@ class EvalRun:
 
     def summary_text(self) -> str:
         s = self.settings
-        lines = [f"gold: {s['gold']} ({s['records']} of {s['available']} records)"]
-        if s.get("pred"):
-            lines.append(f"predictions: {s['pred']} (no planning)")
+        lines = [f"gold: {s.gold} ({s.records} of {s.available} records)"]
+        if s.pred:
+            lines.append(f"predictions: {s.pred} (no planning)")
         else:
-            lines.append(f"planner: {s['model'] or 'the default model'}, strategy {s['strategy']}, "
-                         f"k {s['k']}" + (", with the records' context" if s.get("context") else ""))
+            lines.append(f"planner: {s.model or 'the default model'}, strategy {s.strategy}, "
+                         f"k {s.k}" + (", with the records' context" if s.context else ""))
         lines += self.notes
         blocks = [("overall", self.summary["overall"]), *self.summary["by_shape"].items()]
         for name, block in blocks:
@@ -190,7 +219,7 @@ class EvalRun:
                               for label, key in _MEANS)
             failed = f", {block['errors']} failed" if block["errors"] else ""
             lines.append(f"mean {name} (n={block['n']}{failed}): {means}")
-        usage = s.get("usage")
+        usage = s.usage
         if usage:
             lines.append(f"model calls: {usage['calls']} (+{usage['cached']} from the cache), "
                          f"tokens {usage['input_tokens']:,} in, {usage['output_tokens']:,} out, "
@@ -198,7 +227,7 @@ class EvalRun:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"settings": self.settings, "notes": self.notes, "summary": self.summary,
+        return {"settings": self.settings.to_dict(), "notes": self.notes, "summary": self.summary,
                 "rows": self.rows}
 
     def write(self, path) -> Path:
@@ -231,7 +260,7 @@ class EvalRun:
 class _Planner:
     """plan_fn for `aevaluate_records`: K candidates, Flow's selection, usage kept per record."""
 
-    def __init__(self, llm, options: dict, embedder: _EndpointEmbedder | None):
+    def __init__(self, llm, options: EvalSettings, embedder: _EndpointEmbedder | None):
         self.llm, self.options, self.embedder = llm, options, embedder
         self.predictions: dict[str, dict] = {}
         self.usage = {"calls": 0, "cached": 0, "input_tokens": 0, "output_tokens": 0,
@@ -240,12 +269,13 @@ class _Planner:
     async def __call__(self, record: dict) -> dict:
         from ..engine import planner
 
-        opts = dict(self.options)
-        context = record.get("context") if opts.pop("context") else None
-        rid, base = record["id"], {"model": opts["model"], "strategy": opts["strategy"], "k": opts["k"]}
+        o = self.options
+        context = record.get("context") if o.context else None
+        rid, base = record["id"], {"model": o.model, "strategy": o.strategy, "k": o.k}
         try:
-            candidates = await planner.plan_candidates(record.get("task") or "", llm=self.llm,
-                                                       context=context, **opts)
+            candidates = await planner.plan_candidates(
+                record.get("task") or "", llm=self.llm, context=context, k=o.k, model=o.model,
+                strategy=o.strategy, seed=o.seed, max_tokens=o.max_tokens, cache=o.cache)
             self._count(candidates)
             chosen = planner.select(candidates)
         except FlowError as exc:
@@ -327,23 +357,24 @@ async def aevaluate_file(gold, *, k: int = 3, model: str | None = None,
     if progress:
         progress(note)
     scoring = dict(threshold=threshold, ged_timeout=ged_timeout)
-    settings = {"gold": str(gold), "records": len(chosen), "available": len(records),
-                "limit": limit, "sample": sample, "similarity": backend.name, **scoring}
+    settings = EvalSettings(gold=str(gold), records=len(chosen), available=len(records),
+                            limit=limit, sample=sample, similarity=backend.name, **scoring)
     if pred is not None:
         if limit is None and sample is None:   # score what was planned, e.g. an earlier --sample
             saved = ev.load_predictions(pred)
             chosen = [r for r in chosen if r["id"] in saved] or chosen
-            settings["records"] = len(chosen)
+            settings.records = len(chosen)
         rows, predictions = await _score_saved(chosen, pred, backend, scoring, progress)
-        settings["pred"] = str(pred)
+        settings.pred = str(pred)
     else:
-        plan_opts = dict(k=k, model=model, strategy=strategy, context=context, seed=seed,
-                         max_tokens=max_tokens, cache=cache)
-        planner = _Planner(llm, plan_opts, _embedder_of(backend))
+        settings = settings.model_copy(update=dict(k=k, model=model, strategy=strategy,
+                                                   context=context, seed=seed,
+                                                   max_tokens=max_tokens, cache=cache))
+        planner = _Planner(llm, settings, _embedder_of(backend))
         rows = await ev.aevaluate_records(chosen, planner, similarity=backend, concurrency=concurrency,
                                           progress=_progress_line(progress), **scoring)
         predictions = [planner.predictions[r["id"]] for r in chosen if r["id"] in planner.predictions]
-        settings.update(plan_opts, usage=planner.usage)
+        settings.usage = planner.usage
     return EvalRun(rows, ev.summarize(rows), settings, predictions, [note],
                    time.perf_counter() - started)
 
@@ -397,7 +428,7 @@ def load_one_gold(path, task: str | None = None) -> dict:
 def compare_flow(flow, gold, *, similarity: str = "auto", **options) -> tuple[Any, dict, str]:
     """(Scores, gold record, similarity note) of a Flow's plan against `gold` (a path or dict)."""
     record = gold if isinstance(gold, dict) else load_one_gold(gold, task=flow.task)
-    model = (getattr(flow, "settings", None) or {}).get("model")
+    model = getattr(getattr(flow, "settings", None), "model", None)
     backend, note = resolve_similarity(similarity, model=model, llm=getattr(flow, "llm", None))
     return ev.compare(flow, record, similarity=backend, **options), record, note
 

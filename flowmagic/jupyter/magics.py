@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -30,6 +30,9 @@ from ..parsers import (Command, command_usage, interpolate, parse_assignments,
                        parse_command, parse_flow_line, parse_map_options, parse_slim_options,
                        single_brace_names)
 from ..model.status import AnswerState
+
+if TYPE_CHECKING:   # imported when a flow is made: %load_ext stays light
+    from ..settings import Settings
 
 __all__ = ["FlowMagics", "Report", "load_ipython_extension", "unload_ipython_extension",
            "pyproject_settings"]
@@ -165,17 +168,16 @@ class FlowMagics(Magics):
             panel.follow()
         return None
 
-    def handle_orchestrate(self, args, task: str, settings: dict, tools) -> None:
+    def handle_orchestrate(self, args, task: str, settings: Settings, tools) -> None:
         """`%%flow NAME --mode orchestrate`: agents solve the task by messages; NAME is the
         Orchestrator (NAME.result, await NAME.wait(), NAME.stop())."""
         from ..orchestrator.hub import Orchestrator
 
         opts = args.orchestrate
-        orch = Orchestrator(task, opts.get("agents"), tools=tools, model=settings.get("model"),
-                            budget_s=opts.get("budget_s", 300.0), max_turns=opts.get("max_turns", 8),
-                            name=args.name, seed=settings.get("seed") or 0,
-                            max_tokens=settings.get("max_tokens"),
-                            temperature=settings.get("temperature"))
+        orch = Orchestrator(task, opts.agents, tools=tools, model=settings.model,
+                            budget_s=opts.budget_s, max_turns=opts.max_turns,
+                            name=args.name, seed=settings.seed, max_tokens=settings.max_tokens,
+                            temperature=settings.temperature)
         self._stop_previous(args.name)
         self.shell.user_ns[args.name] = orch
         if self._in_kernel():
@@ -187,17 +189,17 @@ class FlowMagics(Magics):
         print(f"{outcome!r}\n{outcome.answer}")
         return None
 
-    def _planning_progress(self, name: str, settings: dict) -> Callable[[dict], None]:
+    def _planning_progress(self, name: str, settings: Settings) -> Callable[[dict], None]:
         """A line that follows planning: updated in place in a notebook; in a terminal,
         printed when the plans are asked for and when one is chosen."""
         from ..view.display import PlanningLine
         from ..llm.endpoints import resolve
 
         try:
-            embedded = resolve(settings.get("model"))[0].local
+            embedded = resolve(settings.model)[0].local
         except FlowError:
             embedded = False   # planning itself will say what is wrong with the model
-        line = PlanningLine(name, int(settings.get("k") or 1), embedded)
+        line = PlanningLine(name, int(settings.k), embedded)
         if self._in_kernel():
             handle = display(line, display_id=True)
             return lambda event: (line.event(event), handle.update(line))
@@ -242,12 +244,13 @@ class FlowMagics(Magics):
             print(f"flowmagic: {{{name}}} in the task goes to the model as written, though "
                   f"{name} is a variable here; did you mean {{{{{name}}}}}? (said once)")
 
-    def flow_settings(self, given: dict | None = None) -> dict:
-        """The settings a new flow gets: defaults, then the cell's options."""
+    def flow_settings(self, given: dict | None = None) -> Settings:
+        """The settings a new flow gets: defaults, then the cell's options; checked here, once
+        (an unknown key or a bad value is one line before any model call)."""
+        from ..settings import Settings
+
         out = {key: getattr(self, trait) for key, trait in _TRAITS.items() if key != "mode"}
-        out.update(self.settings)
-        out.update(given or {})
-        return out
+        return Settings(**{**out, **self.settings, **(given or {})})
 
     @staticmethod
     def _check_budget(flow) -> None:
@@ -408,9 +411,9 @@ class FlowMagics(Magics):
 
         opts = parse_slim_options(list(words))
         flow = self._probed(name)
-        slim, report = _run_blocking(lambda: flow.aslim(cheaper=opts["cheaper"],
-                                                        tau_prune=opts["tau"],
-                                                        tau_downgrade=opts["tau"]), flow.llm)
+        slim, report = _run_blocking(lambda: flow.aslim(cheaper=opts.cheaper,
+                                                        tau_prune=opts.tau,
+                                                        tau_downgrade=opts.tau), flow.llm)
         bound = bind_slimmed(self.shell.user_ns, name, slim)
         return slim_report(report, name, bound, run=flow.run_id)
 

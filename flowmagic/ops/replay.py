@@ -42,13 +42,8 @@ from ..model.status import STATUSES, RunState, Status
 
 __all__ = ["fingerprint", "record_signature", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
            "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
-           "apply_record", "plan_summary", "settle", "setting_value", "tables", "CALL_SETTINGS",
+           "apply_record", "plan_summary", "settle", "setting_value", "tables",
            "node_parser", "user_flow", "session", "split_line"]
-
-# Settings that change what a node's call returns; the prompt itself is hashed separately.
-CALL_SETTINGS = ("seed", "temperature", "max_tokens", "validate", "validator_model",
-                 "max_attempts", "fail_rate", "mask_rate", "context", "context_chars")
-
 
 class _Replay:
     """What one notebook session knows about a Flow: its record and what ran how."""
@@ -94,7 +89,7 @@ def fingerprint(flow, node_id: str) -> str:
     node = flow.workflow.nodes[node_id]
     facts = {"messages": node_messages(flow.context(), node_id, workspace=False),
              "model": node.model or flow.settings.model,
-             **{k: setting_value(flow.settings.get(k)) for k in CALL_SETTINGS}}
+             **{k: setting_value(v) for k, v in flow.settings.deciding_calls().items()}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
 from .._internal.aio import refuse_in_loop, run_in_script
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
-from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, action_schema,
+from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, RunSettings, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
                        system_prompt, tool_specs)
 from ..model.status import AnswerState
@@ -46,6 +47,16 @@ CUT_MARK = "[cut: this reply stopped at the token limit]"
 _MEMORY = 4          # earlier exchanges a worker remembers
 _RESERVE = 0.2       # share of budget_s kept for the final answer (at most _RESERVE_MAX s)
 _RESERVE_MAX = 30.0
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """How agents call tools: rounds of calls, seconds per call, tools offered per message and
+    how they are picked (flowmagic.engine.tools.aselect_tools)."""
+    rounds: int = 3
+    timeout_s: float = 30.0
+    top_n: int | None = 3
+    similarity: Any = "auto"
 
 
 def _where(endpoint) -> str:
@@ -104,12 +115,11 @@ class Orchestrator:
         if not isinstance(continuations, int) or isinstance(continuations, bool) or continuations < 0:
             raise ConfigError(f"continuations={continuations!r}: give a count of 0 or more")
         self.continuations = continuations
-        self.tool_opts = dict(max_rounds=tool_rounds, timeout_s=tool_timeout_s, top_n=tools_top_n,
-                              similarity=tool_similarity)
-        settings = {"mode": "orchestrate", "model": model, "endpoint": _where(endpoint),
-                    "budget_s": self._said_budget, "max_turns": self._said_turns,
-                    "replayed": replay is not None, "protocol": protocol,
-                    "reply_chars": reply_chars, "continuations": continuations, **self.opts}
+        self.tool_options = ToolOptions(tool_rounds, tool_timeout_s, tools_top_n, tool_similarity)
+        settings = RunSettings(mode="orchestrate", model=model, endpoint=_where(endpoint),
+                               budget_s=self._said_budget, max_turns=self._said_turns,
+                               replayed=replay is not None, protocol=protocol,
+                               reply_chars=reply_chars, continuations=continuations, **self.opts)
         self.result = Orchestration(run_id or new_run_id(), self.task, self.agents, settings,
                                     name=name)
         self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
@@ -156,13 +166,13 @@ class Orchestrator:
 
     def _save(self) -> None:
         o = self.result
-        o.settings["protocol"] = self.protocol   # the one used, so a replay asks the same way
+        o.settings.protocol = self.protocol   # the one used, so a replay asks the same way
         outcome = {k: getattr(o, k) for k in ("status", "ended_by", "note", "turns", "final",
                                               "elapsed_s", "calls", "cached_calls", "tokens_in",
                                               "tokens_out", "cost_usd")}
         self.store.save_run(o.run_id, task=o.task, name=o.name, status=o.status,
                             workflow={"task": o.task, "nodes": [], "edges": []}, result=o.answer,
-                            settings={**o.settings, "agents": [a.to_dict() for a in o.agents],
+                            settings={**o.settings.to_dict(), "agents": [a.to_dict() for a in o.agents],
                                       "outcome": outcome})
 
     # -- time ----------------------------------------------------------------------------------
@@ -440,12 +450,12 @@ class Orchestrator:
                                      round=call.round, protocol=call.protocol)
             self._emit("tool", agent=agent.name, call=call.to_dict())
 
-        offered = await aselect_tools(content, agent.tools, top_n=self.tool_opts["top_n"],
-                                      similarity=self.tool_opts["similarity"], llm=self.llm,
+        offered = await aselect_tools(content, agent.tools, top_n=self.tool_options.top_n,
+                                      similarity=self.tool_options.similarity, llm=self.llm,
                                       model=agent.model or self.model)
         result = await run_with_tools(self.llm, messages, offered, on_call=called,
-                                      max_rounds=self.tool_opts["max_rounds"],
-                                      timeout_s=self.tool_opts["timeout_s"], **kwargs)
+                                      max_rounds=self.tool_options.rounds,
+                                      timeout_s=self.tool_options.timeout_s, **kwargs)
         return result.reply
 
     def _unprompted(self, turn: int) -> str:

@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from ..errors import ConfigError
 from ..model.status import AnswerState
 
-__all__ = ["Agent", "Message", "Orchestration", "ROLES", "DEFAULT_AGENTS", "as_agents",
+__all__ = ["Agent", "Message", "Orchestration", "RunSettings", "ROLES", "DEFAULT_AGENTS", "as_agents",
            "load_orchestration", "export_notebook", "transcript_markdown", "transcript_text",
            # the action protocol, for the hub
            "new_run_id", "tool_specs", "action_schema", "system_prompt", "read_native_calls",
@@ -113,13 +115,37 @@ class Message:
         return asdict(self)
 
 
+class RunSettings(BaseModel):
+    """What an orchestration ran with: stored with the run and in an exported notebook's
+    metadata (as a dict, in this order), read back by `load_orchestration` and the replay cell.
+    Keys of other versions are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str | None = None          # "orchestrate" (a workflow run's settings have none)
+    model: str | None = None
+    endpoint: str | None = None
+    budget_s: int | float | None = None
+    max_turns: int | None = None
+    replayed: bool = False
+    protocol: str = "auto"           # the one used, once the run is saved
+    reply_chars: int = 3000
+    continuations: int = 0
+    seed: int | None = 0
+    temperature: int | float | None = None
+    max_tokens: int | None = None
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+
 @dataclass
 class Orchestration:
     """The outcome: the answer, the transcript and what it cost."""
     run_id: str
     task: str
     agents: list[Agent]
-    settings: dict
+    settings: RunSettings
     name: str = "orchestration"
     answer: str = ""
     status: AnswerState = AnswerState.RUNNING
@@ -139,14 +165,14 @@ class Orchestration:
         """What `replay=` needs to repeat this run's turns exactly (from the cache)."""
         return {"turns": [{k: t[k] for k in ("turn", "action", "sent", "fed", "cut") if k in t}
                           for t in self.turns], "ended_by": self.ended_by, "final": self.final,
-                "limits": [self.settings.get("max_turns"), self.settings.get("budget_s")]}
+                "limits": [self.settings.max_turns, self.settings.budget_s]}
 
     def messages(self, turn: int | None = None) -> list[Message]:
         return [m for m in self.transcript if turn is None or m.turn == turn]
 
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "name": self.name, "task": self.task,
-                "agents": [a.to_dict() for a in self.agents], "settings": self.settings,
+                "agents": [a.to_dict() for a in self.agents], "settings": self.settings.to_dict(),
                 "answer": self.answer, "status": self.status, "ended_by": self.ended_by,
                 "note": self.note, "transcript": [m.to_dict() for m in self.transcript],
                 "turns": self.turns, "final": self.final, "elapsed_s": self.elapsed_s,
@@ -311,7 +337,7 @@ def _replay_source(o: Orchestration) -> str:
     s = o.settings
     agents = pprint.pformat([a.to_dict() for a in o.agents], width=88, sort_dicts=False)
     script = pprint.pformat(o.script(), width=88, sort_dicts=False)
-    where = f"model {s.get('model') or '(the default)'} on {s.get('endpoint') or 'the default endpoint'}"
+    where = f"model {s.model or '(the default)'} on {s.endpoint or 'the default endpoint'}"
     return "\n".join([
         "import flowmagic",
         f"# Exported by flowmagic from orchestrator run {o.run_id}. This cell repeats the run's",
@@ -320,9 +346,9 @@ def _replay_source(o: Orchestration) -> str:
         "# Agents with tools need those tools registered (@flowmagic.tool) before this cell.",
         f"orch = flowmagic.orchestrate(\n    {o.task!r},",
         f"    agents={agents},".replace("\n", "\n    "),
-        f"    model={s.get('model')!r}, seed={s.get('seed', 0)!r}, "
-        f"temperature={s.get('temperature')!r}, max_tokens={s.get('max_tokens')!r},",
-        f"    protocol={s.get('protocol', 'auto')!r}, reply_chars={s.get('reply_chars', 3000)!r},",
+        f"    model={s.model!r}, seed={s.seed!r}, "
+        f"temperature={s.temperature!r}, max_tokens={s.max_tokens!r},",
+        f"    protocol={s.protocol!r}, reply_chars={s.reply_chars!r},",
         f"    name={o.name!r},",
         f"    replay={script})".replace("\n", "\n    "),
         "orch"])
@@ -344,7 +370,7 @@ def export_notebook(o: Orchestration, path) -> Path:
     for turn in sorted({m.turn for m in o.transcript}):
         cells.append(v4.new_markdown_cell(markdown_cell(_turn_markdown(o, turn))))
     cells.append(v4.new_code_cell("print(orch.answer)"))
-    meta = {"flowmagic": {"run": o.run_id, "mode": "orchestrate", "settings": o.settings,
+    meta = {"flowmagic": {"run": o.run_id, "mode": "orchestrate", "settings": o.settings.to_dict(),
                           "status": o.status, "ended_by": o.ended_by, "cost_usd": o.cost_usd,
                           "calls": o.calls}}
     nb = v4.new_notebook(cells=cells, metadata=meta)
@@ -361,14 +387,18 @@ def load_orchestration(run: str, *, store=None) -> Orchestration:
 
     store = store or get_store()
     data = store.load_run(run)
-    settings = dict(data.get("settings") or {})
-    if settings.get("mode") != "orchestrate":
+    stored = dict(data.get("settings") or {})
+    agents_, outcome = stored.pop("agents", []), stored.pop("outcome", {})
+    try:
+        settings = RunSettings(**stored)
+    except ValidationError:
+        settings = None
+    if settings is None or settings.mode != "orchestrate":
         raise ConfigError(f"run {run!r} is a workflow, not an orchestration; use flowmagic.load")
     tools = registry()
     agents = [Agent(a["name"], a["role"], a.get("summary", ""),
                     [tools[n] for n in a.get("tools", []) if n in tools], a.get("model"))
-              for a in settings.pop("agents", [])]
-    outcome = settings.pop("outcome", {})
+              for a in agents_]
     o = Orchestration(data["id"], data["task"], agents, settings, name=data.get("name") or "orchestration",
                       answer=data.get("result") or "", **outcome)
     o.transcript = [Message(**{k: m[k] for k in Message.__dataclass_fields__})
