@@ -22,7 +22,7 @@ from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError
 from ..settings import HARD_MAX_K
 from ..model.graph import Workflow, parse_plan
 from ..model.plan_checks import check_plan, same_task, topic_share
-from .selection import RULE, candidate_line, coverage, multi_step, score, select
+from .selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
            "plan_schema", "planning_messages", "score", "coverage", "multi_step",
@@ -54,7 +54,7 @@ _TOKENS_PER_SUBTASK = 70
 
 
 @dataclass
-class Candidate:
+class Candidate(BaseCandidate):
     index: int
     seed: int
     workflow: Workflow | None = None
@@ -69,24 +69,6 @@ class Candidate:
     latency_s: float = 0.0
     cached: bool = False
     note: str = ""                   # one line: why `select` chose it or not
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.workflow is not None
-
-    def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "workflow"}
-        d["workflow"] = self.workflow.to_dict() if self.workflow is not None else None
-        d["scores"], d["warnings"] = dict(self.scores), list(self.warnings)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Candidate:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        wf = known.pop("workflow", None)
-        cand = cls(**known)
-        cand.workflow = Workflow.from_dict(wf) if wf is not None else None
-        return cand
 
 
 # ------------------------------------------------------------------------------ prompt

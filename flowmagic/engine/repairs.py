@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import FlowError, NodeError
 from ..model.status import Status
+from .._internal.text import cut
 
 __all__ = ["REPAIR_KINDS", "AGENT_POOL", "Repair", "refine_instruction", "substitute_agent",
            "repair", "next_kind", "feedback_of", "plan_repair"]
@@ -67,8 +68,7 @@ def feedback_of(node) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    text = text or ""
-    return text if len(text) <= limit else text[: limit - 6] + " [cut]"
+    return cut(text, limit, " [cut]", fit=True)
 
 
 def _update(node, requirement: str, agent: str) -> dict:

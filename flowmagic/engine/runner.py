@@ -18,6 +18,7 @@ from ..llm.endpoints import scrub
 from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, instructions,
                         made_files, report, run_python)
 from .context import RunContext
+from .._internal.text import cut as text_cut
 from .executor import Outcome
 from .validation import retry_prompt
 from ..model.status import Status
@@ -38,10 +39,7 @@ _EXPLORES = re.compile(r"plot|chart|figure|graph|visuali|draw|histogram|scatter|
 
 def cut(text: str, limit: int) -> str:
     """At most `limit` characters (plus a marker), saying how much was left out."""
-    text = text or ""
-    if len(text) <= limit:
-        return text
-    return text[: max(0, limit)] + f"\n[cut here: {len(text) - max(0, limit)} more characters not shown]"
+    return text_cut(text, limit, "\n[cut here: {n} more characters not shown]")
 
 
 def shares(lengths: list[int], budget: int) -> list[int]:

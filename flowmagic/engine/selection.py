@@ -22,8 +22,35 @@ from ..errors import PlanError
 from ..model.graph import Workflow
 from ..model.plan_checks import topic_share
 
-__all__ = ["RULE", "FAILURE_P", "TIE", "score", "coverage", "multi_step", "select",
-           "candidate_line", "failure_summary"]
+__all__ = ["RULE", "FAILURE_P", "TIE", "BaseCandidate", "score", "coverage", "multi_step",
+           "select", "candidate_line", "failure_summary"]
+
+class BaseCandidate:
+    """What a planner's and an updater's candidate share (each is a dataclass with at least
+    `workflow` and `error`): usable or not, and their dict form, stored with the run."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.workflow is not None
+
+    def to_dict(self) -> dict:
+        """Every field in order (dicts and lists copied), the workflow last, as a dict."""
+        d = {k: _copied(getattr(self, k)) for k in self.__dataclass_fields__ if k != "workflow"}
+        d["workflow"] = self.workflow.to_dict() if self.workflow is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        wf = known.pop("workflow", None)
+        cand = cls(**known)
+        cand.workflow = Workflow.from_dict(wf) if wf is not None else None
+        return cand
+
+
+def _copied(value):
+    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+
 
 TIE = 1e-9
 FAILURE_P = 0.1

@@ -20,10 +20,11 @@ from typing import Any, Callable
 from ..model import metrics
 from ..errors import FlowError
 from .._internal.aio import gather_all
-from .._internal.text import short_repr
+from .._internal.text import cut, short_repr
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
 from ..model.status import Status
+from .selection import BaseCandidate
 
 __all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
@@ -68,12 +69,8 @@ Rules:
 
 
 def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    if limit < 20:
-        return "[cut]"
-    head = limit * 2 // 3
-    return f"{text[:head]} [cut] {text[-(limit - head - 7):]}"
+    """Two thirds head, one third tail, in `limit` characters; under 20, just "[cut]"."""
+    return cut(text, limit, " [cut] ", head=limit * 2 // 3, fit=True, least=20)
 
 
 def _fit_outputs(wf: Workflow, budget: int) -> dict[str, str]:
@@ -154,7 +151,7 @@ def build_update_prompt(workflow: Workflow, *, budget_chars: int = 6000,
 
 # ---------------------------------------------------------------------------- proposing
 @dataclass
-class UpdateCandidate:
+class UpdateCandidate(BaseCandidate):
     index: int
     seed: int
     workflow: Workflow | None = None
@@ -171,15 +168,6 @@ class UpdateCandidate:
     tokens_out: int = 0
     cost_usd: float = 0.0
     call_id: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.workflow is not None
-
-    def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "workflow"}
-        d["workflow"] = self.workflow.to_dict() if self.workflow is not None else None
-        return d
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
 from .._internal.aio import refuse_in_loop, run_in_script
+from .._internal.text import cut as text_cut
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
 from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, RunSettings, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
@@ -181,17 +182,24 @@ class Orchestrator:
         return None if deadline is None else deadline - time.monotonic()
 
     async def _bounded(self, tasks: list[asyncio.Task], hard: bool = False) -> bool:
-        """Wait for the tasks within the budget (or a stop); cancel the rest. True if all finished."""
+        """Wait for the tasks within the budget (`asyncio.timeout`) or until a stop; cancel the
+        rest. True if all finished.
+
+        Not a TaskGroup: a stop or the budget ends the wait without being an error, one task's
+        failure is a reply like any other (its siblings go on), and the tasks were started
+        before this wait (a worker's reply may be waited for over several turns)."""
         pending = set(tasks)
         stop = asyncio.ensure_future(self._stopped.wait())
+        left = self._left(hard)
         try:
-            while pending and not stop.done():
-                left = self._left(hard)
-                if left is not None and left <= 0:
-                    break
-                done, _ = await asyncio.wait(pending | {stop}, timeout=left,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
+            if left is None or left > 0:
+                async with asyncio.timeout(left):
+                    while pending and not stop.done():
+                        done, _ = await asyncio.wait(pending | {stop},
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        pending -= done
+        except TimeoutError:
+            pass   # the budget is spent: what is still running is cancelled below
         finally:
             stop.cancel()
         for t in pending:
@@ -469,7 +477,8 @@ class Orchestrator:
               turn: int) -> None:
         """Give the orchestrator the replies that arrived (in send order, so a replay asks
         the same), the messages written first, and who is still working."""
-        cut = lambda text: text if len(text) <= self.reply_chars else text[: self.reply_chars] + " [cut]"  # noqa: E731
+        def cut(text: str) -> str:
+            return text_cut(text, self.reply_chars, " [cut]")
         left = f"Turn {turn} of {self._said_turns} used." if self._said_turns else f"Turn {turn} used."
         parts = [f"[{agent}]: {cut(answer)}" for _, agent, _, answer in fed]
         busy = sorted({agent for _, agent, _, _ in self._inflight.values()})
