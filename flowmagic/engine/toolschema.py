@@ -274,11 +274,10 @@ def _adapter(hint: Any) -> pydantic.TypeAdapter | None:
 def _parameters(fn: Callable) -> tuple[inspect.Signature, list[_Parameter]]:
     """The signature and the named parameters (no *args, **kwargs) of a tool function."""
     try:
-        return _parameters_cached(fn)
-    except TypeError as exc:   # an unhashable callable object
-        if "unhashable" not in str(exc):
-            raise
+        hash(fn)
+    except TypeError:   # a callable object that defines __eq__ but no __hash__
         return _read_parameters(fn)
+    return _parameters_cached(fn)
 
 
 def _read_parameters(fn: Callable) -> tuple[inspect.Signature, list[_Parameter]]:
