@@ -145,7 +145,7 @@ class Orchestration:
     run_id: str
     task: str
     agents: list[Agent]
-    settings: RunSettings
+    settings: RunSettings          # (a dict is read into one)
     name: str = "orchestration"
     answer: str = ""
     status: AnswerState = AnswerState.RUNNING
@@ -160,6 +160,10 @@ class Orchestration:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, RunSettings):   # a dict, as stored
+            self.settings = RunSettings(**(self.settings or {}))
 
     def script(self) -> dict:
         """What `replay=` needs to repeat this run's turns exactly (from the cache)."""
