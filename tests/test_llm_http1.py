@@ -7,6 +7,7 @@ import gzip
 import json
 import socket
 import socketserver
+import sys
 import threading
 import zlib
 
@@ -140,3 +141,34 @@ def test_a_kept_alive_connection_the_server_dropped_is_not_a_failed_attempt():
         # sent on the kept-alive connection, dropped there, sent again on a new one
         assert [(n, json.loads(b)["messages"][0]["content"]) for n, b in server.requests] == [
             (1, "first"), (1, "second"), (2, "second")]
+
+
+_LOOKUPS: list[str] = []   # hosts passed to socket.getaddrinfo while a test listens
+
+
+def _count_lookups(event: str, args: tuple) -> None:
+    if event == "socket.getaddrinfo" and _LOOKUPS and _LOOKUPS[0] == "on":
+        _LOOKUPS.append(str(args[0]))
+
+
+def test_a_fan_out_to_a_host_name_looks_it_up_once():
+    """20 calls at once open 20 connections to "localhost": one address look-up serves
+    them all (as aiohttp's cache did), and an address that refuses (::1, where the server
+    does not listen) falls through to the next one."""
+    sys.addaudithook(_count_lookups)   # audit hooks stay for the process: it only counts
+    with _Server("length") as server:
+        port = server.server_address[1]
+        flowmagic.configure(base_url=f"http://localhost:{port}/v1", model="m")
+        llm = LLM(concurrency=100)
+
+        async def fan():
+            return await asyncio.gather(*(llm.complete(f"q{i}", cache=False) for i in range(20)))
+
+        _LOOKUPS[:] = ["on"]
+        try:
+            replies = asyncio.run(fan())
+        finally:
+            looked_up, _LOOKUPS[:] = _LOOKUPS[1:], []
+    assert [r.text for r in replies] == ["framed answer"] * 20
+    assert len({n for n, _ in server.requests}) == 20, server.requests   # one connection each
+    assert looked_up == ["localhost"], looked_up

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import ipaddress
 import math
+import socket
 import ssl as _ssl
 import zlib
 from typing import Any
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit
 __all__ = ["Http1", "available", "header_pairs"]
 
 _KEEP_IDLE = 1000   # idle connections kept per client; more are closed
+_DNS_TTL = 10.0     # seconds a host's looked-up addresses are used (aiohttp's default)
 
 
 def available() -> bool:
@@ -181,6 +184,16 @@ class Http1:
         self._head = b"".join(lines)
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
+        self._lookup: asyncio.Task | None = None
+        self._address_time: float | None = None   # None: a literal IP, never looked up again
+        try:
+            ip = ipaddress.ip_address(self._host)
+        except ValueError:
+            self._addresses: list | None = None
+        else:
+            self._addresses = [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET,
+                                socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                                (self._host, self._port))]
 
     async def post(self, path: str, body: bytes, *, whole: float | None = None
                    ) -> tuple[int, bytes, bytes]:
@@ -230,13 +243,57 @@ class Http1:
         return None
 
     async def _connect(self, left: float) -> _Connection:
+        """A new connection to the first of the host's addresses that takes one, as
+        `create_connection` would, but from addresses looked up once per `_DNS_TTL`
+        seconds (a 500-wide fan-out opens 500 connections at once: one look-up, not 500
+        in the loop's thread pool) and with no resolution step of its own."""
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(min(self.timeout, left)):
+            fresh = self._addresses_fresh(loop)
+            addresses = self._addresses if fresh else await self._look_up(loop)
+            sock = await self._first_socket(loop, addresses)
             _, conn = await loop.create_connection(
-                self._new_connection, self._host, self._port, ssl=self._ssl,
+                self._new_connection, sock=sock, ssl=self._ssl,
                 server_hostname=self._host if self._tls else None)
         self._open.add(conn)
         return conn
+
+    def _addresses_fresh(self, loop) -> bool:
+        return bool(self._addresses) and (self._address_time is None
+                                          or loop.time() < self._address_time + _DNS_TTL)
+
+    async def _look_up(self, loop) -> list:
+        """The host's addresses; callers at the same moment share one look-up."""
+        if self._lookup is None:
+            self._lookup = loop.create_task(loop.getaddrinfo(
+                self._host, self._port, type=socket.SOCK_STREAM))
+        lookup = self._lookup
+        try:
+            # shielded: a caller that times out must not cancel the others' look-up
+            self._addresses = await asyncio.shield(lookup)
+            self._address_time = loop.time()
+        finally:
+            if lookup.done() and self._lookup is lookup:
+                self._lookup = None
+        return self._addresses
+
+    async def _first_socket(self, loop, addresses: list) -> socket.socket:
+        error: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, address)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+            except BaseException:
+                sock.close()
+                raise
+        if self._address_time is not None:   # a name: look it up again, the host may have moved
+            self._addresses = None
+        raise error or OSError(f"no address for {self._host}")
 
     def _new_connection(self) -> _Connection:
         return _Connection(self._parser, self.timeout)
