@@ -21,8 +21,10 @@ __all__ = ["client_profile", "node_runner_profile"]
 
 # (bucket, path fragments), first match wins.
 _BUCKETS = [
-    ("HTTP: aiohttp (request, connection pool, response parsing)", ("/aiohttp/", "/multidict/", "/yarl/",
-                                                                    "/aiohappyeyeballs/", "/propcache/")),
+    ("HTTP: flowmagic's HTTP/1.1 client (llm/http1.py, httptools' parser)", ("flowmagic/llm/http1",
+                                                                             "/httptools/")),
+    ("HTTP: aiohttp (proxied endpoints; the SDK's own calls)", ("/aiohttp/", "/multidict/", "/yarl/",
+                                                                "/aiohappyeyeballs/", "/propcache/")),
     ("HTTP: openai SDK and httpx (clients, errors)", ("/openai/", "/httpx", "/httpcore", "/anyio/",
                                                        "/pydantic")),
     ("JSON encode/decode", ("/json/", "_json")),
