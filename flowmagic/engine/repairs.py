@@ -84,10 +84,11 @@ def _context(workflow, node, feedback: str) -> str:
             f"Why it was rejected:\n{_cut(feedback, 800)}")
 
 
-async def _ask(llm, messages, schema, kw: dict):
-    reply = await llm.complete(messages, schema=schema, model=kw.get("model"), seed=kw.get("seed", 0),
-                               max_tokens=kw.get("max_tokens"), run_id=kw.get("run_id"),
-                               node_id=kw.get("node_id"), purpose="repair")
+async def _ask(llm, messages, schema, *, model: str | None, seed: int, run_id: str | None,
+               max_tokens: int | None, node_id: str):
+    reply = await llm.complete(messages, schema=schema, model=model, seed=seed,
+                               max_tokens=max_tokens, run_id=run_id, node_id=node_id,
+                               purpose="repair")
     return reply, {"tokens_in": reply.input_tokens, "tokens_out": reply.output_tokens,
                    "cost_usd": reply.cost_usd}
 
@@ -116,8 +117,8 @@ async def refine_instruction(workflow, node_id: str, feedback: str | None, llm, 
          '{"requirement": "the rewritten instruction"}'}]
     usage, text = None, None
     try:
-        reply, usage = await _ask(llm, messages, schema, dict(model=model, seed=seed, run_id=run_id,
-                                                              max_tokens=max_tokens, node_id=node_id))
+        reply, usage = await _ask(llm, messages, schema, model=model, seed=seed, run_id=run_id,
+                                  max_tokens=max_tokens, node_id=node_id)
         text = reply.data.get("requirement") if isinstance(reply.data, dict) else None
     except FlowError:
         pass   # the fallback below needs no model
@@ -168,8 +169,8 @@ async def substitute_agent(workflow, node_id: str, feedback: str | None, llm, *,
          + ", ".join(candidates) + '. Answer with JSON: {"agent": NAME, "why": ONE SENTENCE}'}]
     usage, choice = None, None
     try:
-        reply, usage = await _ask(llm, messages, schema, dict(model=model, seed=seed, run_id=run_id,
-                                                              max_tokens=max_tokens, node_id=node_id))
+        reply, usage = await _ask(llm, messages, schema, model=model, seed=seed, run_id=run_id,
+                                  max_tokens=max_tokens, node_id=node_id)
         choice = reply.data.get("agent") if isinstance(reply.data, dict) else None
     except FlowError:
         pass
