@@ -34,6 +34,19 @@ from .model.status import RunState, Status
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "Settings"]
 
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
+# The turns a node started in this one takes to put its request on the wire: its first
+# step (prompt, cache look-up, the HTTP client's request) and aiohttp's writer task.
+_FLUSH_TURNS = 3
+
+
+def _after_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable[[], Any]) -> None:
+    """`callback()` after `turns` turns of `loop` (1: as call_soon)."""
+    if turns <= 1:
+        loop.call_soon(callback)
+    else:
+        loop.call_soon(_after_turns, loop, turns - 1, callback)
+
+
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
@@ -66,7 +79,7 @@ class Flow:
         self._streaming = False
         self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
         self._pending: list[tuple] = []   # events not yet written (see emit)
-        self._flush_soon = False
+        self._flush_in: int | None = None   # turns to the scheduled write of node events
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
@@ -116,27 +129,28 @@ class Flow:
         The executor's node events of one event-loop turn are written in one transaction
         (one commit per turn instead of two per node); subscribers hear of them only
         after that commit, so the UI never shows what the store does not have. The commit
-        waits one more turn, so that the nodes started in this one have sent their
-        requests first (a chain's next call does not wait for its parent's write). Every
-        other event is written and announced at once.
+        waits a few turns (`_FLUSH_TURNS`), so that the nodes started in this one have sent
+        their requests first: a chain's next call does not wait for its parent's write.
+        Every other event is written and announced at once.
         """
         event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
         self._pending.append((kind, node_id, data or None, event))
         if kind in _NODE_EVENTS:
-            if self._flush_soon:
-                return
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 pass
             else:
-                self._flush_soon = True
-                loop.call_soon(loop.call_soon, self._flush)
+                # streamed text is shown as it comes: the next turn, not after the requests
+                turns = 1 if kind == "text" else _FLUSH_TURNS
+                if self._flush_in is None or turns < self._flush_in:
+                    self._flush_in = turns
+                    _after_turns(loop, turns, self._flush)
                 return
         self._flush()
 
     def _flush(self) -> None:
-        self._flush_soon = False
+        self._flush_in = None
         pending, self._pending = self._pending, []
         if not pending:
             return
@@ -215,7 +229,7 @@ class Flow:
                           llm=self.llm, store=self.store, run_id=self.run_id,
                           open_workspace=lambda: self.workspace, emit=self.emit,
                           spend=self._spend, text_sink=self._text_sink,
-                          offer_tools=self.atools_for, has_tools=lambda: bool(self.tools))
+                          offer_tools=self.atools_for, has_tools=self._has_tools)
 
     def derive(self, workflow: Workflow, *, name: str, **settings: Any) -> "Flow":
         """A new Flow on `workflow` with this flow's settings (`settings` override them), its
@@ -372,6 +386,13 @@ class Flow:
     def tools(self, value: Any) -> None:
         from .engine.tools import as_tools
         self._tools = None if value is None else as_tools(value)
+
+    def _has_tools(self) -> bool:
+        """Whether nodes are offered any tool (asked once per node: no list is built)."""
+        if self._tools is not None:
+            return bool(self._tools)
+        from .engine.tools import registry
+        return bool(registry())
 
     @property
     def chosen_tools(self) -> list | None:

@@ -262,8 +262,8 @@ class LLM:
         with self._loop_lock:
             state = self._per_loop.get(loop)
             if state is None:
-                state = {"clients": {}, "limits": {}, "log": [], "reads": [], "active": 0, "turn": set(),
-                         "all": asyncio.Semaphore(self.concurrency)}
+                state = {"clients": {}, "limits": {}, "log": [], "reads": [], "active": 0,
+                         "turn": set(), "all": asyncio.Semaphore(self.concurrency)}
                 self._per_loop[loop] = state
                 state["closer"] = _arm(_close_with_loop(self, loop))
                 _live.add(self)
