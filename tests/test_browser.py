@@ -624,7 +624,7 @@ def test_a_flow_cell_on_a_dataframe_runs_pandas_code_in_jupyterlab(lab, pandas_s
 # Model text that would run script if it were rendered as markup: it must show as text.
 HOSTILE = ('<img src=x onerror="window.__fmPwned = (window.__fmPwned || 0) + 1"> '
            '<script>window.__fmPwned = 99</script> **bold** '
-           '[click](javascript:window.__fmPwned=7)')
+           '[click](javascript:window.__fmPwned=7) ![chart](http://127.0.0.1:9/chart.png)')
 PWNED = "() => window.__fmPwned === undefined"
 # a model id as an endpoint may list it: the panel's model dropdown shows it as text
 HOSTILE_MODEL = '<img src=x onerror="window.__fmPwned=3">m2'
@@ -647,14 +647,29 @@ def hostile_server():
         yield server
 
 
+# The only images allowed on the page are JupyterLab's renderings of our own drawings: a PNG
+# output, or an SVG output (trusted, once the cell has run), which JupyterLab shows as an <img>
+# with the SVG in a data: URL. Any other <img> was built from model text (JupyterLab rewrites a
+# model's src=x to a /files/ URL; a Markdown image keeps its remote src).
+FOREIGN_IMAGES = """() => [...document.querySelectorAll('.jp-Notebook img')].filter(img => {
+  const src = img.getAttribute('src') || '', box = img.parentElement;
+  const png = box.matches('.jp-RenderedImage') && src.startsWith('data:image/png;base64,');
+  const svg = box.matches('.jp-RenderedSVG') && src.startsWith('data:image/svg+xml,');
+  return !(png || svg) || img.hasAttribute('onerror');
+}).map(img => img.outerHTML.slice(0, 200))"""
+
+
 def _no_active_markup(page) -> None:
     """Nothing ran, and no element that could run or call out was built from model text."""
     page.wait_for_timeout(1_000)   # an onerror would have fired by now
-    assert page.evaluate(PWNED), page.evaluate("() => window.__fmPwned")
-    # our own images are PNG drawings; JupyterLab rewrites a model's src=x to a /files/ URL
-    for selector in (".jp-Notebook img:not([src^='data:image/png'])", ".jp-OutputArea script",
-                     ".jp-OutputArea a[href^='javascript']", ".jp-OutputArea iframe"):
-        assert page.locator(selector).count() == 0, selector
+    found = [] if page.evaluate(PWNED) else [
+        f"__fmPwned = {page.evaluate('() => window.__fmPwned')}"]
+    found += page.evaluate(FOREIGN_IMAGES)
+    found += [selector for selector in (".jp-OutputArea script", ".jp-OutputArea [onerror]",
+                                        ".jp-OutputArea a[href^='javascript']",
+                                        ".jp-OutputArea iframe")
+              if page.locator(selector).count()]
+    assert not found, found
 
 
 @pytest.mark.timeout(600)
@@ -694,11 +709,27 @@ def test_model_html_runs_nothing_in_the_panel_or_an_exported_notebook(lab, hosti
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.goto(f"{server['base']}/lab/tree/exported.ipynb?token={server['token']}")
         page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        # the result cell's cost table: every node cell above it has run by then
+        # as opened: the saved outputs (not trusted yet), down to the result cell's cost table
         page.locator(".jp-OutputArea-output th", has_text="tokens in").first.wait_for(
             timeout=120_000)
-        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        _no_active_markup(page)
+        # Judge only this run's outputs: cleared first, then every code cell has run again
+        # (an execution count) and the kernel is idle.
+        page.evaluate("async () => { const c = window.jupyterapp.commands;"
+                      " await c.execute('notebook:clear-all-cell-outputs');"
+                      " c.execute('notebook:run-all-cells'); }")
+        try:
+            page.wait_for_function(f"""() => {{
+              const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+              const code = [...cells].filter(c => c.type === 'code');
+              return code.length > 0 && code.every(c => c.executionCount !== null
+                && c.executionState === 'idle') && ({KERNEL_IDLE})();
+            }}""", timeout=180_000)
+        except Exception:
+            raise AssertionError("the exported notebook did not run through; outputs:\n"
+                                 + _outputs_text(page)[:3000])
+        page.locator(".jp-OutputArea-output th", has_text="tokens in").first.wait_for()
+        assert page.locator(".jp-RenderedSVG img").count() >= 2   # trusted: drawing, timeline
         _no_active_markup(page)
         outputs = _outputs_text(page)
         assert outputs.count("<script>window.__fmPwned = 99</script>") >= 2, outputs[:2000]
