@@ -785,42 +785,60 @@ class LLM:
         the JSON as it came (no pydantic models); a malformed body raises ValueError.
         Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream).
 
-        A streamed reply (only when someone watches the text: `on_text`) is joined by the
-        SDK's `ChatCompletionStreamState`, which needs the SDK's chunk objects; they are built
-        here, off the fan-out path (`_sdk_chunk`). Measured (issue 17's note): ~0.2-0.9 ms a
-        streamed token against ~0.03 ms when the JSON was read by hand, a few per cent of a
-        core at 40-100 tokens/s; replies without `on_text` do not pay it."""
+        A streamed reply (only when someone watches the text: `on_text`, which the notebook
+        panel sets for every node) has its text joined here, and its tool calls (ids, names,
+        argument fragments, in pieces keyed by index) by the SDK's `ChatCompletionStreamState`,
+        fed only the chunks that carry them: the SDK's objects cost ~0.2-0.9 ms a chunk
+        (issue 17's note) against ~0.03 ms for the text read by hand."""
         if on_text is None:
             return _completion(await self._transport.post_json(
                 client, "/chat/completions", kwargs, whole=whole))
-        from openai.lib.streaming.chat import ChatCompletionStreamState
-        from openai.types.chat import ChatCompletionChunk
-
-        state, tokens_in, tokens_out, started = ChatCompletionStreamState(), 0, 0, False
+        parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, None
         async for chunk in self._transport.post_stream(
                 client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):
             if not isinstance(chunk, dict):
                 raise ValueError("a streamed event is not a chat completion chunk")
-            usage = chunk.get("usage")   # the SDK keeps only the last chunk's, None or not
+            usage = chunk.get("usage")
             if isinstance(usage, dict):
                 tokens_in, tokens_out = _tokens(usage)
-            try:
-                events = state.handle_chunk(_sdk_chunk(ChatCompletionChunk, chunk))
-            except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
-                raise ValueError(f"a streamed event is not a chat completion chunk ({exc})") from None
-            started = True
-            for event in events:
-                if event.type == "content.delta" and event.delta:
-                    on_text(event.delta)
-        choices = state.current_completion_snapshot.choices if started else []
-        if not choices:
-            return "", None, tokens_in, tokens_out, []
-        message = choices[0].message
-        calls = [{"id": call.id or f"call_{i}", "type": "function",
-                  "function": {"name": call.function.name or "",
-                               "arguments": call.function.arguments or ""}}
-                 for i, call in enumerate(message.tool_calls or [])]
-        return message.content or "", choices[0].finish_reason, tokens_in, tokens_out, calls
+            choices = chunk.get("choices") or []
+            if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+                raise ValueError("a streamed event is not a chat completion chunk")
+            for choice in choices[:1]:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    parts.append(delta["content"])
+                    on_text(delta["content"])
+                if delta.get("tool_calls"):
+                    calls = calls or _ToolCallPieces()
+                    calls.add(chunk, choice, delta["tool_calls"])
+                finish = choice.get("finish_reason") or finish
+        return "".join(parts), finish, tokens_in, tokens_out, calls.calls() if calls else []
+
+
+class _ToolCallPieces:
+    """The tool calls of a streamed reply, joined by the SDK's `ChatCompletionStreamState`
+    from the chunks that carry their pieces (the text of the reply is joined by hand)."""
+
+    def __init__(self):
+        from openai.lib.streaming.chat import ChatCompletionStreamState
+        from openai.types.chat import ChatCompletionChunk
+
+        self._state, self._kind = ChatCompletionStreamState(), ChatCompletionChunk
+
+    def add(self, chunk: dict, choice: dict, pieces: Any) -> None:
+        only = {**chunk, "choices": [{**choice, "delta": {"tool_calls": pieces}}]}
+        try:
+            self._state.handle_chunk(_sdk_chunk(self._kind, only))
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+            raise ValueError(f"a streamed event is not a chat completion chunk ({exc})") from None
+
+    def calls(self) -> list[dict]:
+        choices = self._state.current_completion_snapshot.choices
+        return [{"id": call.id or f"call_{i}", "type": "function",
+                 "function": {"name": call.function.name or "",
+                              "arguments": call.function.arguments or ""}}
+                for i, call in enumerate((choices[0].message.tool_calls or []) if choices else [])]
 
 
 def _sdk_chunk(kind, chunk: dict):
