@@ -21,13 +21,14 @@ __all__ = ["client_profile", "node_runner_profile"]
 
 # (bucket, path fragments), first match wins.
 _BUCKETS = [
-    ("HTTP: flowmagic's HTTP/1.1 client (llm/http1.py, httptools' parser)", ("flowmagic/llm/http1",
-                                                                             "/httptools/")),
+    ("HTTP: flowmagic's transport and HTTP/1.1 client (llm/transport.py, llm/http1.py, httptools)",
+     ("flowmagic/llm/http1", "flowmagic/llm/transport", "/httptools/")),
     ("HTTP: aiohttp (proxied endpoints; the SDK's own calls)", ("/aiohttp/", "/multidict/", "/yarl/",
                                                                 "/aiohappyeyeballs/", "/propcache/")),
     ("HTTP: openai SDK and httpx (clients, errors)", ("/openai/", "/httpx", "/httpcore", "/anyio/",
                                                        "/pydantic")),
-    ("JSON encode/decode", ("/json/", "_json")),
+    # the json package and its C module (_json.*), not functions named *_json (post_json)
+    ("JSON encode/decode", ("/json/", "_json.")),
     ("flowmagic: LLM door (cache key, call log rows, reply)", ("flowmagic/llm/",)),
     ("flowmagic: store (SQLite: call log, cache, node states)", ("flowmagic/store", "sqlite3")),
     ("flowmagic: node runner and prompt", ("flowmagic/engine/runner",)),
