@@ -94,6 +94,10 @@ def run_case(case: Case, server, index: int, *, max_tokens: int = 64,
     seen: dict[str, dict[str, float]] = {}
     for runner in order:
         server.reset()
+        # Each run starts with the collector's counts at zero: a full collection comes when
+        # the objects promoted since the last one pass a quarter of the oldest generation,
+        # so without this a runner would pay for the objects its predecessor left promoted.
+        gc.collect()
         cpu = time.process_time()
         with _gc_time() as collected:
             res = _run_one(runner, dag, task, max_tokens, server.base_url)
