@@ -362,9 +362,10 @@ def test_importance_and_slim_wait_for_a_probe_set(slim_server):
     assert panel.importance_button.disabled and panel.slim_button.disabled
     assert "cities.attach_probe(examples, scorer)" in panel.slim.status.value
     assert panel.slim.widget.layout.display == "none"   # no probe set: the row is not shown
+    assert panel.choice_controls.hidden == [2]
     flow.attach_probe(EXAMPLES, fact_found)   # from code: the "probe" event enables them
     assert not panel.importance_button.disabled and not panel.slim_button.disabled
-    assert panel.slim.widget.layout.display == ""
+    assert panel.slim.widget.layout.display == "" and panel.choice_controls.hidden == []
     assert panel.slim.status.value == ""
     # The cheaper map: typed, else every node's model to the model picked above.
     assert panel.model_picker.value == "m"   # the default endpoint's model comes first
@@ -378,6 +379,33 @@ def test_importance_and_slim_wait_for_a_probe_set(slim_server):
     panel.slim_button.click()   # a malformed map is one red line, nothing starts
     assert "cheaper takes model=cheaper-model pairs" in panel.slim.status.value
     assert panel.slimmed is None and flow.last_slim is None
+    panel.close()
+
+
+def test_a_slim_click_from_the_page_acts_on_the_model_and_text_it_carries(slim_server):
+    """The page sends Slim's click with the model shown and the cheaper / tau text typed; the
+    kernel may not have those yet (ipywidgets holds changes back while the kernel is busy)
+    and must slim with them, not with what it had."""
+    flow = slim_flow()
+    flow.attach_probe(EXAMPLES, fact_found, n=2, seed=1)
+    panel = Panel(flow)
+    controls = panel.choice_controls
+    panel.slim.tau.value = 0.5   # what the kernel was told last
+    controls.receive({"action": "slim", "choices": {"model": "m", "cheaper": "", "tau": "x"}})
+    assert "flowmagic: tau must be a number in (0, 1], e.g. 0.95, not &#x27;x&#x27;" in (
+        panel.slim.status.value) and flow.last_slim is None
+    controls.receive({"action": "slim", "choices": {"model": "small:small-model",
+                                                    "cheaper": "", "tau": "0.9"}})
+    slim, report = flow.last_slim
+    assert panel.slimmed is slim
+    assert report.settings["tau_prune"] == report.settings["tau_downgrade"] == 0.9
+    assert report.settings["cheaper"] == {"big": "small:small-model"}
+    controls.receive({"action": "slim", "choices": {"cheaper": "big=small", "tau": "0.8"}})
+    assert flow.last_slim[1].settings["cheaper"] == {"big": "small"}
+    assert flow.last_slim[1].settings["tau_prune"] == 0.8
+    # the page's own changes come after the click: the kernel's copies are untouched
+    assert panel.slim.tau.value == "0.5" and panel.slim.cheaper.value == ""
+    assert panel.model_picker.value == "m"
     panel.close()
 
 

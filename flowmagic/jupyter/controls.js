@@ -38,7 +38,32 @@ function pickerView(model, name, selects) {
   return { box, show };
 }
 
-function buttonView(model, name, selects) {
+function fieldView(model, name, inputs) {
+  const box = document.createElement("div");
+  box.className = "flowmagic-field widget-inline-hbox widget-text";
+  const label = document.createElement("label");
+  label.className = "widget-label";
+  const input = document.createElement("input");
+  input.type = "text";
+  box.append(label, input);
+  inputs.set(name, input);
+  const show = () => {
+    const spec = (model.get("fields") || {})[name] || {};
+    label.textContent = spec.label || "";
+    box.style.width = spec.width || "";
+    input.placeholder = spec.placeholder || "";
+    const value = (model.get("choices") || {})[name];
+    // what the user is typing stays: the kernel's copy may be a change or two behind
+    if (document.activeElement !== input) input.value = typeof value === "string" ? value : "";
+  };
+  input.addEventListener("input", () => {
+    model.set("choices", { ...model.get("choices"), [name]: input.value });
+    model.save_changes();
+  });
+  return { box, show };
+}
+
+function buttonView(model, name, selects, inputs) {
   const button = document.createElement("button");
   button.className = "jupyter-widgets jupyter-button widget-button";
   const show = () => {
@@ -60,6 +85,7 @@ function buttonView(model, name, selects) {
       const option = (pickers[picker] || { options: [] }).options[select.selectedIndex];
       choices[picker] = option ? option[1] : null;
     }
+    for (const [field, input] of inputs) choices[field] = input.value;
     model.send({ action: name, choices });
   });
   return { box: button, show };
@@ -69,14 +95,15 @@ function render({ model, el }) {
   el.classList.add("flowmagic-controls");
   let parts = [];
   const build = () => {
-    const selects = new Map();
+    const selects = new Map(), inputs = new Map();
+    const views = { picker: pickerView, field: fieldView, button: buttonView };
     parts = [];
     el.replaceChildren(...(model.get("rows") || []).map((row) => {
       const line = document.createElement("div");
       line.className = "flowmagic-row";
       for (const item of row) {
         const [kind, name] = item.split(":");
-        const part = (kind === "picker" ? pickerView : buttonView)(model, name, selects);
+        const part = views[kind](model, name, kind === "field" ? inputs : selects, inputs);
         parts.push(part);
         line.append(part.box);
       }
@@ -84,14 +111,22 @@ function render({ model, el }) {
     }));
     update();
   };
-  const update = () => parts.forEach((part) => part.show());
+  const update = () => {
+    const hidden = model.get("hidden") || [];
+    [...el.children].forEach((line, i) => { line.style.display = hidden.includes(i) ? "none" : ""; });
+    parts.forEach((part) => part.show());
+  };
   model.on("change:rows", build);
+  model.on("change:hidden", update);
+  model.on("change:fields", update);
   model.on("change:pickers", update);
   model.on("change:choices", update);
   model.on("change:buttons", update);
   build();
   return () => {
     model.off("change:rows", build);
+    model.off("change:hidden", update);
+    model.off("change:fields", update);
     model.off("change:pickers", update);
     model.off("change:choices", update);
     model.off("change:buttons", update);

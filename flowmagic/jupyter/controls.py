@@ -1,16 +1,18 @@
-"""Dropdowns and the buttons that act on their choices, as one anywidget.
+"""Dropdowns, text fields and the buttons that act on their choices, as one anywidget.
 
 ipywidgets sends a button's click to the kernel at once, but holds a dropdown's change back
 while an earlier change of that dropdown is unanswered: a user who picks node B and clicks
 Prune while the kernel is busy gets the node chosen before pruned. Here a click is one
 custom message, `{"action": name, "choices": {picker: value, ...}}`, holding what every
-dropdown of the widget showed at the click, and the kernel acts on those choices. The front
+dropdown and text field of the widget showed at the click, and the kernel acts on those
+choices. The front
 end is `controls.js` beside this file (shipped in the package, no fetch at render time); it
 shows option texts as text, never as markup.
 
-`Controls.picker(...)` and `Controls.action(...)` hand back small objects shaped like an
-ipywidgets Dropdown (`value`, `options`, `observe`) and Button (`on_click`, `click()`,
-`disabled`, `description`, `icon`, `tooltip`), so the panel and its tests use them as before.
+`Controls.picker(...)`, `Controls.field(...)` and `Controls.action(...)` hand back small
+objects shaped like an ipywidgets Dropdown (`value`, `options`, `observe`), Text (`value`) and
+Button (`on_click`, `click()`, `disabled`, `description`, `icon`, `tooltip`), so the panel and
+its tests use them as before. `hidden` lists the rows not shown.
 """
 
 from __future__ import annotations
@@ -21,19 +23,23 @@ from typing import Any, Callable
 import anywidget
 import traitlets
 
-__all__ = ["Controls", "Picker", "Action"]
+__all__ = ["Controls", "Picker", "Field", "Action"]
 
 
 class Controls(anywidget.AnyWidget):
-    """Rows of pickers and buttons; `rows` names them, e.g. [["picker:node", "button:prune"]]."""
+    """Rows of pickers, text fields and buttons; `rows` names them, e.g.
+    [["picker:node", "button:prune"], ["button:slim", "field:tau"]]."""
 
     _esm = pathlib.Path(__file__).with_name("controls.js")
     _css = pathlib.Path(__file__).with_name("controls.css")
     rows = traitlets.List().tag(sync=True)
     # name -> {"label": str, "width": str, "options": [[text, value], ...]}
     pickers = traitlets.Dict().tag(sync=True)
-    # name -> the value chosen (the front end writes it when the user chooses)
+    # name -> {"label": str, "width": str, "placeholder": str}
+    fields = traitlets.Dict().tag(sync=True)
+    # picker or field name -> the value chosen or typed (the front end writes it)
     choices = traitlets.Dict().tag(sync=True)
+    hidden = traitlets.List().tag(sync=True)   # indices of rows not shown
     # name -> {"label", "icon", "tip", "disabled"}
     buttons = traitlets.Dict().tag(sync=True)
 
@@ -42,6 +48,7 @@ class Controls(anywidget.AnyWidget):
         self._clicked: dict[str, Any] = {}   # the choices a click carried, while it is handled
         self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
         self._pickers: dict[str, Picker] = {}
+        self._fields: dict[str, Field] = {}
         self._actions: dict[str, Action] = {}
         self.on_msg(lambda _widget, content, _buffers: self.receive(content))
         self.observe(self._on_choices, names="choices")
@@ -51,6 +58,14 @@ class Controls(anywidget.AnyWidget):
         self._pickers[name] = Picker(self, name)
         self._pickers[name].options = options
         return self._pickers[name]
+
+    def field(self, name: str, label: str, value: str = "", width: str = "200px",
+              placeholder: str = "") -> "Field":
+        self.fields = {**self.fields, name: {"label": label, "width": width,
+                                             "placeholder": placeholder}}
+        self._fields[name] = Field(self, name)
+        self._fields[name].value = value
+        return self._fields[name]
 
     def action(self, name: str, label: str, icon: str = "", tip: str = "") -> "Action":
         self.buttons = {**self.buttons, name: {"label": label, "icon": icon, "tip": tip,
@@ -63,12 +78,14 @@ class Controls(anywidget.AnyWidget):
         self._handlers.setdefault(name, []).append(handler)
 
     def chosen(self, name: str) -> Any:
-        """The choice of picker `name`: the one a click carried while that click is handled."""
+        """The choice of picker or field `name`: the one a click carried while that click is
+        handled."""
         return self._clicked[name] if name in self._clicked else self.choices.get(name)
 
     def click(self, name: str, choices: dict | None = None) -> None:
         """Run the handlers of button `name` on `choices` (default: the kernel's own)."""
-        self._clicked = {k: v for k, v in (choices or {}).items() if k in self._pickers}
+        self._clicked = {k: v for k, v in (choices or {}).items()
+                         if k in self._pickers or (k in self._fields and isinstance(v, str))}
         try:
             for handler in list(self._handlers.get(name, ())):
                 handler(self._actions[name])
@@ -135,6 +152,22 @@ class Picker:
     def changed(self, old: Any, new: Any) -> None:
         for handler in list(self._observers):
             handler({"name": "value", "old": old, "new": new, "owner": self})
+
+
+class Field:
+    """One text field of a Controls, used as an ipywidgets Text is: `value` is a str."""
+
+    def __init__(self, controls: Controls, name: str):
+        self._controls, self.name = controls, name
+
+    @property
+    def value(self) -> str:
+        value = self._controls.chosen(self.name)
+        return value if isinstance(value, str) else ""
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        self._controls.choices = {**self._controls.choices, self.name: str(value)}
 
 
 class Action:

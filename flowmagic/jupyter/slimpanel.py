@@ -7,6 +7,10 @@ stays live while it runs; "slim" events (every configuration evaluated, every st
 are the progress line. A slimmed flow is kept on the flow (`flow.last_slim`), on the
 controls (`slimmed`, `report`) and, in IPython, bound to NAME_slim unless that name holds
 something else.
+
+The buttons and the `cheaper` / `tau` fields are one row of a `Controls` (controls.py), the
+panel's own beside the model dropdown: a click carries the model shown and the text typed at
+that moment, so Slim never runs on values the kernel has not been told of yet.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import traceback
 from typing import Any
 
 from .._internal.aio import in_loop
-from ..errors import FlowError
+from ..errors import ConfigError, FlowError
 from ..view.safe import text_html
 from ..model.status import Status
 
@@ -58,6 +62,17 @@ def bind_slimmed(ns: dict | None, base: str, slim: Any) -> str | None:
     return name
 
 
+def _tau(text: str) -> float:
+    """The tau field: a number in (0, 1]."""
+    try:
+        tau = float(text)
+    except ValueError:
+        tau = float("nan")
+    if not 0 < tau <= 1:
+        raise ConfigError(f"tau must be a number in (0, 1], e.g. 0.95, not {text.strip()!r}")
+    return tau
+
+
 def _user_ns() -> dict | None:
     """The notebook's namespace when IPython runs (imported only if already loaded)."""
     ipython = sys.modules.get("IPython")
@@ -66,25 +81,31 @@ def _user_ns() -> dict | None:
 
 
 class SlimControls:
-    """Importance and Slim buttons, the cheaper-model map and tau, progress and results."""
+    """Importance and Slim buttons, the cheaper-model map and tau, progress and results.
 
-    def __init__(self, flow: Any, model_picker: Any = None):
+    The buttons and fields go in a row of `controls` (a new Controls when none is given);
+    `widget` holds the progress line and the results."""
+
+    def __init__(self, flow: Any, model_picker: Any = None, controls: Any = None):
         import ipywidgets as w
+
+        from .controls import Controls
 
         self.flow = flow
         self._model_picker = model_picker
-        self.importance_button = w.Button(description="Importance", icon="sort-amount-desc",
-                                          layout=w.Layout(width="auto"))
-        self.slim_button = w.Button(description="Slim", icon="compress",
-                                    layout=w.Layout(width="auto"))
-        self.cheaper = w.Text(description="cheaper", layout=w.Layout(width="340px"),
-                              placeholder="big=small, gpt-4o=gpt-4o-mini (empty: the model above)")
-        self.tau = w.BoundedFloatText(value=0.95, min=0.01, max=1.0, step=0.01,
-                                      description="tau", layout=w.Layout(width="150px"))
+        self.controls = ctl = controls if controls is not None else Controls()
+        self._row = len(ctl.rows)
+        ctl.rows = [*ctl.rows, ["button:importance", "button:slim", "field:cheaper", "field:tau"]]
+        self.importance_button = ctl.action("importance", "Importance", "sort-amount-desc")
+        self.slim_button = ctl.action("slim", "Slim", "compress")
+        self.cheaper = ctl.field("cheaper", "cheaper", "", "340px",
+                                 "big=small, gpt-4o=gpt-4o-mini (empty: the model above)")
+        self.tau = ctl.field("tau", "tau", "0.95", "130px")
         self.status = w.HTML()
         self.view = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
-        self.widget = w.VBox([w.HBox([self.importance_button, self.slim_button, self.cheaper,
-                                      self.tau]), self.status, self.view])
+        parts = [self.status, self.view] if controls is not None else [ctl, self.status,
+                                                                       self.view]
+        self.widget = w.VBox(parts)
         self.widget.add_class("flowmagic-slim")
         self.importance = None   # the last Importance shown
         self.slimmed = None      # the last slimmed Flow
@@ -109,7 +130,7 @@ class SlimControls:
     def options(self, what: str) -> dict:
         if what == "importance":
             return {}
-        tau = float(self.tau.value)
+        tau = _tau(self.tau.value)
         return {"cheaper": self.cheaper_map(), "tau_prune": tau, "tau_downgrade": tau}
 
     def start(self, what: str) -> None:
@@ -200,6 +221,9 @@ class SlimControls:
         """Shown only once a probe set is attached; enabled while nothing else runs."""
         no_probe = getattr(self.flow, "probe", None) is None
         self.widget.layout.display = "none" if no_probe else ""
+        hidden = [i for i in self.controls.hidden if i != self._row] + [self._row] * no_probe
+        if hidden != self.controls.hidden:
+            self.controls.hidden = hidden
         busy = self._running is not None or self.flow.busy
         for button in (self.importance_button, self.slim_button):
             button.disabled = no_probe or busy

@@ -149,7 +149,7 @@ class Panel:
         self.candidate_picker = self.plan_controls.picker("plan", "plan", (), "420px")
         self.use_button = self.plan_controls.action(
             "use", "Use plan", "random", "switch to this candidate plan (before anything has run)")
-        self.slim = SlimControls(flow, self.model_picker)
+        self.slim = SlimControls(flow, self.model_picker, ctl)   # a row of choice_controls
         self.importance_button = self.slim.importance_button
         self.slim_button = self.slim.slim_button
         self.node_info = w.HTML()
