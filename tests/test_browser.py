@@ -424,6 +424,19 @@ def test_a_click_acts_on_the_node_and_model_chosen_just_before_it(lab, quick_pla
         panel = page.locator(".flowmagic-panel")
         assert "pruned post" in " ".join(panel.inner_text().split())
 
+        # Slim's row (shown once a probe set is attached): its click carries the tau typed
+        # last, not the one the kernel was told before; "7" is refused in one red line.
+        kernel_eval(page, "demo.attach_probe(['tea'], lambda result, example: 1.0)")
+        tau = panel.locator(".flowmagic-field", has_text="tau").locator("input")
+        tau.wait_for(state="visible", timeout=30_000)
+        with kernel_busy(page):
+            tau.fill("0.9")   # sent at once
+            tau.fill("7")     # held back until the kernel answers the first
+            button(page, "Slim").click()
+        panel.get_by_text("tau must be a number in (0, 1], e.g. 0.95, not '7'").wait_for(
+            timeout=30_000)
+        assert kernel_eval(page, "print(demo.last_slim)").strip() == "None"
+
 
 def run_cell(page, index: int) -> None:
     """Run one cell of the notebook as a user would (select it, Shift+Enter)."""
