@@ -1,16 +1,21 @@
 // The front end of flowmagic.jupyter.controls.Controls (an anywidget module).
-// A click sends one message holding the action and what every dropdown shows at that
-// moment, so the kernel acts on the choice the user saw even when the dropdown's own
-// change is still held back by ipywidgets (it sends one change at a time per widget).
-// Option texts and labels are set as text, never as markup.
+// A click sends one message holding the action and what every dropdown shows and every
+// text field holds at that moment, so the kernel acts on what the user saw even when the
+// widget's own change is still held back by ipywidgets (it sends one change at a time per
+// widget). Option texts, labels and field texts are set as text, never as markup.
 
-function pickerView(model, name, selects) {
+function labelled(className, control) {
   const box = document.createElement("div");
-  box.className = "flowmagic-picker widget-inline-hbox widget-dropdown";
+  box.className = `${className} widget-inline-hbox`;
   const label = document.createElement("label");
   label.className = "widget-label";
+  box.append(label, control);
+  return { box, label };
+}
+
+function pickerView(model, name, selects) {
   const select = document.createElement("select");
-  box.append(label, select);
+  const { box, label } = labelled("flowmagic-picker widget-dropdown", select);
   selects.set(name, select);
   const spec = () => (model.get("pickers") || {})[name] || { options: [] };
   const show = () => {
@@ -39,13 +44,9 @@ function pickerView(model, name, selects) {
 }
 
 function fieldView(model, name, inputs) {
-  const box = document.createElement("div");
-  box.className = "flowmagic-field widget-inline-hbox widget-text";
-  const label = document.createElement("label");
-  label.className = "widget-label";
   const input = document.createElement("input");
   input.type = "text";
-  box.append(label, input);
+  const { box, label } = labelled("flowmagic-field widget-text", input);
   inputs.set(name, input);
   const show = () => {
     const spec = (model.get("fields") || {})[name] || {};
@@ -113,7 +114,9 @@ function render({ model, el }) {
   };
   const update = () => {
     const hidden = model.get("hidden") || [];
-    [...el.children].forEach((line, i) => { line.style.display = hidden.includes(i) ? "none" : ""; });
+    [...el.children].forEach((line, i) => {
+      line.style.display = hidden.includes(i) ? "none" : "";
+    });
     parts.forEach((part) => part.show());
   };
   model.on("change:rows", build);

@@ -5,9 +5,8 @@ while an earlier change of that dropdown is unanswered: a user who picks node B 
 Prune while the kernel is busy gets the node chosen before pruned. Here a click is one
 custom message, `{"action": name, "choices": {picker: value, ...}}`, holding what every
 dropdown and text field of the widget showed at the click, and the kernel acts on those
-choices. The front
-end is `controls.js` beside this file (shipped in the package, no fetch at render time); it
-shows option texts as text, never as markup.
+choices. The front end is `controls.js` beside this file (shipped in the package, no fetch
+at render time); it shows option texts and field texts as text, never as markup.
 
 `Controls.picker(...)`, `Controls.field(...)` and `Controls.action(...)` hand back small
 objects shaped like an ipywidgets Dropdown (`value`, `options`, `observe`), Text (`value`) and
