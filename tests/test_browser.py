@@ -489,6 +489,7 @@ def test_the_notebook_experience_in_jupyterlab(lab, plan_server):
         # 15: a legend; the Importance/Slim row only once a probe set is attached.
         assert "critical path" in panel.locator(".flowmagic-legend").inner_text()
         assert page.locator(".flowmagic-slim").is_hidden()
+        assert button(page, "Slim").is_hidden() and button(page, "Importance").is_hidden()
         # 2: the static copy is in the output, hidden while the live panel is there.
         static = page.locator(".flowmagic-static")
         assert static.count() == 1 and static.is_hidden()
