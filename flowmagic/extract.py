@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import ModelOutputError, TruncatedError
 
-__all__ = ["extract_json", "find_json_spans", "join_continued"]
+__all__ = ["extract_json", "find_json_spans", "join_continued", "FENCE_LINE"]
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|\Z)", re.S)
 _SMART = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
@@ -194,7 +194,8 @@ def extract_json(text: str, *, finish_reason: str | None = None) -> Any:
 
 
 # ----------------------------------------------------------------------------- continuations
-_FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n`]*$")
+# A fence line of a Markdown code block: the fence (group 1) and the language it names (group 2).
+FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n`]*$")
 
 
 def _open_block(lines: list[str]) -> tuple[int, str] | None:
@@ -202,7 +203,7 @@ def _open_block(lines: list[str]) -> tuple[int, str] | None:
     opening fence line) and its fence, or None when every block is closed."""
     open_at: tuple[int, str] | None = None
     for i, line in enumerate(lines):
-        m = _FENCE_LINE.match(line)
+        m = FENCE_LINE.match(line)
         if open_at is None:
             if m:
                 open_at = (i, m.group(1))
@@ -225,7 +226,7 @@ def join_continued(text: str, more: str) -> str:
     block."""
     head = more.lstrip("\n")
     first, _, code = head.partition("\n")
-    start = _FENCE_LINE.match(first)
+    start = FENCE_LINE.match(first)
     lines = text.split("\n")
     block = _open_block(lines)
     if not start or not start.group(2) or block is None or start.group(1)[0] != block[1][0]:

@@ -57,6 +57,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, SandboxError
+from ..extract import FENCE_LINE
 from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
 from ..settings import SANDBOXES, check_sandbox
@@ -477,7 +478,6 @@ async def arun_code(code: str, **kwargs) -> SandboxResult:
 
 
 # ---------------------------------------------------------------------------- extraction
-_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n`]*$")
 _PY_LANGS = {"python", "py", "python3", "py3", "ipython", "python3.11", "pycon"}
 
 
@@ -502,7 +502,7 @@ def extract_code(text: str) -> list[str]:
         return []
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
-        m = _FENCE.match(lines[i])
+        m = FENCE_LINE.match(lines[i])
         if not m:
             i += 1
             continue
