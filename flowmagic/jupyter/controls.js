@@ -119,20 +119,13 @@ function render({ model, el }) {
     });
     parts.forEach((part) => part.show());
   };
+  const shown = ["hidden", "fields", "pickers", "choices", "buttons"];
   model.on("change:rows", build);
-  model.on("change:hidden", update);
-  model.on("change:fields", update);
-  model.on("change:pickers", update);
-  model.on("change:choices", update);
-  model.on("change:buttons", update);
+  shown.forEach((name) => model.on(`change:${name}`, update));
   build();
   return () => {
     model.off("change:rows", build);
-    model.off("change:hidden", update);
-    model.off("change:fields", update);
-    model.off("change:pickers", update);
-    model.off("change:choices", update);
-    model.off("change:buttons", update);
+    shown.forEach((name) => model.off(`change:${name}`, update));
   };
 }
 
