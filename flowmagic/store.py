@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ._internal.checkpoint import Checkpointer
+from ._internal.jsontext import encoder
 from .errors import StoreError
 from .model.status import RunState
 
@@ -231,8 +232,8 @@ _RUN_TABLES = ("runs", "nodes", "events", "updates", "calls", "tool_calls", "orc
 
 
 # Built once: json.dumps with arguments builds an encoder on every call.
-_encode = json.JSONEncoder(ensure_ascii=False, default=str).encode
-_encode_ascii = json.JSONEncoder(ensure_ascii=True, default=str).encode
+_encode = encoder(ensure_ascii=False, default=str)
+_encode_ascii = encoder(ensure_ascii=True, default=str)
 
 
 def _dumps(value: Any) -> str:
@@ -603,19 +604,22 @@ class Store:
                 [(run_id, n["id"], _dumps(n), now) for n in workflow.get("nodes", [])],
             )
 
+    # A node's row is updated in place when it exists (a run's rows are written when it is
+    # saved): INSERT OR REPLACE would delete and insert it, twice the B-tree work.
+    _NODE_SQL = ("INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?, ?, ?, ?)"
+                 " ON CONFLICT(run_id, node_id) DO UPDATE SET data = excluded.data,"
+                 " updated = excluded.updated")
+
     def save_node(self, run_id: str, node: dict) -> None:
-        self._execute(
-            "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
-            (run_id, node["id"], _dumps(node), time.time()), doing="save the node")
+        self._execute(self._NODE_SQL, (run_id, node["id"], _dumps(node), time.time()),
+                      doing="save the node")
 
     def write_batch(self, run_id: str, nodes: list[dict], events: list[tuple]) -> None:
         """Latest node states and events (kind, node_id, data) in one commit."""
         now = time.time()
         rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
         with self._transaction("save node states") as db:
-            self._executemany(
-                db, "INSERT OR REPLACE INTO nodes (run_id, node_id, data, updated)"
-                " VALUES (?, ?, ?, ?)", rows)
+            self._executemany(db, self._NODE_SQL, rows)
             self._executemany(
                 db, "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
                 [(run_id, node_id, now, kind, None if data is None else _dumps(data))

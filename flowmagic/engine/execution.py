@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 from .._internal.text import keep_ends
 from .sandbox import extract_code, run_code
 
-__all__ = ["Execution", "split_answer", "execute", "aexecute", "run_python", "report", "wants_execution",
+__all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
            "EXECUTE_MODES", "WORKING_START", "instructions", "made_files", "about_files_or_code"]
 
 EXECUTE_MODES = ("auto", "off")
@@ -199,11 +199,17 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
     return result
 
 
+def has_fence(answer: str) -> bool:
+    """Whether an answer holds a code fence (``` or ~~~): without one it has no file to
+    save and no code to run."""
+    return isinstance(answer, str) and ("```" in answer or "~~~" in answer)
+
+
 async def aexecute(workspace, node_id: str, answer: str, **kwargs) -> Execution:
     """`execute` in a worker thread: the event loop (and the UI) keeps running. An answer
     with no fence at all has no file to save and no code to run: that is known at once,
     without the thread hop (most answers of a text workflow)."""
-    if not isinstance(answer, str) or ("```" not in answer and "~~~" not in answer):
+    if not has_fence(answer):
         return Execution()
     return await asyncio.to_thread(execute, workspace, node_id, answer, **kwargs)
 

@@ -15,8 +15,8 @@ import time
 
 from ..errors import EndpointError, FlowError, SandboxError
 from ..llm.endpoints import scrub
-from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, instructions,
-                        made_files, report, run_python)
+from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, has_fence,
+                        instructions, made_files, report, run_python)
 from .context import RunContext
 from .._internal.text import cut as text_cut
 from .executor import Outcome
@@ -106,15 +106,19 @@ class NodeRunner:
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
         return random.Random(f"{self.ctx.settings.seed}:{node_id}:{what}:{attempt}").random()
 
-    async def _verdict(self, node, text: str, code_ran: bool = False,
-                       finish_reason: str | None = None):
-        mode = self.ctx.settings.validate_
+    def _verdict_now(self, text: str, finish_reason: str | None) -> tuple[bool, str] | None:
+        """The verdict when no validator is needed to give it (None: ask `_verdict`)."""
         if finish_reason == "content_filter":   # what there is was cut by the endpoint's filter
             return False, "the endpoint's content filter stopped the answer; rephrase the subtask"
         if not (text or "").strip():   # under every mode: an empty answer did not do the work
             return False, "empty answer"
-        if mode == "none":
+        if self.ctx.settings.validate_ == "none":
             return True, ""
+        return None
+
+    async def _verdict(self, node, text: str, code_ran: bool = False):
+        """The validator's verdict (after `_verdict_now` said one is needed)."""
+        mode = self.ctx.settings.validate_
         from .validation import validate
         verdict = await validate(node, text, task=self.ctx.workflow.task, mode=mode,
                                  llm=self.ctx.llm, model=self.ctx.settings.validator_model
@@ -124,6 +128,11 @@ class NodeRunner:
                                  sandbox=self.ctx.settings.sandbox,
                                  code_timeout=float(self.ctx.settings.code_timeout))
         return verdict.passed, scrub(verdict.feedback)
+
+    def _may_execute(self, answer: str) -> bool:
+        """Whether `_execute` can have anything to do: execution is on and the answer holds
+        a fence (most answers of a text workflow hold none: no coroutine for them)."""
+        return self.ctx.settings.execute != "off" and has_fence(answer)
 
     async def _execute(self, node_id: str, answer: str):
         """Save the answer's named files and run its Python in the sandbox (None when off,
@@ -159,12 +168,10 @@ class NodeRunner:
             return False   # once per run: one real look at the data, not one per node
         return bool(ctx.workspace.example())
 
-    async def _starter(self, node) -> Execution | None:
-        """Run the working start in the sandbox for a node (None when it does not apply).
+    async def _starter(self, node) -> Execution:
+        """Run the working start in the sandbox for a node (when `_wants_starter`).
         Its code is flowmagic's, from the input's own columns; what it prints and draws is
         computed from the data, and the record says whose code it was."""
-        if not self._wants_starter(node):
-            return None
         settings = self.ctx.settings
         node.execution = {"starter": True}   # claimed now: a sibling starting meanwhile skips it
         try:
@@ -213,7 +220,7 @@ class NodeRunner:
         attempts: list[dict] = []
         outcome = Outcome(ok=False)
         try:
-            start = await self._starter(node)
+            start = await self._starter(node) if self._wants_starter(node) else None
         except SandboxError as exc:   # code must run and cannot here: the model won't fix that
             outcome.error, outcome.attempts = str(exc), [{"start": time.time(), "end": time.time(),
                                                           "attempt": history + 1, "passed": False,
@@ -265,7 +272,7 @@ class NodeRunner:
                 attempts.append(record)
                 continue
             try:
-                ex = await self._execute(node_id, text)
+                ex = await self._execute(node_id, text) if self._may_execute(text) else None
             except SandboxError as exc:   # code must run and cannot here: retrying won't help
                 record.update(end=time.time(), passed=False, error=str(exc))
                 attempts.append(record)
@@ -290,8 +297,9 @@ class NodeRunner:
                 else:   # both ran: the export shows the start's cell (its figures) before the model's
                     record["execution"][WORKING_START] = start.to_dict()
             try:
-                passed, feedback = await self._verdict(node, output, bool(ex and ex.ran),
-                                                      reply.finish_reason)
+                said = self._verdict_now(output, reply.finish_reason)
+                passed, feedback = (said if said is not None else
+                                    await self._verdict(node, output, bool(ex and ex.ran)))
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
                 record.update(end=time.time(), passed=True,
                               feedback=f"validator unavailable: {exc}")

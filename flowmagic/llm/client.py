@@ -27,13 +27,14 @@ import time
 import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from . import endpoints as _endpoints
 from . import transport as _transport
 from .endpoints import Endpoint, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
+from .._internal.jsontext import encoder
 from ..extract import extract_json, join_continued
 from ..store import Store, get_store
 
@@ -97,7 +98,7 @@ def _key_head(identity: str, model: str) -> str:
 
 # json.dumps(value, sort_keys=True, ensure_ascii=False), byte for byte, with the encoder
 # built once instead of per call.
-_sorted_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
+_sorted_json = encoder(sort_keys=True, ensure_ascii=False)
 
 
 def _params_json(params: dict) -> str:
@@ -270,6 +271,13 @@ class LLM:
             self._last = (weakref.ref(loop), state)
             return state
 
+    def _client_now(self, endpoint: Endpoint):
+        """The client of a remote endpoint on this loop when it was built already, else None
+        (then `await self._client(endpoint)`): the usual case needs no coroutine."""
+        if endpoint.local:
+            return None
+        return self._state()["clients"].get((endpoint.name, endpoint.base_url))
+
     async def _client(self, endpoint: Endpoint):
         base_url = endpoint.base_url
         if endpoint.local:
@@ -290,16 +298,17 @@ class LLM:
             limits[endpoint.identity] = asyncio.Semaphore(endpoint.concurrency)
         return limits[endpoint.identity]
 
-    async def _log(self, **call: Any) -> int:
+    # These two return `_in_turn`'s coroutine itself (no coroutine of their own to await).
+    def _log(self, **call: Any) -> Awaitable[int]:
         """Log a call (see `Store.log_call`) together with every other call that ended in
-        this event-loop turn, in one commit; returns its row id once it is committed, so
-        no result is handed back before its log row is durable."""
-        return await self._in_turn("log", call, Store.log_calls)
+        this event-loop turn, in one commit; its row id once it is committed, so no result
+        is handed back before its log row is durable."""
+        return self._in_turn("log", call, Store.log_calls)
 
-    async def _cache_get(self, key: str) -> dict | None:
+    def _cache_get(self, key: str) -> Awaitable[dict | None]:
         """The cached answer under `key` (None for a miss); the look-ups of one event-loop
         turn are one SELECT (a wide level of a DAG starts its nodes in one turn)."""
-        return await self._in_turn("reads", key, Store.cache_get_many)
+        return self._in_turn("reads", key, Store.cache_get_many)
 
     async def _in_turn(self, queue: str, item: Any, handle: Callable[[Store, list], list]) -> Any:
         """`handle(store, items)[i]` for this item, with the items queued in this event-loop
@@ -531,10 +540,12 @@ class LLM:
         if schema is not None and reply.data is not None:
             return reply   # whole JSON, even if the limit was reached right after it
         first, text, total = reply.call_id, reply.text, reply
-        rest = {k: v for k, v in kwargs.items() if k != "schema"}   # the rest is plain text
+        rest = None
         for n in range(1, max(0, int(continuations)) + 1):
             if reply.finish_reason != "length" or reply.tool_calls:
                 break
+            if rest is None:   # the rest is plain text
+                rest = {k: v for k, v in kwargs.items() if k != "schema"}
             more = [*messages, {"role": "assistant", "content": text},
                     {"role": "user", "content": CONTINUE_PROMPT}]
             reply = await self.complete(more, **rest)
@@ -712,7 +723,9 @@ class LLM:
                          max_tokens, on_text, tools=None):
         import openai
 
-        client = await self._client(endpoint)
+        client = self._client_now(endpoint)
+        if client is None:
+            client = await self._client(endpoint)
         mode = self._modes.get(endpoint.identity, "json_object" if endpoint.local
                                else "json_schema") if schema is not None else None
         while True:
@@ -724,7 +737,17 @@ class LLM:
             # server is ours: slow there is a busy machine, not a trick.
             whole = None if endpoint.local else self.timeout
             try:
-                async with self._slot(endpoint):
+                slot = self._slot(endpoint)
+                if on_text is None and isinstance(slot, asyncio.Semaphore):
+                    # The usual case, the process-wide cap alone: taken and given back
+                    # without a context manager's two coroutines (as `_send` does, inline).
+                    await slot.acquire()
+                    try:
+                        return _completion(await self._transport.post_json(
+                            client, "/chat/completions", kwargs, whole=whole))
+                    finally:
+                        slot.release()
+                async with slot:
                     if on_text is None:   # the transport's own timer bounds it: no second one
                         return await self._send(client, kwargs, None, whole)
                     async with asyncio.timeout(whole):
