@@ -184,17 +184,28 @@ class NodeRunner:
         ex.starter = True
         return ex
 
-    async def _reply(self, node, messages: list[dict], seed: int):
-        """(reply, tool calls): the node's answer, through the tool loop when tools are offered."""
+    def _options(self, node, seed: int) -> dict:
+        """The door's options of the node's call."""
         ctx, settings = self.ctx, self.ctx.settings
-        kwargs = dict(model=node.model or settings.model, seed=seed,
-                      temperature=settings.temperature, max_tokens=settings.max_tokens,
-                      run_id=ctx.run_id, node_id=node.id, purpose="node",
-                      on_text=ctx.text_sink(node.id))
-        offered = await ctx.offer_tools(node.id) if ctx.has_tools() else []
+        return dict(model=node.model or settings.model, seed=seed,
+                    temperature=settings.temperature, max_tokens=settings.max_tokens,
+                    run_id=ctx.run_id, node_id=node.id, purpose="node",
+                    on_text=ctx.text_sink(node.id))
+
+    def _answer(self, node, messages: list[dict], seed: int):
+        """The door's coroutine of the node's answer, without tools."""
+        return self.ctx.llm.complete_whole(
+            messages, continuations=int(self.ctx.settings.continuations),
+            **self._options(node, seed))
+
+    async def _reply(self, node, messages: list[dict], seed: int):
+        """(reply, tool calls): the node's answer, through the tool loop when tools are offered
+        (`run` asks the door directly when the flow offers none: no coroutine of this one)."""
+        ctx, settings = self.ctx, self.ctx.settings
+        offered = await ctx.offer_tools(node.id)
         if not offered:
-            return await ctx.llm.complete_whole(
-                messages, continuations=int(settings.continuations), **kwargs), []
+            return await self._answer(node, messages, seed), []
+        kwargs = self._options(node, seed)
         from .toolloop import run_with_tools
 
         def called(call) -> None:
@@ -239,8 +250,9 @@ class NodeRunner:
                 continue
             messages = node_messages(ctx, node_id, retry_prompt(attempts), started=start_report)
             try:
-                reply, tool_calls = await self._reply(node, messages,
-                                                      settings.seed + history + attempt)
+                seed = settings.seed + history + attempt
+                reply, tool_calls = (await self._reply(node, messages, seed) if ctx.has_tools()
+                                     else (await self._answer(node, messages, seed), ()))
             except EndpointError as exc:
                 record.update(end=time.time(), passed=False, output=None, error=str(exc))
                 attempts.append(record)

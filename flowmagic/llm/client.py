@@ -298,7 +298,7 @@ class LLM:
             limits[endpoint.identity] = asyncio.Semaphore(endpoint.concurrency)
         return limits[endpoint.identity]
 
-    # These two return `_in_turn`'s coroutine itself (no coroutine of their own to await).
+    # These two return `_in_turn`'s future itself (no coroutine of their own to await).
     def _log(self, **call: Any) -> Awaitable[int]:
         """Log a call (see `Store.log_call`) together with every other call that ended in
         this event-loop turn, in one commit; its row id once it is committed, so no result
@@ -310,28 +310,34 @@ class LLM:
         turn are one SELECT (a wide level of a DAG starts its nodes in one turn)."""
         return self._in_turn("reads", key, Store.cache_get_many)
 
-    async def _in_turn(self, queue: str, item: Any, handle: Callable[[Store, list], list]) -> Any:
-        """`handle(store, items)[i]` for this item, with the items queued in this event-loop
-        turn handled together in the next one (one SQLite statement or commit per store).
-        The first item of a turn from the only call in progress on this loop (a chain's) is
-        handled at once instead: waiting would hold its request or its result back. (Only
-        the first: calls that do not wait on the network, cache hits, run to their end one
-        after another in one turn, each the only one in progress.)"""
+    def _in_turn(self, queue: str, item: Any,
+                 handle: Callable[[Store, list], list]) -> asyncio.Future:
+        """A future of `handle(store, items)[i]` for this item, with the items queued in this
+        event-loop turn handled together in the next one (one SQLite statement or commit per
+        store). The first item of a turn from the only call in progress on this loop (a
+        chain's) is handled at once instead, its future done when returned: waiting would
+        hold its request or its result back. (Only the first: calls that do not wait on the
+        network, cache hits, run to their end one after another in one turn, each the only
+        one in progress.) A future, not a coroutine: one object less per call in flight."""
         state = self._state()
         pending = state[queue]
         loop = asyncio.get_running_loop()
+        done = loop.create_future()
         if state["active"] == 1 and not pending:
             turn = state["turn"]
             if queue not in turn:
                 if not turn:
                     loop.call_soon(turn.clear)
                 turn.add(queue)
-                return handle(self.store, [item])[0]
+                try:
+                    done.set_result(handle(self.store, [item])[0])
+                except Exception as exc:   # raised where it is awaited, as before
+                    done.set_exception(exc)
+                return done
         if not pending:
             loop.call_soon(self._handle_queue, state, queue, handle)
-        done = loop.create_future()
         pending.append((self.store, item, done))
-        return await done
+        return done
 
     @staticmethod
     def _handle_queue(state: dict, queue: str, handle: Callable[[Store, list], list]) -> None:
@@ -434,87 +440,86 @@ class LLM:
         """
         state = self._state()
         state["active"] += 1   # calls in progress on this loop (see _in_turn)
-        try:
-            return await self._complete(messages, model, schema, temperature, seed, max_tokens,
-                                        cache, run_id, node_id, purpose, on_text, tools)
+        try:   # (one coroutine for the whole call: each one more is an object per call in flight)
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            # a lone surrogate cannot go over HTTP as UTF-8
+            messages, messages_json = _messages_json(messages)
+            endpoint, model_name = _endpoints.resolve(model)
+            if not model_name:
+                model_name = await self._first_model(endpoint)
+            if max_tokens is None and endpoint.local:
+                # Uncapped, SmolLM2 ran to the end of its context (3,669 tokens) and the server
+                # kept generating after the client gave up.
+                max_tokens = LOCAL_MAX_TOKENS
+            params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                        ("max_tokens", max_tokens), ("schema", schema),
+                                        ("tools", tools or None)) if v is not None}
+            params_json = _params_json(params)
+            key = cache_key(endpoint.identity, model_name, messages, params,
+                            messages_json=messages_json, params_json=params_json)
+            model_id = f"{endpoint.name}:{model_name}"
+            log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
+                       messages_json=messages_json, params=params, params_json=params_json,
+                       cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
+            if cache:
+                hit = await self._cache_get(key)
+                if hit is not None:
+                    call_id = await self._log(**log, response=hit, cached=True,
+                                              input_tokens=hit["input_tokens"],
+                                              output_tokens=hit["output_tokens"],
+                                              error=hit.get("error"))
+                    if hit.get("error"):
+                        exc = _output_error(hit["error"], call_id, 0, 0, 0.0,
+                                            hit.get("text") or "")
+                        exc.cached = True   # a replayed failure: a retry needs another seed
+                        raise exc
+                    if on_text:
+                        on_text(hit["text"])
+                    return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
+                                 hit["output_tokens"], 0.0, 0.0, True, call_id,
+                                 hit.get("finish_reason"), key, hit.get("tool_calls"))
+            # a paid call whose answer could not be kept: refuse it first
+            self.store.check_writable()
+            # The embedded model's cap is the endpoint's own limit, like a remote model's: it is
+            # not a parameter of the call, so it stays out of the cache key.
+            limit = LOCAL_MAX_TOKENS if max_tokens is None and endpoint.local else max_tokens
+            started = time.perf_counter()
+            try:
+                raw, attempts = await self._call_with_retries(
+                    endpoint, model_name, messages, schema, temperature, seed, limit, on_text,
+                    tools or None)
+            except EndpointError as exc:
+                self.store.log_call(**log, error=str(exc),
+                                    latency_s=time.perf_counter() - started)
+                raise
+            latency = time.perf_counter() - started
+            text, finish, tokens_in, tokens_out, tool_calls = raw
+            # an endpoint echoing the key: not kept, not passed on
+            text = scrub(_valid_unicode(text))
+            cost = _cost(endpoint, model_name, tokens_in, tokens_out)
+            data, error = None, None
+            if schema is not None:
+                try:
+                    data = _valid_unicode(extract_json(text, finish_reason=finish))
+                except ModelOutputError as exc:
+                    error = str(exc)
+            payload = {"text": text, "data": data, "finish_reason": finish,
+                       "input_tokens": tokens_in, "output_tokens": tokens_out,
+                       "attempts": attempts}
+            if tool_calls:
+                payload["tool_calls"] = tool_calls
+            # A replay must meet the same answer, an unusable one included, not call again.
+            cached = (payload if error is None else {**payload, "error": error}) if cache else None
+            call_id = await self._log(**log, response=payload, input_tokens=tokens_in,
+                                      output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
+                                      error=error, cache_payload=cached)
+            if error is not None:
+                raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
+            return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
+                         call_id, finish, key, tool_calls or None, priced=cost is not None)
         finally:
             state["active"] -= 1
-
-    async def _complete(self, messages, model, schema, temperature, seed, max_tokens, cache,
-                        run_id, node_id, purpose, on_text, tools) -> Reply:
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        # a lone surrogate cannot go over HTTP as UTF-8
-        messages, messages_json = _messages_json(messages)
-        endpoint, model_name = _endpoints.resolve(model)
-        if not model_name:
-            model_name = await self._first_model(endpoint)
-        if max_tokens is None and endpoint.local:
-            # Uncapped, SmolLM2 ran to the end of its context (3,669 tokens) and the server
-            # kept generating after the client gave up.
-            max_tokens = LOCAL_MAX_TOKENS
-        params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
-                                    ("max_tokens", max_tokens), ("schema", schema),
-                                    ("tools", tools or None)) if v is not None}
-        params_json = _params_json(params)
-        key = cache_key(endpoint.identity, model_name, messages, params,
-                        messages_json=messages_json, params_json=params_json)
-        model_id = f"{endpoint.name}:{model_name}"
-        log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
-                   messages_json=messages_json, params=params, params_json=params_json,
-                   cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
-        if cache:
-            hit = await self._cache_get(key)
-            if hit is not None:
-                call_id = await self._log(**log, response=hit, cached=True,
-                                          input_tokens=hit["input_tokens"],
-                                          output_tokens=hit["output_tokens"],
-                                          error=hit.get("error"))
-                if hit.get("error"):
-                    exc = _output_error(hit["error"], call_id, 0, 0, 0.0, hit.get("text") or "")
-                    exc.cached = True   # a replayed failure: a retry needs another seed
-                    raise exc
-                if on_text:
-                    on_text(hit["text"])
-                return Reply(hit["text"], hit.get("data"), model_id, hit["input_tokens"],
-                             hit["output_tokens"], 0.0, 0.0, True, call_id,
-                             hit.get("finish_reason"), key, hit.get("tool_calls"))
-        self.store.check_writable()   # a paid call whose answer could not be kept: refuse first
-        # The embedded model's cap is the endpoint's own limit, like a remote model's: it is
-        # not a parameter of the call, so it stays out of the cache key.
-        limit = LOCAL_MAX_TOKENS if max_tokens is None and endpoint.local else max_tokens
-        started = time.perf_counter()
-        try:
-            raw, attempts = await self._call_with_retries(
-                endpoint, model_name, messages, schema, temperature, seed, limit, on_text,
-                tools or None)
-        except EndpointError as exc:
-            self.store.log_call(**log, error=str(exc),
-                                latency_s=time.perf_counter() - started)
-            raise
-        latency = time.perf_counter() - started
-        text, finish, tokens_in, tokens_out, tool_calls = raw
-        text = scrub(_valid_unicode(text))   # an endpoint echoing the key: not kept, not passed on
-        cost = _cost(endpoint, model_name, tokens_in, tokens_out)
-        data, error = None, None
-        if schema is not None:
-            try:
-                data = _valid_unicode(extract_json(text, finish_reason=finish))
-            except ModelOutputError as exc:
-                error = str(exc)
-        payload = {"text": text, "data": data, "finish_reason": finish,
-                   "input_tokens": tokens_in, "output_tokens": tokens_out, "attempts": attempts}
-        if tool_calls:
-            payload["tool_calls"] = tool_calls
-        # A replay must meet the same answer, an unusable one included, not call again.
-        cached = (payload if error is None else {**payload, "error": error}) if cache else None
-        call_id = await self._log(**log, response=payload, input_tokens=tokens_in,
-                                  output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
-                                  error=error, cache_payload=cached)
-        if error is not None:
-            raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
-        return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
-                     call_id, finish, key, tool_calls or None, priced=cost is not None)
 
     async def complete_whole(self, messages: list[dict] | str, *, continuations: int = 2,
                              **kwargs) -> Reply:
