@@ -16,7 +16,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from flowmagic.errors import ConfigError
-from flowmagic.testing.loopback import FAULT_KINDS, LoopbackServer, embed_text, schema_example
+from flowmagic.testing.loopback import ENGINES, FAULT_KINDS, LoopbackServer, embed_text, schema_example
+from flowmagic.testing.loopback_asyncio import UNSERVED_FAULTS
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +51,9 @@ def no_leftover_threads():
     assert not [t.name for t in threading.enumerate() if t.name.startswith("loopback")]
 
 
-@pytest.fixture
-def server():
-    with LoopbackServer() as srv:
+@pytest.fixture(params=ENGINES)
+def server(request):
+    with LoopbackServer(engine=request.param) as srv:
         yield srv
 
 
@@ -155,9 +156,10 @@ def _observe(kind, **options):
         return outcome, srv.stats(), started
 
 
-@pytest.mark.parametrize("kind", FAULT_KINDS)
-def test_each_fault_kind(kind):
-    outcome, stats, started = _observe(kind, retry_after=0.25)
+@pytest.mark.parametrize("kind, engine", [(k, e) for e in ENGINES for k in FAULT_KINDS
+                                          if not (e == "asyncio" and k in UNSERVED_FAULTS)])
+def test_each_fault_kind(kind, engine):
+    outcome, stats, started = _observe(kind, retry_after=0.25, engine=engine)
     assert stats["faults"][kind] == 1 and stats["requests"][0]["fault"] == kind
     if kind == "429":
         assert isinstance(outcome, openai.RateLimitError)
@@ -184,9 +186,10 @@ def test_each_fault_kind(kind):
     assert stats["calls"] == (1 if kind in ("length", "trickle") else 0)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kind", ["truncated", "garbage", "length"])
-def test_fault_kinds_in_streams(kind):
-    with LoopbackServer(faults={kind: 1.0}) as srv, client_for(srv) as client:
+def test_fault_kinds_in_streams(kind, engine):
+    with LoopbackServer(faults={kind: 1.0}, engine=engine) as srv, client_for(srv) as client:
         def text():
             with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
                 return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -235,8 +238,8 @@ def test_fault_rates_are_validated():
         LoopbackServer(latency=(0.5, 0.1))
 
 
-def _latencies(bodies, order):
-    with LoopbackServer(latency=(0.02, 0.12), seed=5) as srv, client_for(srv) as client:
+def _latencies(bodies, order, engine="threads"):
+    with LoopbackServer(latency=(0.02, 0.12), seed=5, engine=engine) as srv, client_for(srv) as client:
         for i in order:
             chat(srv, messages=bodies[i], client=client)
         return {json.dumps(r["body"]["messages"]): (r["latency_s"], r["finished"] - r["arrived"])
@@ -252,6 +255,66 @@ def test_latency_is_deterministic_and_spread_within_range():
     assert all(0.02 <= v <= 0.12 for v in values)
     assert max(values) - min(values) > 0.04  # spread, not a constant
     assert all(elapsed >= latency for latency, elapsed in forward.values())
+    on_a_loop = _latencies(bodies, range(12), engine="asyncio")
+    assert {k: v[0] for k, v in on_a_loop.items()} == {k: v[0] for k, v in forward.items()}
+    assert all(elapsed >= latency for latency, elapsed in on_a_loop.values())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_latency_runs_from_arrival_so_the_servers_own_work_is_inside_it(engine):
+    # A benchmark's bound is the sum of the latencies: a server that took its own time on top
+    # (reading the body, building the reply) would put that time on every client's account.
+    def slow_responder(body):
+        time.sleep(0.25)
+        return "built slowly"
+
+    with LoopbackServer(latency=0.5, responder=slow_responder, engine=engine) as srv, \
+            client_for(srv) as client:
+        chat(srv, client=client)  # the connection is open: the next request measures the server alone
+        started = time.monotonic()
+        assert chat(srv, client=client).choices[0].message.content == "built slowly"
+        elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 0.7, elapsed  # 0.75 s when the latency came after the reply's building
+    last = srv.requests[-1]
+    assert last["finished"] - last["arrived"] >= 0.5
+
+
+def test_the_asyncio_engine_refuses_the_faults_that_hold_a_connection():
+    for options in ({"faults": {"hang": 0.1}}, {"faults": {"trickle": 1.0}},
+                    {"fail_first": 1, "fail_kind": "hang"}):
+        with pytest.raises(ConfigError, match=r"asyncio engine does not serve.*engine='threads'"):
+            LoopbackServer(engine="asyncio", **options)
+    with pytest.raises(ConfigError, match="engine 'fibers' is not one of"):
+        LoopbackServer(engine="fibers")
+    LoopbackServer(engine="asyncio", faults={"hang": 0.0, "429": 0.5})  # a zero rate is no fault
+
+
+def test_the_asyncio_engine_answers_hundreds_of_connections_at_once():
+    n = 300
+
+    async def one(port: int, i: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"job {i}"}]}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        size = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        reply = await reader.readexactly(size)
+        writer.close()
+        return head.split(b"\r\n", 1)[0] + b" " + reply
+
+    async def run(port: int) -> list[bytes]:
+        return await asyncio.gather(*(one(port, i) for i in range(n)))
+
+    with LoopbackServer(latency=(0.3, 0.4), engine="asyncio") as srv:
+        port = int(srv.base_url.rsplit(":", 1)[1].split("/")[0])
+        replies = asyncio.run(run(port))
+        assert all(r.startswith(b"HTTP/1.1 200 OK ") for r in replies)
+        texts = [json.loads(r.split(b" ", 3)[3])["choices"][0]["message"]["content"] for r in replies]
+        assert texts == [f"Loopback reply to: job {i}" for i in range(n)]
+        assert srv.calls == n and srv.max_in_flight == n and srv.in_flight == 0
+        # every reply waited its whole latency after its request arrived, never less
+        assert all(r["finished"] - r["arrived"] >= r["latency_s"] for r in srv.requests)
 
 
 def test_latency_callable_and_zero():
@@ -263,14 +326,15 @@ def test_latency_callable_and_zero():
         assert srv.requests[0]["latency_s"] == 0
 
 
-def test_max_in_flight_with_concurrent_async_requests():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_max_in_flight_with_concurrent_async_requests(engine):
     async def run(srv):
         async with AsyncOpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0) as client:
             return await asyncio.gather(*(
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"job {i}"}])
                 for i in range(8)))
 
-    with LoopbackServer(latency=0.4) as srv:
+    with LoopbackServer(latency=0.4, engine=engine) as srv:
         started = time.monotonic()
         replies = asyncio.run(run(srv))
         elapsed = time.monotonic() - started
@@ -282,8 +346,10 @@ def test_max_in_flight_with_concurrent_async_requests():
         assert (srv.calls, srv.max_in_flight, srv.requests) == (0, 0, [])
 
 
-def test_spawn_runs_in_another_process_and_stops():
-    handle = LoopbackServer.spawn(latency=(0.01, 0.02), seed=1, faults={"500": 0.0}, model="spawned")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_spawn_runs_in_another_process_and_stops(engine):
+    handle = LoopbackServer.spawn(latency=(0.01, 0.02), seed=1, faults={"500": 0.0}, model="spawned",
+                                  engine=engine)
     try:
         with OpenAI(base_url=handle.base_url, api_key="sk-test", max_retries=0) as client:
             assert client.models.list().data[0].id == "spawned"
@@ -371,12 +437,14 @@ def test_embeddings_are_unit_vectors_and_similar_texts_are_close(server):
     assert cos(vecs[0], vecs[1]) > 0.7 > cos(vecs[0], vecs[2])
 
 
-def test_stop_closes_idle_keep_alive_connections_and_joins_threads():
-    srv = LoopbackServer().start()
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stop_closes_idle_keep_alive_connections_and_joins_threads(engine):
+    srv = LoopbackServer(engine=engine).start()
     client = client_for(srv)
     try:
         client.chat.completions.create(model="m", messages=MESSAGES)  # leaves a keep-alive connection open
-        assert any(t.name == "loopback-conn" for t in threading.enumerate())
+        assert any(t.name == ("loopback-conn" if engine == "threads" else "loopback-asyncio")
+                   for t in threading.enumerate())
         srv.stop()
         assert not any(t.name.startswith("loopback") for t in threading.enumerate())
         srv.stop()  # idempotent

@@ -9,6 +9,10 @@ In-process::
     with LoopbackServer(latency=(0.1, 0.3), faults={"429": 0.1}) as srv:
         client = OpenAI(base_url=srv.base_url, api_key="sk-test")
 
+``engine="asyncio"`` serves from one event loop instead of a thread per connection
+(`loopback_asyncio`: for hundreds of connections at once, as a benchmark opens; it serves
+every fault but "hang" and "trickle").
+
 In its own process, so it does not share the GIL with the code being measured::
 
     handle = LoopbackServer.spawn(latency=(0.1, 0.8), seed=1)   # or
@@ -20,6 +24,9 @@ POST /v1/embeddings, GET /_stats, POST /_reset.
 Everything is a pure function of the request body, so runs are reproducible whatever the
 arrival order: the latency is a hash of (seed, body); the fault is a hash of (seed, body,
 attempt), where attempt counts earlier requests with the same body, so a retry can succeed.
+A chat request's latency runs from its arrival (its headers read) to its reply's first byte:
+the server reads the body, records it and builds the reply inside that time, so what it
+does itself is not added to it (a benchmark's bound is the sum of these latencies).
 
 Faults (chat completions only): "429" (with Retry-After), "500", "hang" (no answer for
 ``hang_s`` or until stop(), then the connection closes), "truncated" (Content-Length larger
@@ -50,6 +57,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from .loopback_replies import (embeddings_reply, normalise_reply, stream_chunks, usage_counts, default_responder,
                                embed_text, schema_example)
+from .loopback_asyncio import UNSERVED_FAULTS, Engine
 from .loopback_spawn import SpawnedLoopback
 
 __all__ = [
@@ -68,7 +76,8 @@ _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
 # Options that survive a trip through the command line (callables cannot).
 _CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
               "retry_after": "--retry-after", "hang_s": "--hang-s", "trickle_s": "--trickle-s", "dims": "--dims", "model": "--model",
-              "port": "--port"}
+              "port": "--port", "engine": "--engine"}
+ENGINES = ("threads", "asyncio")
 
 
 def _unit(*parts: Any) -> float:
@@ -114,18 +123,27 @@ def _parse_faults(faults: Any) -> dict[str, float]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, so httpx reuses connections
-    disable_nagle_algorithm = True  # headers and body are separate writes
+    disable_nagle_algorithm = True
+    # Buffered, so a reply's headers and body leave in one write (http.server flushes after
+    # each request; the streaming and trickling paths flush where a client must see bytes).
+    wbufsize = 1 << 16
     timeout = 60  # an idle keep-alive connection closes on its own
     server_version = "flowmagic-loopback"
+
+    defers_reply = False  # the reply is written as it is made (LoopbackServer waits first)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
         pass
 
+    def arrival(self) -> tuple[float, float]:
+        """(epoch, monotonic) of the request's arrival: now, its headers just read."""
+        return time.time(), time.monotonic()
+
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
-        self.server.owner._dispatch(self, "GET")
+        self.server.owner.handle(self)
 
     def do_POST(self) -> None:  # noqa: N802
-        self.server.owner._dispatch(self, "POST")
+        self.server.owner.handle(self)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -162,7 +180,7 @@ class LoopbackServer:
                  hang_s: float = 30.0, trickle_s: float = 0.5,
                  dims: int = 64, model: str = "loopback", port: int = 0,
                  embedder: Callable[[str], list[float]] | None = None,
-                 models: list[str] | None | bool = None) -> None:
+                 models: list[str] | None | bool = None, engine: str = "threads") -> None:
         self.responder = responder or default_responder
         self.embedder = embedder   # text -> vector for /embeddings (default: hashed bag of words)
         self.latency = _parse_latency(latency)
@@ -173,6 +191,13 @@ class LoopbackServer:
         self.seed, self.fail_first, self.reject_json_schema = seed, int(fail_first), reject_json_schema
         self.retry_after, self.hang_s, self.dims = retry_after, hang_s, dims
         self.trickle_s = float(trickle_s)
+        if engine not in ENGINES:
+            raise ConfigError(f"engine {engine!r} is not one of {list(ENGINES)}")
+        held = [k for k in UNSERVED_FAULTS if self.faults.get(k) or (fail_first and self.fail_kind == k)]
+        if engine == "asyncio" and held:
+            raise ConfigError(f"the asyncio engine does not serve the fault(s) {held}; "
+                              "use engine='threads' for them")
+        self.engine = engine
         self.model, self.port = model, port
         # what GET /models lists: `model` alone by default; False: no /models route (404)
         self.models = [model] if models is None else models
@@ -180,13 +205,18 @@ class LoopbackServer:
         self._stopping = threading.Event()
         self._conns: dict[threading.Thread, Any] = {}
         self._httpd: _HTTPServer | None = None
+        self._engine: Engine | None = None
         self._thread: threading.Thread | None = None
         self.in_flight = 0
         self.reset()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LoopbackServer:
-        if self._httpd is None:
+        if self.engine == "asyncio" and self._engine is None:
+            self._stopping.clear()
+            self._engine = Engine(self, self.port).start()
+            atexit.register(self.stop)
+        elif self.engine == "threads" and self._httpd is None:
             self._stopping.clear()
             self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
             self._httpd.owner = self
@@ -198,6 +228,11 @@ class LoopbackServer:
 
     def stop(self) -> None:
         """Stop serving, wake hanging handlers, close every connection and join every thread."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            self._stopping.set()
+            engine.stop()
+            atexit.unregister(self.stop)
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
@@ -225,6 +260,8 @@ class LoopbackServer:
 
     @property
     def base_url(self) -> str:
+        if self._engine is not None:
+            return f"http://127.0.0.1:{self._engine.port}/v1"
         if self._httpd is None:
             raise RuntimeError("the loopback server is not running; call start() or use it in a with block")
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
@@ -258,8 +295,11 @@ class LoopbackServer:
         return rec
 
     # -- HTTP --------------------------------------------------------------------------------
-    def _dispatch(self, h: _Handler, method: str) -> None:
-        arrived, h.loopback_rec = time.time(), None
+    def handle(self, h: _Handler) -> None:
+        """Answer one request: `h` is the thread engine's handler or the asyncio engine's
+        Exchange (the same interface)."""
+        method, h.loopback_rec, h.loopback_due = h.command, None, None
+        arrived, h.loopback_t0 = h.arrival()
         full = h.path.split("?", 1)[0].rstrip("/")
         path = full[3:] if full.startswith("/v1/") else full  # the route; the record keeps `full`
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
@@ -290,19 +330,40 @@ class LoopbackServer:
 
     def _settle(self, h: _Handler, status: int, answered: bool = False) -> None:
         """Close the request's record once, before its last bytes leave: a client that has its
-        reply must already see it counted in `calls`, `in_flight` and `requests`."""
+        reply must already see it counted in `calls`, `in_flight` and `requests`. The asyncio
+        engine sends a reply later than it is made, and closes the record then."""
         rec, h.loopback_rec = getattr(h, "loopback_rec", None), None
         if rec is None:
             return
+        if h.defers_reply:
+            h.on_sent = lambda: self._close(rec, status, h.loopback_chat, answered)
+        else:
+            self._close(rec, status, h.loopback_chat, answered)
+
+    def _close(self, rec: dict, status: int, chat: bool, answered: bool) -> None:
         with self._lock:
             rec["status"], rec["finished"] = status, time.time()
-            if h.loopback_chat:
+            if chat:
                 self.in_flight -= 1
                 self.calls += answered
+
+    def _wait_due(self, h: _Handler) -> bool:
+        """Wait until the request's latency has passed since it arrived (see _delay); False
+        when stop() cut the wait short (the connection is then closed without a reply)."""
+        if h.defers_reply:  # the asyncio engine holds the bytes until they are due
+            return not self._stopping.is_set()
+        due, h.loopback_due = getattr(h, "loopback_due", None), None
+        left = 0.0 if due is None else due - time.monotonic()
+        if self._stopping.wait(left) if left > 0 else self._stopping.is_set():
+            h.close_connection = True
+            return False
+        return True
 
     def _send_bytes(self, h: _Handler, status: int, payload: bytes, ctype: str = "application/json",
                     headers: dict | None = None, truncated: bool = False, answered: bool = False,
                     trickle: bool = False) -> int:
+        if not self._wait_due(h):
+            return 0
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         # "truncated" promises more bytes than it sends, then closes: the client sees a short read.
@@ -340,6 +401,8 @@ class LoopbackServer:
 
     def _send_stream(self, h: _Handler, chunks: list[dict], truncated: bool,
                      trickle: bool = False) -> None:
+        if not self._wait_due(h):
+            return
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.send_header("Cache-Control", "no-cache")
@@ -355,21 +418,22 @@ class LoopbackServer:
                 h.close_connection = True
                 return
             h.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
-            if trickle:
+            if trickle or i == 0:  # the first event at once, as a real server's first token
                 h.wfile.flush()
         if not truncated:
             h.wfile.write(b"0\r\n\r\n")
 
     # -- endpoints ---------------------------------------------------------------------------
-    def _delay(self, body: dict, rec: dict) -> bool:
-        """Wait the request's latency; False when stop() interrupted it."""
+    def _delay(self, h: _Handler, body: dict, rec: dict) -> None:
+        """Set when the reply is due: the request's latency after its arrival. The reply is
+        built meanwhile and waits for it in _wait_due before its first byte."""
         if callable(self.latency):
             delay = max(0.0, float(self.latency(body)))
         else:
             lo, hi = self.latency
             delay = lo + (hi - lo) * _unit(self.seed, "latency", _canon(body))
         rec["latency_s"] = delay
-        return not self._stopping.wait(delay) if delay > 0 else not self._stopping.is_set()
+        h.loopback_due = h.loopback_t0 + delay
 
     def _pick_fault(self, key: str, attempt: int) -> str | None:
         if attempt < self.fail_first:
@@ -394,9 +458,7 @@ class LoopbackServer:
         if fault:
             with self._lock:
                 self.fault_counts[fault] += 1
-        if not self._delay(body, rec):
-            h.close_connection = True
-            return 0
+        self._delay(h, body, rec)
         return self._answer_chat(h, body, fault)
 
     def _answer_chat(self, h: _Handler, body: dict, fault: str | None) -> int:
@@ -414,7 +476,8 @@ class LoopbackServer:
             seen = "; ".join(f"{k}: {v}" for k, v in items)
             return self._send_error(h, 400, f"bad request; headers were: {seen}", "invalid_request")
         if fault == "hang":
-            self._stopping.wait(self.hang_s)
+            if self._wait_due(h):
+                self._stopping.wait(self.hang_s)
             h.close_connection = True
             return 0
         fmt = body.get("response_format")
@@ -459,9 +522,7 @@ class LoopbackServer:
         return self._send_json(h, 200, {"object": "list", "data": listed})
 
     def _embeddings(self, h: _Handler, body: dict, rec: dict) -> int:
-        if not self._delay(body, rec):
-            h.close_connection = True
-            return 0
+        self._delay(h, body, rec)
         return self._send_json(h, 200, embeddings_reply(body, self.dims, self.model, self.embedder))
 
     # -- another process ---------------------------------------------------------------------
@@ -507,6 +568,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dims", type=int, default=64)
     p.add_argument("--model", default="loopback")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--engine", default="threads", choices=ENGINES,
+                   help="threads: one per connection, every fault; asyncio: one event loop, for many "
+                        "connections at once (no hang or trickle)")
     p.add_argument("--lifetime", type=float, default=0,
                    help="exit after this many seconds (0: until signalled)")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (used by spawn)")
@@ -522,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                             reject_json_schema=args.reject_json_schema,
                             retry_after=args.retry_after, hang_s=args.hang_s,
                             trickle_s=args.trickle_s, dims=args.dims,
-                            model=args.model, port=args.port).start()
+                            model=args.model, port=args.port, engine=args.engine).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     if args.exit_on_stdin_eof:  # the parent died or called stop(): do not outlive it
