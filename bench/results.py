@@ -335,9 +335,9 @@ def _server_note(cases: list) -> str:
             "process's CPU per node and time in the cyclic garbage collector during the run "
             "(a full collection walks the whole heap of the harness, LangGraph and all): "
             + "; ".join(parts) + ". Where the floor itself is well "
-            "above 1, the server (one thread per connection, in Python) and the other "
-            "developers' processes share the 2 cores with the client: that part is the "
-            "machine's, not the client's.")
+            "above 1, the server (one Python event loop in its own process) and any other "
+            "processes share the 2 cores with the client: that part is the machine's, not "
+            "the client's.")
 
 
 def _overhead_note(ov: dict) -> str:
