@@ -271,12 +271,12 @@ class LLM:
             self._last = (weakref.ref(loop), state)
             return state
 
-    def _client_now(self, endpoint: Endpoint):
-        """The client of a remote endpoint on this loop when it was built already, else None
-        (then `await self._client(endpoint)`): the usual case needs no coroutine."""
+    def _client_now(self, endpoint: Endpoint, state: dict):
+        """The client of a remote endpoint on this loop (`state`) when it was built already,
+        else None (then `await self._client(endpoint)`): the usual case needs no coroutine."""
         if endpoint.local:
             return None
-        return self._state()["clients"].get((endpoint.name, endpoint.base_url))
+        return state["clients"].get((endpoint.name, endpoint.base_url))
 
     async def _client(self, endpoint: Endpoint):
         base_url = endpoint.base_url
@@ -299,18 +299,18 @@ class LLM:
         return limits[endpoint.identity]
 
     # These two return `_in_turn`'s future itself (no coroutine of their own to await).
-    def _log(self, **call: Any) -> Awaitable[int]:
+    def _log(self, state: dict, **call: Any) -> Awaitable[int]:
         """Log a call (see `Store.log_call`) together with every other call that ended in
         this event-loop turn, in one commit; its row id once it is committed, so no result
         is handed back before its log row is durable."""
-        return self._in_turn("log", call, Store.log_calls)
+        return self._in_turn(state, "log", call, Store.log_calls)
 
-    def _cache_get(self, key: str) -> Awaitable[dict | None]:
+    def _cache_get(self, state: dict, key: str) -> Awaitable[dict | None]:
         """The cached answer under `key` (None for a miss); the look-ups of one event-loop
         turn are one SELECT (a wide level of a DAG starts its nodes in one turn)."""
-        return self._in_turn("reads", key, Store.cache_get_many)
+        return self._in_turn(state, "reads", key, Store.cache_get_many)
 
-    def _in_turn(self, queue: str, item: Any,
+    def _in_turn(self, state: dict, queue: str, item: Any,
                  handle: Callable[[Store, list], list]) -> asyncio.Future:
         """A future of `handle(store, items)[i]` for this item, with the items queued in this
         event-loop turn handled together in the next one (one SQLite statement or commit per
@@ -318,8 +318,8 @@ class LLM:
         chain's) is handled at once instead, its future done when returned: waiting would
         hold its request or its result back. (Only the first: calls that do not wait on the
         network, cache hits, run to their end one after another in one turn, each the only
-        one in progress.) A future, not a coroutine: one object less per call in flight."""
-        state = self._state()
+        one in progress.) A future, not a coroutine: one object less per call in flight.
+        `state` is this loop's (`_state()`, which the caller has)."""
         pending = state[queue]
         loop = asyncio.get_running_loop()
         done = loop.create_future()
@@ -389,12 +389,12 @@ class LLM:
             for client in clients.values():
                 client.abandon()
 
-    def _slot(self, endpoint: Endpoint):
+    def _slot(self, endpoint: Endpoint, state: dict | None = None):
         """One request's place: the requests-per-minute pace, the process-wide cap and the
         endpoint's own cap (the embedded server serves one request at a time). With no
         pace, no endpoint cap and no gate (the usual case) it is the process-wide cap alone."""
         if not self.rpm and not endpoint.concurrency and self.gate is None:
-            return self._state()["all"]
+            return (state or self._state())["all"]
         return self._paced_slot(endpoint)
 
     @contextlib.asynccontextmanager
@@ -463,9 +463,9 @@ class LLM:
                        messages_json=messages_json, params=params, params_json=params_json,
                        cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
             if cache:
-                hit = await self._cache_get(key)
+                hit = await self._cache_get(state, key)
                 if hit is not None:
-                    call_id = await self._log(**log, response=hit, cached=True,
+                    call_id = await self._log(state, **log, response=hit, cached=True,
                                               input_tokens=hit["input_tokens"],
                                               output_tokens=hit["output_tokens"],
                                               error=hit.get("error"))
@@ -511,7 +511,7 @@ class LLM:
                 payload["tool_calls"] = tool_calls
             # A replay must meet the same answer, an unusable one included, not call again.
             cached = (payload if error is None else {**payload, "error": error}) if cache else None
-            call_id = await self._log(**log, response=payload, input_tokens=tokens_in,
+            call_id = await self._log(state, **log, response=payload, input_tokens=tokens_in,
                                       output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
                                       error=error, cache_payload=cached)
             if error is not None:
@@ -728,7 +728,8 @@ class LLM:
                          max_tokens, on_text, tools=None):
         import openai
 
-        client = self._client_now(endpoint)
+        state = self._state()
+        client = self._client_now(endpoint, state)
         if client is None:
             client = await self._client(endpoint)
         mode = self._modes.get(endpoint.identity, "json_object" if endpoint.local
@@ -742,7 +743,7 @@ class LLM:
             # server is ours: slow there is a busy machine, not a trick.
             whole = None if endpoint.local else self.timeout
             try:
-                slot = self._slot(endpoint)
+                slot = self._slot(endpoint, state)
                 if on_text is None and isinstance(slot, asyncio.Semaphore):
                     # The usual case, the process-wide cap alone: taken and given back
                     # without a context manager's two coroutines (as `_send` does, inline).
