@@ -47,6 +47,13 @@ def _after_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable
         loop.call_soon(_after_turns, loop, turns - 1, callback)
 
 
+def _name_calls(calls: list[tuple[dict, dict]], ids: list[int]) -> None:
+    """Each deferred call's row id into its attempt record (the last call of an attempt,
+    a continued answer's, is the one the record names)."""
+    for (_, record), call_id in zip(calls, ids):
+        record["call_id"] = call_id
+
+
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
@@ -79,6 +86,7 @@ class Flow:
         self._streaming = False
         self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
         self._pending: list[tuple] = []   # events not yet written (see emit)
+        self._calls: list[tuple[dict, dict]] = []   # node calls' log rows not yet written
         self._flush_in: int | None = None   # turns to the scheduled write of node events
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
@@ -135,24 +143,38 @@ class Flow:
         """
         event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
         self._pending.append((kind, node_id, data or None, event))
-        if kind in _NODE_EVENTS:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                pass
-            else:
-                # streamed text is shown as it comes: the next turn, not after the requests
-                turns = 1 if kind == "text" else _FLUSH_TURNS
-                if self._flush_in is None or turns < self._flush_in:
-                    self._flush_in = turns
-                    _after_turns(loop, turns, self._flush)
-                return
+        # streamed text is shown as it comes: the next turn, not after the requests
+        if kind in _NODE_EVENTS and self._flush_later(1 if kind == "text" else _FLUSH_TURNS):
+            return
         self._flush()
+
+    def _flush_later(self, turns: int) -> bool:
+        """Schedule `_flush` in `turns` turns of the running loop (or sooner, as scheduled
+        already); False when no loop runs."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if self._flush_in is None or turns < self._flush_in:
+            self._flush_in = turns
+            _after_turns(loop, turns, self._flush)
+        return True
+
+    def _log_later(self, row: dict, record: dict) -> None:
+        """A node call's log row (from the LLM door, `defer_log`), written by the next
+        `_flush` in the commit of the node's state, before it: the node's attempt `record`
+        gets the row's id there. The result is shown final only after that commit, so the
+        rule holds that a call's log row is durable before its result is shown; a node's
+        answer and its log row are one commit instead of two."""
+        self._calls.append((row, record))
+        if not self._flush_later(_FLUSH_TURNS):
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_in = None
         pending, self._pending = self._pending, []
-        if not pending:
+        calls, self._calls = self._calls, []
+        if not pending and not calls:
             return
         nodes = self.workflow.nodes
         # A node that starts for the first time keeps its stored row (pending, as planned)
@@ -164,7 +186,8 @@ class Flow:
         self.store.write_batch(
             # A shallow view: it is serialised right away, so no deep copy is needed.
             self.run_id, [vars(nodes[n]) for n in changed],
-            [(kind, n, data) for kind, n, data, _ in pending if kind != "text"])
+            [(kind, n, data) for kind, n, data, _ in pending if kind != "text"],
+            calls=[row for row, _ in calls], logged=lambda ids: _name_calls(calls, ids))
         for kind, node_id, data, event in pending:
             if kind == "text":   # what partial_output() says is what subscribers were told
                 self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
@@ -229,7 +252,9 @@ class Flow:
                           llm=self.llm, store=self.store, run_id=self.run_id,
                           open_workspace=lambda: self.workspace, emit=self.emit,
                           spend=self._spend, text_sink=self._text_sink,
-                          offer_tools=self.atools_for, has_tools=self._has_tools)
+                          offer_tools=self.atools_for, has_tools=self._has_tools,
+                          # the door's own commit when the flow writes to another store
+                          defer_log=self._log_later if self.store is self.llm.store else None)
 
     def derive(self, workflow: Workflow, *, name: str, **settings: Any) -> "Flow":
         """A new Flow on `workflow` with this flow's settings (`settings` override them), its

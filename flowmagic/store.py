@@ -494,7 +494,13 @@ class Store:
         """Log several calls (each the keyword arguments of `log_call`) in one commit; their
         row ids in order. The LLM door writes the calls that ended in one event-loop turn
         together, so a wide fan-out pays one commit per turn instead of one per call."""
-        now = time.time()
+        rows, caches = self._call_rows(calls, time.time())
+        with self._transaction("record the model call") as db:
+            return self._insert_calls(db, rows, caches)
+
+    @staticmethod
+    def _call_rows(calls: list[dict], now: float) -> tuple[list[tuple], list[tuple]]:
+        """(rows of `calls`, rows of their cache entries) for `_insert_calls`."""
         rows, caches = [], []
         for c in calls:
             response = c.get("response")
@@ -510,14 +516,20 @@ class Store:
             if payload is not None and c.get("cache_key") is not None:
                 caches.append((c["cache_key"], text if payload is response else _dumps(payload),
                                now))
-        with self._transaction("record the model call") as db:
-            self._executemany(db, self._CALL_SQL, rows)
-            # Under the write lock, in one transaction, the rows took consecutive ids.
-            last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
-            if caches:
-                self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
-                                  " VALUES (?, ?, ?)", caches)
-        return list(range(last - len(rows) + 1, last + 1)) if rows else []
+        return rows, caches
+
+    def _insert_calls(self, db: sqlite3.Connection, rows: list[tuple],
+                      caches: list[tuple]) -> list[int]:
+        """Insert call rows and cache entries inside an open transaction; the rows' ids."""
+        if not rows:
+            return []
+        self._executemany(db, self._CALL_SQL, rows)
+        # Under the write lock, in one transaction, the rows took consecutive ids.
+        last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+        if caches:
+            self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
+                              " VALUES (?, ?, ?)", caches)
+        return list(range(last - len(rows) + 1, last + 1))
 
     def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
         where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
@@ -614,11 +626,19 @@ class Store:
         self._execute(self._NODE_SQL, (run_id, node["id"], _dumps(node), time.time()),
                       doing="save the node")
 
-    def write_batch(self, run_id: str, nodes: list[dict], events: list[tuple]) -> None:
-        """Latest node states and events (kind, node_id, data) in one commit."""
+    def write_batch(self, run_id: str, nodes: list[dict], events: list[tuple],
+                    calls: list[dict] = (),
+                    logged: Callable[[list[int]], None] | None = None) -> None:
+        """Latest node states and events (kind, node_id, data) in one commit, with `calls`
+        (each the keyword arguments of `log_call`) logged first: `logged(their ids)` is
+        called before the nodes are written, so the nodes' attempts can name them."""
         now = time.time()
-        rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
+        call_rows, caches = self._call_rows(calls, now)
         with self._transaction("save node states") as db:
+            ids = self._insert_calls(db, call_rows, caches)
+            if logged is not None and ids:
+                logged(ids)
+            rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
             self._executemany(db, self._NODE_SQL, rows)
             self._executemany(
                 db, "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",

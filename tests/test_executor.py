@@ -406,3 +406,41 @@ def test_a_flow_runs_other_work_through_its_executor_and_keeps_every_state(tmp_p
     assert {i: n.output for i, n in stored.workflow.nodes.items()} == {i: f"did {i}" for i in "abcd"}
     assert [n for kind, n in told if kind == "finished"] == ["a", "b", "c", "d"]
     store.close()
+
+
+@pytest.mark.parametrize("own_store", [False, True], ids=["the door's store", "another store"])
+def test_a_finished_node_names_its_logged_call_before_anyone_hears_of_it(tmp_path, own_store):
+    """A node's answer and its call's log row are one commit (the LLM door hands the row to
+    the flow when both write to one store; else the door commits it itself): when a
+    subscriber hears "finished", another reader of the file already finds the call row the
+    node's attempt names, and the stored run names the same rows."""
+    import contextlib
+    import sqlite3
+    from flowmagic.store import Store
+
+    calls_db = tmp_path / "calls.db"
+    llm_store = Store(calls_db)
+    store = Store(tmp_path / "flow.db") if own_store else llm_store
+    heard = {}
+
+    def check(event):
+        if event["kind"] == "finished":
+            call_id = flow.workflow.nodes[event["node"]].attempts[-1]["call_id"]
+            with contextlib.closing(sqlite3.connect(calls_db)) as db:
+                heard[event["node"]] = db.execute(
+                    "SELECT node_id FROM calls WHERE id = ?", (call_id,)).fetchone()
+
+    with LoopbackServer(latency=(0.01, 0.05), model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(wide(6), task="t", consolidate=False, llm=LLM(llm_store),
+                              store=store)
+        flow.subscribe(check)
+        flow.run()
+    assert flow.status == "done"
+    assert heard == {i: (i,) for i in flow.workflow.nodes}   # each its own row, already there
+    stored = load(flow.run_id, store=store).workflow.nodes
+    ids = {i: n.attempts[-1]["call_id"] for i, n in stored.items()}
+    assert ids == {i: n.attempts[-1]["call_id"] for i, n in flow.workflow.nodes.items()}
+    assert len(set(ids.values())) == len(ids) and llm_store.count_calls() == len(ids)
+    for each in {store, llm_store}:
+        each.close()

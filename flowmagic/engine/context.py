@@ -3,8 +3,9 @@
 The engine sits below `flowmagic.flow`, so the node runner is not handed the Flow. The Flow
 makes a RunContext (`Flow.context()`); the runner, the node prompt (`runner.node_messages`)
 and replay's fingerprint read the workflow, settings, model door, store and workspace through
-it, and report through three callables: `emit` (persist an event, then tell subscribers),
-`spend` (add to the run's spending) and `text_sink` (where a node's streamed text goes).
+it, and report through callables: `emit` (persist an event, then tell subscribers),
+`spend` (add to the run's spending), `text_sink` (where a node's streamed text goes) and
+`defer_log` (the log row of a node's model call, written with the node's next state).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class RunContext:
     text_sink: Callable[[str], Callable[[str], None] | None]
     offer_tools: Callable[[str], Awaitable[list]]
     has_tools: Callable[[], bool]
+    # (log row, attempt record): the flow writes the row in the commit of the node's next
+    # state and puts its id in the record; None: the LLM door commits it itself
+    defer_log: Callable[[dict, dict], None] | None = None
 
     @property
     def workflow(self):

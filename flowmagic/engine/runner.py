@@ -12,6 +12,7 @@ import asyncio
 import random
 import re
 import time
+from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError
 from ..llm.endpoints import scrub
@@ -192,10 +193,14 @@ class NodeRunner:
                     run_id=ctx.run_id, node_id=node.id, purpose="node",
                     on_text=ctx.text_sink(node.id))
 
-    def _answer(self, node, messages: list[dict], seed: int):
-        """The door's coroutine of the node's answer, without tools."""
+    def _answer(self, node, messages: list[dict], seed: int, record: dict | None = None):
+        """The door's coroutine of the node's answer, without tools. Given the attempt's
+        `record`, the calls' log rows go to the flow (`ctx.defer_log`), which writes them in
+        the commit of the node's next state and puts the last one's id in the record."""
+        defer = self.ctx.defer_log
         return self.ctx.llm.complete_whole(
             messages, continuations=int(self.ctx.settings.continuations),
+            defer_log=None if defer is None or record is None else partial(defer, record=record),
             **self._options(node, seed))
 
     async def _reply(self, node, messages: list[dict], seed: int):
@@ -252,7 +257,7 @@ class NodeRunner:
             try:
                 seed = settings.seed + history + attempt
                 reply, tool_calls = (await self._reply(node, messages, seed) if ctx.has_tools()
-                                     else (await self._answer(node, messages, seed), ()))
+                                     else (await self._answer(node, messages, seed, record), ()))
             except EndpointError as exc:
                 record.update(end=time.time(), passed=False, output=None, error=str(exc))
                 attempts.append(record)
@@ -266,6 +271,7 @@ class NodeRunner:
             # fresh answer already; one from the cache (a key configured since) or joined from
             # continuations (a key across two pieces) is scrubbed here (the tool loop's in _reply).
             text = reply.text if not (reply.cached or reply.continuations) else scrub(reply.text)
+            # (a call_id of None is filled in by the flow when it writes the deferred log row)
             record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
                           model=reply.model, cached=reply.cached,
                           tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,

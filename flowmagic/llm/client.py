@@ -299,11 +299,18 @@ class LLM:
         return limits[endpoint.identity]
 
     # These two return `_in_turn`'s future itself (no coroutine of their own to await).
-    def _log(self, state: dict, **call: Any) -> Awaitable[int]:
-        """Log a call (see `Store.log_call`) together with every other call that ended in
-        this event-loop turn, in one commit; its row id once it is committed, so no result
-        is handed back before its log row is durable."""
-        return self._in_turn(state, "log", call, Store.log_calls)
+    def _log(self, state: dict, defer: Callable[[dict], None] | None,
+             call: dict) -> Awaitable[int | None]:
+        """Log a call (`Store.log_call`'s keyword arguments) together with every other call
+        that ended in this event-loop turn, in one commit; its row id once it is committed,
+        so no result is handed back before its log row is durable. With `defer`, the row
+        goes to `defer(call)` instead and the id is None (see `complete`)."""
+        if defer is None:
+            return self._in_turn(state, "log", call, Store.log_calls)
+        defer(call)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     def _cache_get(self, state: dict, key: str) -> Awaitable[dict | None]:
         """The cached answer under `key` (None for a miss); the look-ups of one event-loop
@@ -432,11 +439,18 @@ class LLM:
                        cache: bool = True, run_id: str | None = None,
                        node_id: str | None = None, purpose: str | None = None,
                        on_text: Callable[[str], None] | None = None,
-                       tools: list[dict] | None = None) -> Reply:
+                       tools: list[dict] | None = None,
+                       defer_log: Callable[[dict], None] | None = None) -> Reply:
         """One chat completion; `on_text` receives the text as it streams in.
 
         `tools` are OpenAI function specs; the reply's `tool_calls` holds what the model
         asked for (None when it answered in text).
+
+        The call's log row (and its cache entry) is committed before the reply is returned,
+        unless `defer_log` is given: then the row (`Store.log_call`'s keyword arguments) is
+        handed to `defer_log(row)` and the reply's `call_id` is None. The caller writes it
+        (`Store.write_batch(calls=...)`), in the commit that makes the result final: a
+        flow's node answer and its log row are one commit, not two.
         """
         state = self._state()
         state["active"] += 1   # calls in progress on this loop (see _in_turn)
@@ -465,10 +479,10 @@ class LLM:
             if cache:
                 hit = await self._cache_get(state, key)
                 if hit is not None:
-                    call_id = await self._log(state, **log, response=hit, cached=True,
-                                              input_tokens=hit["input_tokens"],
-                                              output_tokens=hit["output_tokens"],
-                                              error=hit.get("error"))
+                    call_id = await self._log(state, defer_log, {
+                        **log, "response": hit, "cached": True,
+                        "input_tokens": hit["input_tokens"], "output_tokens": hit["output_tokens"],
+                        "error": hit.get("error")})
                     if hit.get("error"):
                         exc = _output_error(hit["error"], call_id, 0, 0, 0.0,
                                             hit.get("text") or "")
@@ -511,9 +525,10 @@ class LLM:
                 payload["tool_calls"] = tool_calls
             # A replay must meet the same answer, an unusable one included, not call again.
             cached = (payload if error is None else {**payload, "error": error}) if cache else None
-            call_id = await self._log(state, **log, response=payload, input_tokens=tokens_in,
-                                      output_tokens=tokens_out, latency_s=latency, cost_usd=cost,
-                                      error=error, cache_payload=cached)
+            call_id = await self._log(state, defer_log, {
+                **log, "response": payload, "input_tokens": tokens_in,
+                "output_tokens": tokens_out, "latency_s": latency, "cost_usd": cost,
+                "error": error, "cache_payload": cached})
             if error is not None:
                 raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
             return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
