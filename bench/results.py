@@ -361,9 +361,9 @@ def _overhead_note(ov: dict) -> str:
                  "flat means the bookkeeping is O(1) per node). Per node that is the prompt "
                  "(`node_messages`), the cache key (a JSON dump and a SHA-256), the cache look-up "
                  "(one SELECT for the calls that start in the same loop turn), the call's log row "
-                 "and cache entry (written with the other calls of the same loop turn in one "
-                 "commit), two node state changes (written per loop turn) and the executor's "
-                 "hand-off; the table 'Where the node runner's time goes' splits it by layer. ")
+                 "and cache entry and two node state changes (written with the loop turn's "
+                 "other rows in one commit, the log row before the node that names it) and the "
+                 "executor's hand-off; the table 'Where the node runner's time goes' splits it by layer. ")
         if big["run_ms"] > TARGETS["node_ms"]:
             text += (f"The {TARGETS['node_ms']} ms/node target is missed "
                      f"({big['run_ms'] / TARGETS['node_ms']:.1f}x at {big['n']:,} nodes): what "
