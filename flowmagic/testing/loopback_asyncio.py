@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from email.utils import formatdate
-from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
 import httptools
@@ -86,7 +86,8 @@ class Exchange:
 
     # -- the handler interface ---------------------------------------------------------------
     def send_response(self, code: int, message: str | None = None) -> None:
-        reason = message or (HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else "")
+        # the reason phrases the thread engine's handler sends (http.server's own table)
+        reason = message or BaseHTTPRequestHandler.responses.get(code, ("",))[0]
         self._out.append(f"HTTP/1.1 {code} {reason}\r\nServer: flowmagic-loopback\r\n"
                          f"Date: {formatdate(usegmt=True)}\r\n".encode("latin-1"))
 
