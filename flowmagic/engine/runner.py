@@ -136,12 +136,10 @@ class NodeRunner:
         return self.ctx.settings.execute != "off" and has_fence(answer)
 
     async def _execute(self, node_id: str, answer: str):
-        """Save the answer's named files and run its Python in the sandbox (None when off,
-        and when the answer held nothing to save or run: a text node carries no record of
-        code that never was)."""
+        """Save the answer's named files and run its Python in the sandbox, when
+        `_may_execute` said so (None when the answer held nothing to save or run: a text
+        node carries no record of code that never was)."""
         settings = self.ctx.settings
-        if settings.execute == "off":
-            return None
         ex = await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
                             timeout=float(settings.code_timeout), sandbox=settings.sandbox)
         return ex if ex.ran or ex.saved or not ex.ok else None
