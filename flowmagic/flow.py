@@ -35,7 +35,8 @@ __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "Settings"]
 
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
 # The turns a node started in this one takes to put its request on the wire: its first
-# step (prompt, cache look-up, the HTTP client's request) and aiohttp's writer task.
+# step (prompt, cache look-up, the HTTP client's request), and a turn more for aiohttp's
+# writer task, for which this was measured (llm/http1 writes in the first step).
 _FLUSH_TURNS = 3
 
 
