@@ -225,9 +225,33 @@ def m003_map_inputs(db: sqlite3.Connection) -> None:
     )
 
 
+def m004_run_state(db: sqlite3.Connection) -> None:
+    """A run's status, last change and result in a small row of their own: changing them
+    rewrote the whole `runs` row with its workflow JSON (3 MB at 10,000 nodes). A run
+    without a row here (one older flowmagic wrote) has them in `runs` still."""
+    _script(
+        db,
+        """
+        CREATE TABLE run_state (
+            run_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            updated REAL NOT NULL,
+            result TEXT
+        );
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_tools,
-                                                           m003_map_inputs]
-# The tables that hold one run, and what `export_run` / `merge` copy between stores.
+                                                           m003_map_inputs, m004_run_state]
+# A run's row as `runs` holds it, with its status, last change and result from its
+# `run_state` row when it has one (a run saved by an older flowmagic has none).
+_RUNS = ("SELECT r.id, r.name, r.task, r.created, COALESCE(s.updated, r.updated) AS updated,"
+         " COALESCE(s.status, r.status) AS status, r.workflow, r.candidates, r.settings,"
+         " CASE WHEN s.run_id IS NULL THEN r.result ELSE s.result END AS result"
+         " FROM runs r LEFT JOIN run_state s ON s.run_id = r.id")
+# The tables that hold one run, and what `export_run` / `merge` copy between stores (a
+# run's state goes in its `runs` row: `_RUNS`).
 _RUN_TABLES = ("runs", "nodes", "events", "updates", "calls", "tool_calls", "orchestrator")
 
 
@@ -608,6 +632,8 @@ class Store:
                              None if settings is None else _dumps(settings), result),
                             _secrets()),
             )
+            db.execute("INSERT OR REPLACE INTO run_state (run_id, status, updated, result)"
+                       " VALUES (?,?,?,?)", _scrub_args((run_id, status, now, result), _secrets()))
             # The workflow's structure lives in runs.workflow; per-node rows hold
             # the latest state so a single node change is one small write.
             db.execute("DELETE FROM nodes WHERE run_id = ?", (run_id,))
@@ -646,9 +672,18 @@ class Store:
                  for kind, node_id, data in events])
 
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:
-        self._execute(
-            "UPDATE runs SET status = ?, updated = ?, result = COALESCE(?, result) WHERE id = ?",
-            (status, time.time(), result, run_id), doing="save the run status")
+        """The run's status and (when given) result, in its small `run_state` row: the `runs`
+        row, with the workflow's JSON, is not rewritten."""
+        args = (status, time.time(), result, run_id)
+        if self._execute("UPDATE run_state SET status = ?1, updated = ?2,"
+                         " result = COALESCE(?3, result) WHERE run_id = ?4",
+                         args, doing="save the run status").rowcount == 0:
+            # a run an older flowmagic saved: its state so far is in its `runs` row
+            self._execute("INSERT INTO run_state (run_id, status, updated, result)"
+                          " SELECT id, ?1, ?2, COALESCE(?3, result) FROM runs WHERE id = ?4"
+                          " ON CONFLICT(run_id) DO UPDATE SET status = ?1, updated = ?2,"
+                          " result = COALESCE(?3, run_state.result)",
+                          args, doing="save the run status")
 
     def add_event(self, run_id: str, kind: str, node_id: str | None = None,
                   data: Any = None) -> None:
@@ -715,9 +750,9 @@ class Store:
         """A run by id, else the latest run of that name whose settings' origin is not
         `skip_origin` (e.g. "replay": the runs an exported notebook's cells made)."""
         rows = self._query(
-            "SELECT * FROM runs WHERE id = ? OR (name = ? AND coalesce(CASE WHEN"
-            " json_valid(settings) THEN json_extract(settings, '$.origin') END, '')"
-            " != coalesce(?, '-')) ORDER BY id = ? DESC, updated DESC",
+            f"{_RUNS} WHERE r.id = ? OR (r.name = ? AND coalesce(CASE WHEN"
+            " json_valid(r.settings) THEN json_extract(r.settings, '$.origin') END, '')"
+            " != coalesce(?, '-')) ORDER BY r.id = ? DESC, updated DESC",
             (run_id, run_id, skip_origin, run_id))
         if not rows:
             known = ", ".join(r["id"] for r in self.list_runs(5)) or "none yet"
@@ -742,8 +777,9 @@ class Store:
     def export_run(self, run_id: str) -> dict:
         """Every row of one run (its calls, nodes, events, ...) and the cache entries its
         calls made, as plain data another store can `merge`."""
-        rows = {t: self._query(f"SELECT * FROM {t} WHERE {'id' if t == 'runs' else 'run_id'} = ?",
-                               (run_id,)) for t in _RUN_TABLES}
+        rows = {t: self._query(f"{_RUNS} WHERE r.id = ?" if t == "runs" else
+                               f"SELECT * FROM {t} WHERE run_id = ?", (run_id,))
+                for t in _RUN_TABLES}
         for table in _RUN_TABLES[1:]:
             for row in rows[table]:
                 row.pop("id", None)   # a new row id in the store it goes to
@@ -802,8 +838,9 @@ class Store:
 
     def list_runs(self, n: int = 20) -> list[dict]:
         return self._query(
-            "SELECT id, name, task, status, created, updated FROM runs"
-            " ORDER BY updated DESC LIMIT ?", (n,))
+            "SELECT r.id, r.name, r.task, COALESCE(s.status, r.status) AS status, r.created,"
+            " COALESCE(s.updated, r.updated) AS updated FROM runs r"
+            " LEFT JOIN run_state s ON s.run_id = r.id ORDER BY updated DESC LIMIT ?", (n,))
 
 
 _shared: dict[Path, Store] = {}

@@ -1,5 +1,6 @@
 """The SQLite store: exact schema, migrations recorded, runs round-trip, clear errors."""
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from flowmagic.errors import StoreError
+from flowmagic import store as store_module
 from flowmagic.store import Store
 
 COLUMNS = {
@@ -26,6 +28,7 @@ COLUMNS = {
     "orchestrator": ["id", "run_id", "seq", "turn", "ts", "sender", "recipient", "kind", "content",
                      "tokens_in", "tokens_out", "cost_usd", "cached", "call_id"],
     "map_inputs": ["fingerprint", "run_id", "created", "item"],
+    "run_state": ["run_id", "status", "updated", "result"],
 }
 
 
@@ -34,7 +37,7 @@ def test_schema_is_exact_and_migrations_recorded(tmp_path):
     for table, columns in COLUMNS.items():
         assert store.columns(table) == columns
     names = [r[0] for r in sqlite3.connect(tmp_path / "s.db").execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial", "m002_tools", "m003_map_inputs"]
+    assert names == ["m001_initial", "m002_tools", "m003_map_inputs", "m004_run_state"]
     assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     Store(tmp_path / "s.db")  # opening again applies nothing twice
 
@@ -71,6 +74,59 @@ def test_run_round_trip_with_latest_node_state(tmp_path):
     assert [e["kind"] for e in store.events("r1")] == ["finished"]
     with pytest.raises(StoreError, match="recent runs: r1"):
         store.load_run("nope")
+
+
+def _old_store(path, runs: list[tuple]) -> None:
+    """A store as flowmagic before m004 wrote it: its migrations, runs with their status,
+    last change and result in the `runs` row."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied REAL)")
+    for fn in (store_module.m001_initial, store_module.m002_tools, store_module.m003_map_inputs):
+        fn(db)
+        db.execute("INSERT INTO _migrations VALUES (?, 0)", (fn.__name__,))
+    for run_id, name, status, updated, result in runs:
+        db.execute("INSERT INTO runs (id, name, task, created, updated, status, workflow, result)"
+                   " VALUES (?,?,?,?,?,?,?,?)", (run_id, name, "t", 1.0, updated, status,
+                                                 '{"task": "t", "nodes": [], "edges": []}', result))
+    db.close()
+
+
+def test_a_store_written_before_run_state_keeps_its_runs_states(tmp_path):
+    """Upgraded, an old store's runs read with the status, order and result they had; a
+    status set now is what is read (and exported) after, and a result set before stays."""
+    _old_store(tmp_path / "s.db", [("r1", "a", "done", 10.0, "R1"),
+                                   ("r2", "b", "running", 20.0, None)])
+    store = Store(tmp_path / "s.db")
+    assert [(r["id"], r["status"]) for r in store.list_runs()] == [("r2", "running"), ("r1", "done")]
+    assert (store.load_run("r1")["status"], store.load_run("r1")["result"]) == ("done", "R1")
+    store.set_run_status("r1", "running")
+    assert [(r["id"], r["status"]) for r in store.list_runs()] == [("r1", "running"), ("r2", "running")]
+    assert store.load_run("a")["result"] == "R1"   # no result given: the old one stays
+    store.set_run_status("r1", "done", "R2")
+    store.set_run_status("r1", "running")
+    run = store.load_run("r1")
+    assert (run["status"], run["result"]) == ("running", "R2")
+    other = Store(tmp_path / "other.db")
+    assert other.merge(store.export_run("r1"))
+    assert (other.load_run("r1")["status"], other.load_run("r1")["result"]) == ("running", "R2")
+    store.set_run_status("nope", "done")   # no such run: nothing is written
+    assert [r["id"] for r in store.list_runs()] == ["r1", "r2"]
+
+
+def test_a_status_change_does_not_rewrite_the_runs_workflow(tmp_path):
+    """Setting a run's status (twice per run) writes a few pages, not the workflow's JSON
+    again (3 MB at 10,000 nodes)."""
+    store = Store(tmp_path / "s.db")
+    nodes = [{"id": f"n{i}", "requirement": "x" * 500} for i in range(2000)]   # ~1 MB
+    store.save_run("r1", task="t", workflow={"task": "t", "nodes": nodes, "edges": []})
+    wal = tmp_path / "s.db-wal"
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        assert db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+    assert wal.stat().st_size == 0
+    store.set_run_status("r1", "running")
+    store.set_run_status("r1", "done", "the result")
+    assert wal.stat().st_size < 64 * 1024
+    assert (store.load_run("r1")["status"], store.load_run("r1")["result"]) == ("done", "the result")
 
 
 # ------------------------------------------------------------------ hostile stores (issue 19)
