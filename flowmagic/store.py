@@ -19,6 +19,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import orjson
+
 from ._internal.checkpoint import Checkpointer
 from ._internal.jsontext import encoder
 from .errors import StoreError
@@ -268,6 +270,27 @@ def _dumps(value: Any) -> str:
         except UnicodeEncodeError:   # lone surrogates: SQLite refuses them, \u escapes keep them
             text = _encode_ascii(value)
     return text
+
+
+def _not_native(value: Any) -> Any:
+    raise TypeError(type(value).__name__)
+
+
+# What orjson writes other than json would (datetimes, dataclasses) goes to _dumps instead.
+_STATE_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def _dumps_state(value: Any) -> str:
+    """JSON of a node's state or an event's data, written once or twice per node of every
+    run: orjson's, a tenth of `_dumps`'s time (json's float formatting alone is ~0.5 µs a
+    number, six a node). The same values once parsed, with compact separators; what orjson
+    refuses (a lone surrogate, a key that is not a string, an integer over 64 bits, a type
+    json writes with str()) is `_dumps`'s. Only NaN and infinities differ: null (JSON has
+    neither; nothing a node's typed fields accept)."""
+    try:
+        return orjson.dumps(value, default=_not_native, option=_STATE_OPTIONS).decode()
+    except TypeError:   # orjson.JSONEncodeError is one
+        return _dumps(value)
 
 
 _DAMAGED = ("file is not a database", "malformed", "database corrupt")
@@ -664,11 +687,11 @@ class Store:
             ids = self._insert_calls(db, call_rows, caches)
             if logged is not None and ids:
                 logged(ids)
-            rows = [(run_id, node["id"], _dumps(node), now) for node in nodes]
+            rows = [(run_id, node["id"], _dumps_state(node), now) for node in nodes]
             self._executemany(db, self._NODE_SQL, rows)
             self._executemany(
                 db, "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
-                [(run_id, node_id, now, kind, None if data is None else _dumps(data))
+                [(run_id, node_id, now, kind, None if data is None else _dumps_state(data))
                  for kind, node_id, data in events])
 
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:

@@ -1,6 +1,8 @@
 """The SQLite store: exact schema, migrations recorded, runs round-trip, clear errors."""
 
 import contextlib
+import datetime
+import json
 import os
 import shutil
 import sqlite3
@@ -127,6 +129,24 @@ def test_a_status_change_does_not_rewrite_the_runs_workflow(tmp_path):
     store.set_run_status("r1", "done", "the result")
     assert wal.stat().st_size < 64 * 1024
     assert (store.load_run("r1")["status"], store.load_run("r1")["result"]) == ("done", "the result")
+
+
+@pytest.mark.parametrize("value", [
+    "plain", "caf\u00e9 \U0001f600", "lone \ud800 surrogate", {1: "int key", None: "null key"},
+    2**70, [1.5, 1e16, -0.0, 1795484959.8365583], {"when": datetime.date(2026, 1, 2)},
+    {"deep": [[[{"x": [True, False, None]}]]]}, ("a", "tuple")])
+def test_node_states_and_events_read_back_as_json_would_write_them(tmp_path, value):
+    """Node rows and event data go through orjson or, for what it refuses, json: either
+    way they read back as json.dumps(default=str) would have stored them."""
+    store = Store(tmp_path / "s.db")
+    store.save_run("r1", task="t", workflow={"task": "t", "nodes": [{"id": "a"}], "edges": []})
+    store.write_batch("r1", [{"id": "a", "status": "done", "output": value}],
+                      [("finished", "a", {"value": value})])
+    expected = json.loads(json.dumps(value, default=str))
+    if isinstance(value, str) and "\ud800" in value:
+        expected = value   # kept, as a \u escape
+    assert store.load_run("r1")["workflow"]["nodes"][0]["output"] == expected
+    assert store.events("r1")[0]["data"] == {"value": expected}
 
 
 # ------------------------------------------------------------------ hostile stores (issue 19)
