@@ -40,6 +40,9 @@ _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "t
 _FLUSH_TURNS = 3
 
 
+_TOOLS_MODULE = f"{__package__}.engine.tools"
+
+
 def _after_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable[[], Any]) -> None:
     """`callback()` after `turns` turns of `loop` (1: as call_soon)."""
     if turns <= 1:
@@ -414,11 +417,12 @@ class Flow:
         self._tools = None if value is None else as_tools(value)
 
     def _has_tools(self) -> bool:
-        """Whether nodes are offered any tool (asked once per node: no list is built)."""
+        """Whether nodes are offered any tool (asked once per node: no list is built, and no
+        import statement run: no tool is registered before the tools module is loaded)."""
         if self._tools is not None:
             return bool(self._tools)
-        from .engine.tools import registry
-        return bool(registry())
+        tools = sys.modules.get(_TOOLS_MODULE)
+        return tools is not None and bool(tools.registry())
 
     @property
     def chosen_tools(self) -> list | None:
