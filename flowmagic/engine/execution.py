@@ -261,7 +261,10 @@ _CODE_LITERALS = ("python", "code", "script", "program", "csv", "data", "pandas"
 def about_files_or_code(*texts: str) -> bool:
     """Whether a task speaks of data, code or files: only then does a prompt explain how
     code runs and files are delivered (a small model writes code wherever it is invited to)."""
-    return any(_mentions_code(t or "") for t in texts)
+    for text in texts:   # (a loop, not any() of a generator: asked for every node's prompt)
+        if _mentions_code(text or ""):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=256)   # a run asks about its one task text for every node

@@ -9,6 +9,7 @@ with its earlier attempts and the feedback, up to `max_attempts`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 import time
@@ -38,6 +39,11 @@ _EXPLORES = re.compile(r"plot|chart|figure|graph|visuali|draw|histogram|scatter|
                        r"explor|describ|summar|load|statistic|analy", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=64)   # asked about a run's one task text for every node
+def _task_explores(task: str) -> bool:
+    return _EXPLORES.search(task) is not None
+
+
 def cut(text: str, limit: int) -> str:
     """At most `limit` characters (plus a marker), saying how much was left out."""
     return text_cut(text, limit, "\n[cut here: {n} more characters not shown]")
@@ -59,34 +65,39 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                   workspace: bool = True, started: str = "") -> list[dict]:
     """The node's prompt. `workspace=False` leaves out what the workspace holds (the replay
     fingerprint must not depend on a folder another machine does not have)."""
-    wf = ctx.workflow
-    node = wf.nodes[node_id]
-    budget = int(ctx.settings.context_chars)
-    sources = (wf.ancestors(node_id) if ctx.settings.context == "ancestors"
-               else wf.parents(node_id))
-    done = [p for p in sources if wf.nodes[p].status == Status.DONE]
-    texts = [wf.nodes[p].output or "" for p in done]
-    allowed = shares([len(t) for t in texts], budget)
-    inputs = "\n\n".join(f"[{p}] ({wf.nodes[p].agent}): {cut(t, n)}"
-                         for p, t, n in zip(done, texts, allowed))
-    shortened = [p for p, t, n in zip(done, texts, allowed) if len(t) > n]
-    later = "\n".join(f"- {wf.nodes[c].requirement}" for c in wf.children(node_id))
+    wf, settings = ctx.workflow, ctx.settings
+    nodes = wf.nodes
+    node = nodes[node_id]
+    budget = int(settings.context_chars)
+    sources = wf.ancestors(node_id) if settings.context == "ancestors" else wf.parents(node_id)
+    done = [(p, nodes[p]) for p in sources if nodes[p].status == Status.DONE]
+    texts = [n.output or "" for _, n in done]
+    lengths = [len(t) for t in texts]
+    # Results that fit together are given whole (what `shares` would allow them anyway).
+    allowed = lengths if sum(lengths) <= budget else shares(lengths, budget)
+    inputs = "\n\n".join(f"[{p}] ({n.agent}): {t if len(t) <= k else cut(t, k)}"
+                         for (p, n), t, k in zip(done, texts, allowed))
+    later = "\n".join(f"- {nodes[c].requirement}" for c in wf.children(node_id))
     system = (f"You are the {node.agent} in a team of agents working on one task. "
               "Do only your own subtask, using the results you are given. Give the result "
               "itself (text, code or data), complete and concrete, not a description of it.")
-    parts = [f"Overall task:\n{cut(wf.task, budget // 2)}",
+    task = wf.task or ""
+    parts = [f"Overall task:\n{task if len(task) <= budget // 2 else cut(task, budget // 2)}",
              f"Your subtask ({node_id}):\n{node.requirement}"]
     if inputs:
         parts.append(f"Results of earlier subtasks:\n{inputs}")
-    if shortened:
-        parts.append(f"Note: the results of {', '.join(shortened)} were too long for your "
-                     "context and were cut where marked [cut here]; do not guess what is missing.")
+    if allowed is not lengths:
+        shortened = [p for (p, _), t, k in zip(done, texts, allowed) if len(t) > k]
+        if shortened:
+            parts.append(f"Note: the results of {', '.join(shortened)} were too long for your "
+                         "context and were cut where marked [cut here]; do not guess what is "
+                         "missing.")
     if later:
         parts.append(f"Later subtasks will build on your result:\n{later}")
-    if ctx.settings.execute != "off" and (
-            about_files_or_code(wf.task, node.requirement) or (workspace and ctx.workspace.inputs)):
-        made = [f for a in wf.ancestors(node_id) if wf.nodes[a].status == Status.DONE
-                for f in made_files(wf.nodes[a].execution)]
+    if settings.execute != "off" and (
+            about_files_or_code(task, node.requirement) or (workspace and ctx.workspace.inputs)):
+        made = [f for a in wf.ancestors(node_id) if nodes[a].status == Status.DONE
+                for f in made_files(nodes[a].execution)]
         parts.append(instructions(ctx.workspace.describe() if workspace else "", made,
                                   ctx.workspace.example() if workspace and not started else ""))
     if started:
@@ -149,6 +160,13 @@ class NodeRunner:
         ctx, settings = self.ctx, self.ctx.settings
         if settings.execute == "off" or settings.starter == "off" or node.attempts:
             return False
+        if not ctx.workspace.inputs:   # no input, no example (the usual text workflow stops here)
+            return False
+        wf = ctx.workflow   # a node that explores the data, or a first node of a task that does
+        explores = _EXPLORES.search(node.requirement or "") or (
+            _task_explores(wf.task or "") and not wf.parents(node.id))
+        if not explores:   # (checked before the endpoint: most nodes stop here)
+            return False
         if settings.starter == "auto":
             from ..llm.endpoints import resolve
             try:
@@ -157,11 +175,6 @@ class NodeRunner:
                 return False
             if not endpoint.local:
                 return False
-        wf = ctx.workflow   # a node that explores the data, or a first node of a task that does
-        explores = _EXPLORES.search(node.requirement or "") or (
-            not wf.parents(node.id) and _EXPLORES.search(wf.task or ""))
-        if not explores:
-            return False
         # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
         if any((n.execution or {}).get("starter") for n in wf.nodes.values()):
             return False   # once per run: one real look at the data, not one per node
