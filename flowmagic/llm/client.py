@@ -145,6 +145,8 @@ def _valid_unicode(value: Any) -> Any:
     """Lone surrogates (a "\\ud800" escape in a reply or in its JSON) as U+FFFD: SQLite,
     nbformat and file writers refuse them, so one bad character would crash the run."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if text.isascii():   # (most answers: no encoding to check)
+        return value
     try:
         text.encode("utf-8")
         return value
@@ -466,16 +468,24 @@ class LLM:
                 # Uncapped, SmolLM2 ran to the end of its context (3,669 tokens) and the server
                 # kept generating after the client gave up.
                 max_tokens = LOCAL_MAX_TOKENS
-            params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
-                                        ("max_tokens", max_tokens), ("schema", schema),
-                                        ("tools", tools or None)) if v is not None}
+            params: dict[str, Any] = {}   # the options given, in this order
+            if temperature is not None:
+                params["temperature"] = temperature
+            if seed is not None:
+                params["seed"] = seed
+            if max_tokens is not None:
+                params["max_tokens"] = max_tokens
+            if schema is not None:
+                params["schema"] = schema
+            if tools:
+                params["tools"] = tools
             params_json = _params_json(params)
             key = cache_key(endpoint.identity, model_name, messages, params,
                             messages_json=messages_json, params_json=params_json)
             model_id = f"{endpoint.name}:{model_name}"
-            log = dict(endpoint=endpoint.identity, model=model_id, messages=messages,
-                       messages_json=messages_json, params=params, params_json=params_json,
-                       cache_key=key, run_id=run_id, node_id=node_id, purpose=purpose)
+            log = {"endpoint": endpoint.identity, "model": model_id, "messages": messages,
+                   "messages_json": messages_json, "params": params, "params_json": params_json,
+                   "cache_key": key, "run_id": run_id, "node_id": node_id, "purpose": purpose}
             if cache:
                 hit = await self._cache_get(state, key)
                 if hit is not None:
@@ -499,10 +509,13 @@ class LLM:
             # not a parameter of the call, so it stays out of the cache key.
             limit = LOCAL_MAX_TOKENS if max_tokens is None and endpoint.local else max_tokens
             started = time.perf_counter()
-            try:
-                raw, attempts = await self._call_with_retries(
-                    endpoint, model_name, messages, schema, temperature, seed, limit, on_text,
+            call = (endpoint, model_name, messages, schema, temperature, seed, limit, on_text,
                     tools or None)
+            try:
+                try:   # the first attempt without the retry loop's coroutine (most calls)
+                    raw, attempts = await self._call_once(*call, state=state), 1
+                except _Retryable as first:
+                    raw, attempts = await self._call_with_retries(*call, first=first)
             except EndpointError as exc:
                 self.store.log_call(**log, error=str(exc),
                                     latency_s=time.perf_counter() - started)
@@ -525,10 +538,9 @@ class LLM:
                 payload["tool_calls"] = tool_calls
             # A replay must meet the same answer, an unusable one included, not call again.
             cached = (payload if error is None else {**payload, "error": error}) if cache else None
-            call_id = await self._log(state, defer_log, {
-                **log, "response": payload, "input_tokens": tokens_in,
-                "output_tokens": tokens_out, "latency_s": latency, "cost_usd": cost,
-                "error": error, "cache_payload": cached})
+            log.update(response=payload, input_tokens=tokens_in, output_tokens=tokens_out,
+                       latency_s=latency, cost_usd=cost, error=error, cache_payload=cached)
+            call_id = await self._log(state, defer_log, log)
             if error is not None:
                 raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
             return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
@@ -716,9 +728,12 @@ class LLM:
         return self._tool_modes.get(endpoint.identity, "action" if endpoint.local else "native")
 
     async def _call_with_retries(self, endpoint, model, messages, schema, temperature, seed,
-                                 max_tokens, on_text, tools=None):
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
+                                 max_tokens, on_text, tools=None, *,
+                                 first: Exception | None = None):
+        """The call with its retries; `first` is the first attempt's error when the caller
+        made that attempt itself (then the retries follow it)."""
+        last: Exception | None = first
+        for attempt in range(0 if first is None else 1, self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self._backoff(attempt, last))
             try:
@@ -740,10 +755,10 @@ class LLM:
         return delay
 
     async def _call_once(self, endpoint, model, messages, schema, temperature, seed,
-                         max_tokens, on_text, tools=None):
+                         max_tokens, on_text, tools=None, *, state: dict | None = None):
         import openai
 
-        state = self._state()
+        state = state or self._state()   # (this loop's, when the caller has it)
         client = self._client_now(endpoint, state)
         if client is None:
             client = await self._client(endpoint)
