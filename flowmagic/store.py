@@ -252,6 +252,10 @@ _RUNS = ("SELECT r.id, r.name, r.task, r.created, COALESCE(s.updated, r.updated)
          " COALESCE(s.status, r.status) AS status, r.workflow, r.candidates, r.settings,"
          " CASE WHEN s.run_id IS NULL THEN r.result ELSE s.result END AS result"
          " FROM runs r LEFT JOIN run_state s ON s.run_id = r.id")
+# The kind of an events row that holds the events of one commit (two or more), its data
+# a JSON list of [kind, node_id, data]: one row a commit instead of two a node (an emitted
+# event's data is an object or null, never a list). `Store.events` lists them one by one.
+_EVENTS = "events"
 # The tables that hold one run, and what `export_run` / `merge` copy between stores (a
 # run's state goes in its `runs` row: `_RUNS`).
 _RUN_TABLES = ("runs", "nodes", "events", "updates", "calls", "tool_calls", "orchestrator")
@@ -491,12 +495,16 @@ class Store:
             if not write:
                 return self._db.execute(sql, args)
             self._check_writable(doing)
-            cursor = self._db.execute(sql, _scrub_rows([args], _secrets())[0])
+            cursor = self._db.execute(sql, self._scrubbed(args))
             self._committed()
             return cursor
 
     def _executemany(self, db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
         db.executemany(sql, _scrub_rows(rows, _secrets()))
+
+    @staticmethod
+    def _scrubbed(args: tuple) -> tuple:
+        return _scrub_rows([args], _secrets())[0]
 
     def _query(self, sql: str, args: tuple = (), doing: str = "read") -> list[dict]:
         with self._lock, self._guard(doing):
@@ -689,10 +697,17 @@ class Store:
                 logged(ids)
             rows = [(run_id, node["id"], _dumps_state(node), now) for node in nodes]
             self._executemany(db, self._NODE_SQL, rows)
-            self._executemany(
-                db, "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
-                [(run_id, node_id, now, kind, None if data is None else _dumps_state(data))
-                 for kind, node_id, data in events])
+            if len(events) > 1:   # one row: see _EVENTS
+                db.execute(
+                    "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
+                    self._scrubbed((run_id, None, now, _EVENTS,
+                                    _dumps_state([list(event) for event in events]))))
+            elif events:
+                kind, node_id, data = events[0]
+                db.execute(
+                    "INSERT INTO events (run_id, node_id, ts, kind, data) VALUES (?,?,?,?,?)",
+                    self._scrubbed((run_id, node_id, now, kind,
+                                    None if data is None else _dumps_state(data))))
 
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None:
         """The run's status and (when given) result, in its small `run_state` row: the `runs`
@@ -716,10 +731,17 @@ class Store:
             doing="record the event")
 
     def events(self, run_id: str) -> list[dict]:
-        rows = self._query("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
-        for row in rows:
-            row["data"] = self._loads(row["data"] or None, "events", f"id = {row['id']}")
-        return rows
+        """The run's events in order, each {id, run_id, node_id, ts, kind, data}; the events
+        of one commit that share a row (`_EVENTS`) share its id and time."""
+        out = []
+        for row in self._query("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)):
+            data = self._loads(row["data"] or None, "events", f"id = {row['id']}")
+            if row["kind"] == _EVENTS and row["node_id"] is None and isinstance(data, list):
+                out.extend({**row, "node_id": node_id, "kind": kind, "data": event_data}
+                           for kind, node_id, event_data in data)
+            else:
+                out.append({**row, "data": data})
+        return out
 
     def add_update(self, run_id: str, data: dict) -> None:
         self._execute(

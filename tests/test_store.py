@@ -149,6 +149,31 @@ def test_node_states_and_events_read_back_as_json_would_write_them(tmp_path, val
     assert store.events("r1")[0]["data"] == {"value": expected}
 
 
+def test_the_events_of_one_commit_are_listed_one_by_one_in_order(tmp_path):
+    """A commit's events share one row; `events()` lists each with its own kind, node and
+    data, in the order they were emitted, between events written alone, and so does a
+    store the run is merged into."""
+    store = Store(tmp_path / "s.db")
+    store.save_run("r1", task="t", workflow={"task": "t", "nodes": [{"id": "a"}, {"id": "b"}],
+                                             "edges": []})
+    store.add_event("r1", "planned", None, {"k": 3})
+    store.write_batch("r1", [], [("started", "a", {"agent": "x", "clone": None}),
+                                 ("started", "b", None), ("tool", "b", {"round": 1})])
+    store.write_batch("r1", [], [("finished", "a", {"masked": False})])
+    store.write_batch("r1", [], [("finished", "b", {"masked": True}), ("run", None, {"s": "d"})])
+    expected = [("planned", None, {"k": 3}), ("started", "a", {"agent": "x", "clone": None}),
+                ("started", "b", None), ("tool", "b", {"round": 1}),
+                ("finished", "a", {"masked": False}), ("finished", "b", {"masked": True}),
+                ("run", None, {"s": "d"})]
+    events = store.events("r1")
+    assert [(e["kind"], e["node_id"], e["data"]) for e in events] == expected
+    assert all(list(e) == ["id", "run_id", "node_id", "ts", "kind", "data"] for e in events)
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
+    other = Store(tmp_path / "other.db")
+    other.merge(store.export_run("r1"))
+    assert [(e["kind"], e["node_id"], e["data"]) for e in other.events("r1")] == expected
+
+
 # ------------------------------------------------------------------ hostile stores (issue 19)
 # Each fault reaches the user through a door (the `flowmagic` command) and must end in one
 # `flowmagic:` line on stderr that says what and how to fix it; nothing is lost.
