@@ -301,6 +301,41 @@ _DAMAGED = ("file is not a database", "malformed", "database corrupt")
 _READ_ONLY = ("readonly", "read-only", "unable to open database file")
 
 
+class _CacheKeys:
+    """The keys a store's cache holds, as of a data_version of its connection (see
+    `Store.cache_may_hold`): a set, up to `CAP` keys (about 100 bytes each); past that,
+    `may_hold` is always True and the look-ups query."""
+
+    CAP = 200_000
+
+    def __init__(self, keys: set[str] | None, top: int, version: int):
+        self.keys, self.top, self.version = keys, top, version
+
+    @classmethod
+    def sync(cls, db: sqlite3.Connection, known: "_CacheKeys | None") -> "_CacheKeys":
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        if known is not None and (version == known.version or known.keys is None):
+            return known   # nobody else committed since (or the cache is too big to index)
+        top = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM cache").fetchone()[0]
+        if known is not None and top >= known.top:   # only new rows since: read those
+            known.keys.update(k for (k,) in db.execute(
+                "SELECT key FROM cache WHERE rowid > ?", (known.top,)))
+            known.top, known.version = top, version
+        else:   # the first time, or rows went away: read them all
+            rows = db.execute("SELECT key FROM cache LIMIT ?", (cls.CAP + 1,)).fetchall()
+            known = cls({k for (k,) in rows} if len(rows) <= cls.CAP else None, top, version)
+        if known.keys is not None and len(known.keys) > cls.CAP:
+            known.keys = None
+        return known
+
+    def may_hold(self, key: str) -> bool:
+        return self.keys is None or key in self.keys
+
+    def add(self, keys) -> None:
+        if self.keys is not None:
+            self.keys.update(keys)
+
+
 class Store:
     """A thread-safe handle on the SQLite file (one connection, one lock).
 
@@ -317,6 +352,7 @@ class Store:
         self.notice: str | None = None
         self._checkpoints: Checkpointer | None = None
         self._lock = threading.RLock()
+        self._keys: _CacheKeys | None = None   # which keys the cache holds (cache_may_hold)
         try:
             self._open()
         except sqlite3.DatabaseError as exc:
@@ -342,6 +378,7 @@ class Store:
             raise StoreError(f"the flowmagic store {self.path} is a folder, not a file; "
                              f"{_FIX_HOME}")
         try:
+            self._keys = None   # a new connection counts its data_version anew
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -584,6 +621,7 @@ class Store:
         if caches:
             self._executemany(db, "INSERT OR REPLACE INTO cache (key, payload, created)"
                               " VALUES (?, ?, ?)", caches)
+            self._cached([c[0] for c in caches])   # (a rollback leaves keys that just miss)
         return list(range(last - len(rows) + 1, last + 1))
 
     def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
@@ -642,6 +680,30 @@ class Store:
         self._execute(
             "INSERT OR REPLACE INTO cache (key, payload, created) VALUES (?, ?, ?)",
             (key, _dumps(payload), time.time()), doing="cache the answer")
+        self._cached([key])
+
+    def cache_may_hold(self, key: str, *, recheck: bool = True) -> bool:
+        """False when the cache certainly has no entry under `key` (a look-up would miss),
+        known without a query; True when it may have one.
+
+        The keys are read once, and then only those added since: by this handle (its own
+        writes), and by other connections, whose commits SQLite counts (`PRAGMA
+        data_version`, compared when `recheck`: the LLM door does once per event-loop turn).
+        Another connection's entries are read by row id from the highest one seen (SQLite
+        gives a new row a higher id; fewer rows than before, a cache cleared or vacuumed, is
+        read again whole). A cache of more than `_CacheKeys.CAP` entries is not indexed:
+        every look-up queries it."""
+        keys = self._keys
+        if keys is None or recheck:
+            with self._lock, self._guard("read the cache"):
+                keys = self._keys = _CacheKeys.sync(self._db, self._keys)
+        return keys.may_hold(key)
+
+    def _cached(self, keys) -> None:
+        """Keys this handle just wrote to the cache (SQLite does not count a connection's own
+        commits in its data_version)."""
+        if self._keys is not None:
+            self._keys.add(keys)
 
     # -- runs ---------------------------------------------------------------
     def save_run(self, run_id: str, *, task: str, workflow: dict, name: str | None = None,
@@ -863,6 +925,8 @@ class Store:
                     self._executemany(db, f"{verb} INTO {table} ({', '.join(names)}) VALUES"
                                       f" ({', '.join('?' * len(names))})",
                                       [tuple(r[n] for n in names) for r in rows])
+                    if table == "cache":
+                        self._cached([r["key"] for r in rows])
                 merged.append(True)
         return merged
 

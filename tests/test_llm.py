@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from flowmagic.llm import endpoints
 from flowmagic.cli import main as cli
 from flowmagic.errors import ConfigError, EndpointError
 from flowmagic.llm import LLM
+from flowmagic.store import Store
 from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm
@@ -441,3 +443,22 @@ def test_the_shipped_model_file_matches_its_pinned_sha256(monkeypatch):
 
     monkeypatch.delenv("FLOWMAGIC_LOCAL_GGUF", raising=False)
     assert local.model_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_an_answer_cached_by_another_connection_is_a_hit(loopback, tmp_path):
+    """The door skips the look-up of a call the cache certainly does not hold, from the keys
+    it knows; an entry another connection (another kernel, a worker) wrote after they were
+    read must still be found, and so must one written again after the cache was emptied."""
+    flowmagic.configure(base_url=loopback.base_url, model="m")
+    path = tmp_path / "shared.db"
+    mine, theirs = fast_llm(Store(path)), fast_llm(Store(path))
+    assert not mine.complete_sync("first question", seed=1).cached   # mine knows the keys now
+    answer = theirs.complete_sync("second question", seed=1)
+    assert loopback.calls == 2 and not answer.cached
+    again = mine.complete_sync("second question", seed=1)
+    assert again.cached and again.text == answer.text and loopback.calls == 2
+
+    with sqlite3.connect(path) as db:   # emptied elsewhere: row ids start again from 1
+        db.execute("DELETE FROM cache")
+    assert not theirs.complete_sync("third question", seed=1).cached
+    assert mine.complete_sync("third question", seed=1).cached and loopback.calls == 3

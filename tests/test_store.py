@@ -364,3 +364,26 @@ def test_checkpoints_run_in_their_own_thread_and_end_with_the_store(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0] == 300
     finally:
         db.close()
+
+
+def test_cache_may_hold_knows_its_own_and_others_writes(tmp_path, monkeypatch):
+    """`cache_may_hold` is False only for a key the cache certainly lacks: its own writes
+    count at once (a connection's own commits do not change its data_version), another
+    connection's from the next recheck, and a cache too big to index answers True."""
+    path = tmp_path / "s.db"
+    mine, theirs = Store(path), Store(path)
+    assert not mine.cache_may_hold("a")
+    mine.cache_put("a", {"text": "x"})
+    assert mine.cache_may_hold("a", recheck=False)
+    theirs.cache_put("b", {"text": "y"})
+    assert not mine.cache_may_hold("b", recheck=False)   # not rechecked: as of before
+    assert mine.cache_may_hold("b") and mine.cache_get("b") == {"text": "y"}
+    theirs.log_calls([dict(endpoint="e", model="m", messages=[], params={}, response={"t": 1},
+                           cache_key="c", cache_payload={"t": 1})])
+    assert mine.cache_may_hold("c")
+    mine.merge({"run_id": "r1", "rows": {"cache": [   # a worker's entries merged here
+        {"key": "m", "payload": '{"text": "z"}', "created": 0.0}]}})
+    assert mine.cache_may_hold("m", recheck=False)
+    monkeypatch.setattr(store_module._CacheKeys, "CAP", 2)
+    big = Store(path)
+    assert big.cache_may_hold("never written") and big.cache_get("never written") is None

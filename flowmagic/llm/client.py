@@ -314,6 +314,19 @@ class LLM:
         done.set_result(None)
         return done
 
+    def _may_hit(self, state: dict, key: str) -> bool:
+        """Whether the store's cache may hold `key`: a call it certainly does not hold skips
+        the look-up (its query, and the turn it waits for the calls of this turn to join it).
+        Other connections' entries are checked for once per event-loop turn."""
+        store, turn = self.store, state["turn"]
+        mark = ("keys", store)
+        recheck = mark not in turn
+        if recheck:
+            if not turn:
+                asyncio.get_running_loop().call_soon(turn.clear)
+            turn.add(mark)
+        return store.cache_may_hold(key, recheck=recheck)
+
     def _cache_get(self, state: dict, key: str) -> Awaitable[dict | None]:
         """The cached answer under `key` (None for a miss); the look-ups of one event-loop
         turn are one SELECT (a wide level of a DAG starts its nodes in one turn)."""
@@ -487,7 +500,7 @@ class LLM:
                    "messages_json": messages_json, "params": params, "params_json": params_json,
                    "cache_key": key, "run_id": run_id, "node_id": node_id, "purpose": purpose}
             if cache:
-                hit = await self._cache_get(state, key)
+                hit = await self._cache_get(state, key) if self._may_hit(state, key) else None
                 if hit is not None:
                     call_id = await self._log(state, defer_log, {
                         **log, "response": hit, "cached": True,
