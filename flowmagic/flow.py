@@ -181,7 +181,7 @@ class Flow:
         if not pending and not calls:
             return
         nodes = self.workflow.nodes
-        # A node that starts for the first time keeps its stored row (pending, as planned)
+        # A node that starts for the first time keeps its stored state (pending, as planned)
         # until it ends: its "started" event says it began, and load() turns a running node
         # back into a pending one anyway. A node that ran before is written at its start,
         # so a kill cannot leave its old result looking current.

@@ -727,16 +727,13 @@ class Store:
             )
             db.execute("INSERT OR REPLACE INTO run_state (run_id, status, updated, result)"
                        " VALUES (?,?,?,?)", _scrub_args((run_id, status, now, result), _secrets()))
-            # The workflow's structure lives in runs.workflow; per-node rows hold
-            # the latest state so a single node change is one small write.
+            # runs.workflow holds the nodes as saved; a node's row, its state when it
+            # changed since (`load_run` prefers it), so a single change is one small write:
+            # an insert, not a row of the plan grown in place in a full page.
             db.execute("DELETE FROM nodes WHERE run_id = ?", (run_id,))
-            self._executemany(
-                db, "INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?,?,?,?)",
-                [(run_id, n["id"], _dumps(n), now) for n in workflow.get("nodes", [])],
-            )
 
-    # A node's row is updated in place when it exists (a run's rows are written when it is
-    # saved): INSERT OR REPLACE would delete and insert it, twice the B-tree work.
+    # A node's row is updated in place when it exists (it changed before in this run):
+    # INSERT OR REPLACE would delete and insert it, twice the B-tree work.
     _NODE_SQL = ("INSERT INTO nodes (run_id, node_id, data, updated) VALUES (?, ?, ?, ?)"
                  " ON CONFLICT(run_id, node_id) DO UPDATE SET data = excluded.data,"
                  " updated = excluded.updated")

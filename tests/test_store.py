@@ -242,7 +242,9 @@ def test_bad_json_in_a_table_is_one_line_naming_the_row(tmp_path, monkeypatch, c
     monkeypatch.setenv("FLOWMAGIC_HOME", str(home))
     _logged_store(home / "flowmagic.db")
     workflow = {"task": "t", "nodes": [{"id": "a", "status": "done", "output": "A"}], "edges": []}
-    Store(home / "flowmagic.db").save_run("r1", task="t", name="demo", workflow=workflow)
+    saved = Store(home / "flowmagic.db")
+    saved.save_run("r1", task="t", name="demo", workflow=workflow)
+    saved.save_node("r1", workflow["nodes"][0])   # a node's row: its state changed after the save
     db = sqlite3.connect(home / "flowmagic.db")
     db.execute("UPDATE calls SET messages = '{oops' WHERE id = 2")
     db.execute("UPDATE nodes SET data = 'not json' WHERE node_id = 'a'")
