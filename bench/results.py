@@ -121,8 +121,10 @@ def _overhead_rows(ov: dict) -> tuple[list[dict], dict]:
                        "context), the LLM door (cache look-up, call log, usage) and the store, "
                        "with the door's transport answering the HTTP call at once with a fixed "
                        "completion (`bench/overhead.py`, `node_runner_overhead`). LangGraph: the "
-                       "same DAG as a StateGraph of no-op async nodes, compile included. Best of "
-                       "the repeats shown."),
+                       "same DAG as a StateGraph of no-op async nodes, compile included. A "
+                       "collection runs between a build (or compile) and its run, on neither "
+                       "clock, so a run pays for the objects it promotes itself, not the build's. "
+                       "Best of the repeats shown."),
              "header": ["nodes", "repeats", "through the node runner ms/node",
                         "flowmagic build ms/node", "flowmagic run ms/node",
                         "flowmagic build+run", "executor alone ms/node", "LangGraph compile ms/node",
