@@ -285,12 +285,13 @@ _STATE_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATET
 
 
 def _dumps_state(value: Any) -> str:
-    """JSON of a node's state or an event's data, written once or twice per node of every
+    """JSON of a node's state or of a commit's events, written for every node of every
     run: orjson's, a tenth of `_dumps`'s time (json's float formatting alone is ~0.5 µs a
     number, six a node). The same values once parsed, with compact separators; what orjson
     refuses (a lone surrogate, a key that is not a string, an integer over 64 bits, a type
-    json writes with str()) is `_dumps`'s. Only NaN and infinities differ: null (JSON has
-    neither; nothing a node's typed fields accept)."""
+    json writes with str()) is `_dumps`'s. Only NaN and infinities differ: orjson writes
+    null (a node's own numbers are never either: prices, token counts and estimates are
+    checked finite; one anywhere else in a row would read back as None)."""
     try:
         return orjson.dumps(value, default=_not_native, option=_STATE_OPTIONS).decode()
     except TypeError:   # orjson.JSONEncodeError is one
