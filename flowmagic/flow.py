@@ -98,6 +98,7 @@ class Flow:
         self.probe = None   # a flowmagic.ops.batch.Probe once attach_probe() was called
         self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
         self._workspace = None
+        self._no_folder = False   # this run has no workspace folder yet (see _inputs)
         if inputs is not None:
             self.add_inputs(inputs)
         self._triggers: list[dict] = []   # what called the next update: [{"node", "why"}]
@@ -246,15 +247,30 @@ class Flow:
     def files(self) -> list[str]:
         """The files in the workspace now: inputs, deliverables, what code wrote, figures."""
         made = (self._workspace is not None or self.settings.workdir
-                or (self.store.path.parent / "runs" / self.run_id / "workspace").is_dir())
+                or self._workspace_dir().is_dir())
         return self.workspace.files() if made else []
+
+    def _workspace_dir(self):
+        """Where this run's workspace is (or would be) when no workdir is set."""
+        return self.store.path.parent / "runs" / self.run_id / "workspace"
+
+    def _inputs(self) -> list:
+        """The declared inputs, without making the workspace folder: a run with none (no
+        input added, no workdir, no folder left on disk by an earlier session) needs no
+        folder for its prompts, and asks for every node."""
+        if self._workspace is None and not self.settings.workdir:
+            if self._no_folder or not self._workspace_dir().is_dir():
+                self._no_folder = True   # (add_inputs makes the workspace, which is seen first)
+                return []
+        return self.workspace.inputs
 
     # -- running ----------------------------------------------------------------------
     def context(self) -> RunContext:
         """This flow's run as the engine sees it (the node runner, prompts, fingerprints)."""
         return RunContext(current_workflow=lambda: self.workflow, settings=self.settings,
                           llm=self.llm, store=self.store, run_id=self.run_id,
-                          open_workspace=lambda: self.workspace, emit=self.emit,
+                          open_workspace=lambda: self.workspace, list_inputs=self._inputs,
+                          emit=self.emit,
                           spend=self._spend, text_sink=self._text_sink,
                           offer_tools=self.atools_for, has_tools=self._has_tools,
                           # the door's own commit when the flow writes to another store

@@ -250,6 +250,29 @@ def test_a_prose_task_is_not_invited_to_write_code():
     assert "How your answer is used" in sent[2]
 
 
+def test_a_text_run_leaves_no_empty_workspace_but_a_later_session_sees_its_inputs():
+    """A run with no input makes no workspace folder for its prompts (it used to leave an
+    empty runs/<id>/workspace per run); a flow loaded in a new session finds the inputs an
+    earlier one added, and its prompts list them."""
+    from flowmagic.store import get_store
+
+    plan = {"task": "Write a welcome note for a tea club", "nodes": [
+        {"id": "note", "requirement": "Write the note.", "agent": "writer"}], "edges": []}
+    with LoopbackServer(responder=lambda body: "Welcome!") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        prose = Flow.from_dict(plan, name="prose")
+        prose.run()
+        assert prose.status == "done" and prose.files() == []
+        assert not (get_store().path.parent / "runs" / prose.run_id).exists()
+
+        data = Flow.from_dict(plan, name="data", inputs=[CSV])
+        again = flowmagic.load(data.run_id)   # as after a kernel restart: a new Flow object
+        again.run()
+        sent = [p for p in prompts(server) if "Your subtask (note)" in p]
+    assert len(sent) == 2 and "anscombe.csv" not in sent[0]
+    assert "anscombe.csv (table)" in sent[1]
+
+
 @pytest.mark.embedded
 @pytest.mark.timeout(1200)
 def test_the_csv_eda_template_on_the_embedded_model_runs_code(embedded_url, tmp_path, monkeypatch,

@@ -37,6 +37,8 @@ class RunContext:
     # (log row, attempt record): the flow writes the row in the commit of the node's next
     # state and puts its id in the record; None: the LLM door commits it itself
     defer_log: Callable[[dict, dict], None] | None = None
+    # the declared inputs without making the workspace folder (None: the workspace's own)
+    list_inputs: Callable[[], list] | None = None
 
     @property
     def workflow(self):
@@ -45,3 +47,8 @@ class RunContext:
     @property
     def workspace(self):
         return self.open_workspace()
+
+    @property
+    def inputs(self) -> list:
+        """The run's declared inputs (a run without any makes no workspace folder here)."""
+        return self.list_inputs() if self.list_inputs is not None else self.workspace.inputs

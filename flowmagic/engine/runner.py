@@ -95,7 +95,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     if later:
         parts.append(f"Later subtasks will build on your result:\n{later}")
     if settings.execute != "off" and (
-            about_files_or_code(task, node.requirement) or (workspace and ctx.workspace.inputs)):
+            about_files_or_code(task, node.requirement) or (workspace and ctx.inputs)):
         made = [f for a in wf.ancestors(node_id) if nodes[a].status == Status.DONE
                 for f in made_files(nodes[a].execution)]
         parts.append(instructions(ctx.workspace.describe() if workspace else "", made,
@@ -160,7 +160,7 @@ class NodeRunner:
         ctx, settings = self.ctx, self.ctx.settings
         if settings.execute == "off" or settings.starter == "off" or node.attempts:
             return False
-        if not ctx.workspace.inputs:   # no input, no example (the usual text workflow stops here)
+        if not ctx.inputs:   # no input, no example (the usual text workflow stops here)
             return False
         wf = ctx.workflow   # a node that explores the data, or a first node of a task that does
         explores = _EXPLORES.search(node.requirement or "") or (
