@@ -481,17 +481,9 @@ class LLM:
                 # Uncapped, SmolLM2 ran to the end of its context (3,669 tokens) and the server
                 # kept generating after the client gave up.
                 max_tokens = LOCAL_MAX_TOKENS
-            params: dict[str, Any] = {}   # the options given, in this order
-            if temperature is not None:
-                params["temperature"] = temperature
-            if seed is not None:
-                params["seed"] = seed
-            if max_tokens is not None:
-                params["max_tokens"] = max_tokens
-            if schema is not None:
-                params["schema"] = schema
-            if tools:
-                params["tools"] = tools
+            params = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                        ("max_tokens", max_tokens), ("schema", schema),
+                                        ("tools", tools or None)) if v is not None}
             params_json = _params_json(params)
             key = cache_key(endpoint.identity, model_name, messages, params,
                             messages_json=messages_json, params_json=params_json)
