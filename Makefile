@@ -29,6 +29,12 @@ system-deps:
 	  if [ -n "$(APT)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; \
 	  else echo "bubblewrap is missing: install it (apt-get install bubblewrap / dnf install bubblewrap); until then flowmagic runs no model-written code"; fi; \
 	fi
+	@# As root the sandbox tests run once more as an unprivileged user, who cannot run an interpreter
+	@# under a 0700 /root (pyenv's, on Debian): they make that user a venv from the system's python3.
+	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/python3 ] && [ ! -x /usr/local/bin/python3 ]; then \
+	  if [ -n "$(APT)" ]; then apt-get update -qq && apt-get install -y -qq python3 python3-venv; \
+	  else echo "no system python3: the sandbox tests as an unprivileged user need one outside /root"; fi; \
+	fi
 
 # Debian's chromium for the browser test (Playwright drives /usr/bin/chromium; it never downloads a browser).
 browser-deps:
