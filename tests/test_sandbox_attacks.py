@@ -6,9 +6,10 @@ planted secrets in its home). It runs once as the user running the tests (root o
 when that is root, once more as an unprivileged user (`tester` through runuser, else
 `nobody` through setpriv), because bubblewrap isolates those two differently (see
 flowmagic/engine/bwrap.py). That user gets a venv of its own made from an interpreter it can
-execute (ours may live under a 0700 /root, as pyenv's does on Debian). Every attack, written to get through the sandbox that came
-before bubblewrap, did get through it as root or as the user (all but "endless output",
-which needs root with CAP_SYS_RESOURCE to lift the file-size limit).
+execute (ours may live under a 0700 /root, as pyenv's does on Debian). Every attack, written
+to get through the sandbox that came before bubblewrap, did get through it as root or as the
+user (all but "endless output", which needs root with CAP_SYS_RESOURCE to lift the file-size
+limit).
 """
 
 from __future__ import annotations
