@@ -513,7 +513,7 @@ class Flow:
         if fix is not None:
             self._spend(fix.usage.get("cost_usd", 0.0))
             entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
-                     "no_change": False, "errors": []}
+                     "no_change": False, "errors": [], "calls": 1}
             update = fix.update
         elif self._replans() >= int(self.settings.max_updates):
             self._say_capped(trigger[-1]["node"] if trigger else "the last node")
@@ -529,6 +529,7 @@ class Flow:
                 self._spend(getattr(candidate, "cost_usd", 0.0))
             called = {t["node"] for t in trigger if t["why"] != "finished"}
             entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
+                     "calls": len(result.candidates or []),
                      "diff": result.diff, "errors": list(result.errors or []),
                      "rationale": result.rationale, "chosen": result.chosen,
                      "trigger": [i for i, n in before.nodes.items()   # plan order
@@ -689,16 +690,21 @@ class Flow:
         return {"total": total, "rows": rows}
 
     def timeline(self) -> list[dict]:
-        """One row per node that ran: start, end, duration, tokens, cost, attempts."""
+        """One row per node that ran: start, end, duration, tokens, cost, attempts, and the
+        model calls made for it with why each was made (flowmagic.engine.calls)."""
+        from .engine.calls import node_calls
+
         rows = []
         for node in self.workflow.nodes.values():
             if node.start is None:
                 continue
+            calls = node_calls(node, self.update_log)
             rows.append({"node": node.id, "agent": node.agent, "clone": node.clone,
                          "status": node.status, "start": node.start, "end": node.end,
                          "duration_s": node.duration, "tokens_in": node.tokens_in,
                          "tokens_out": node.tokens_out, "cost_usd": node.cost_usd,
-                         "attempts": len(node.attempts),
+                         "attempts": len(node.attempts), "calls": len(calls),
+                         "calls_why": [c["why"] for c in calls],
                          "model": node.ran_on() or node.model})
         return sorted(rows, key=lambda r: r["start"])
 

@@ -12,19 +12,30 @@ repair never fails for lack of a good model answer.
 
 `next_kind(update_log, node_id)` says which repair is due for a node (refine, then
 substitute, then None: re-plan); `plan_repair` picks the first failed node and does it.
+
+Both repairs are for failures that are not code errors: a node whose code raised (a
+NameError, a KeyError, a missing module) is answered by a code fix, its retries naming the
+failing line and what exists (engine/diagnosis.py), never by a rewritten instruction or
+another agent; when its attempts are spent, the updater re-plans. A rewritten instruction
+is checked as a plan's subtask is: an echo of the prompt (its example, its own sentences),
+a placeholder, an empty text or one about nothing of the task or the subtask is refused,
+and the fallback is used.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FlowError, NodeError
+from ..model.plan_checks import content_words, copied
 from ..model.status import Status
 from .._internal.text import cut
+from .diagnosis import code_failure
 
 __all__ = ["REPAIR_KINDS", "AGENT_POOL", "Repair", "refine_instruction", "substitute_agent",
-           "repair", "next_kind", "feedback_of", "plan_repair"]
+           "repair", "next_kind", "feedback_of", "plan_repair", "refusal"]
 
 REPAIR_KINDS = ("refine_instruction", "substitute_agent")
 AGENT_POOL = ("analyst", "coder", "writer", "researcher", "reviewer", "planner", "assistant")
@@ -101,30 +112,60 @@ def _node(workflow, node_id: str):
     return node
 
 
+_REFINE_SYSTEM = ("You rewrite one subtask's instruction so that the agent gets it right next "
+                  "time. Keep its goal; make it concrete and self-contained; say exactly what "
+                  "the result must contain so the rejection does not happen again.")
+_REFINE_EXAMPLE = "<the new instruction, in your own words>"
+_PLACEHOLDER = re.compile(r"<[A-Za-z][^<>]{0,80}>")
+# What the prompt itself says: an answer repeating it is no rewrite (SmolLM2 answered
+# "the rewritten instruction", the prompt's example, and it became the requirement).
+_REFINE_ECHOES = (_REFINE_EXAMPLE, "the rewritten instruction", *_REFINE_SYSTEM.split(". "))
+
+
+def refusal(text: Any, node, task: str, feedback: str) -> str | None:
+    """Why a rewritten instruction cannot be used (None: it can), checked as a plan's
+    subtask is: not empty, no placeholder, no echo of the prompt, not the same text, and
+    about the task or the subtask (a content word shared with them or the feedback)."""
+    if not isinstance(text, str) or not text.strip():
+        return "it was empty"
+    if " ".join(text.split()).lower() == " ".join(node.requirement.split()).lower():
+        return "it repeated the requirement"
+    about = f"{task} {node.requirement} {feedback}"
+    if _PLACEHOLDER.search(text):
+        return "it held a placeholder"
+    if copied(text, about, _REFINE_ECHOES):
+        return "it repeated the prompt's example"
+    mine = " ".join(text.split()).lower().strip(" .")
+    for echo in (e.lower().strip(" .") for e in _REFINE_ECHOES):
+        if len(echo) > 12 and echo in mine or len(mine) > 12 and mine in echo:
+            return "it repeated the prompt"
+    if not content_words(text) & content_words(about):
+        return "it was about nothing of the task or the subtask"
+    return None
+
+
 async def refine_instruction(workflow, node_id: str, feedback: str | None, llm, *,
                              model: str | None = None, seed: int = 0, run_id: str | None = None,
                              max_tokens: int | None = 400) -> Repair:
-    """Rewrite the node's requirement to answer the feedback; the node re-runs with it."""
+    """Rewrite the node's requirement to answer the feedback; the node re-runs with it.
+    A rewrite that `refusal` refuses is replaced by the fallback, which says why."""
     node = _node(workflow, node_id)
     feedback = feedback or feedback_of(node)
     schema = {"type": "object", "properties": {"requirement": {"type": "string"}},
               "required": ["requirement"]}
     messages = [
-        {"role": "system", "content": "You rewrite one subtask's instruction so that the agent "
-         "gets it right next time. Keep its goal; make it concrete and self-contained; say "
-         "exactly what the result must contain so the rejection does not happen again."},
+        {"role": "system", "content": _REFINE_SYSTEM},
         {"role": "user", "content": _context(workflow, node, feedback) + "\n\nAnswer with JSON: "
-         '{"requirement": "the rewritten instruction"}'}]
-    usage, text = None, None
+         f'{{"requirement": "{_REFINE_EXAMPLE}"}}'}]
+    usage, text, why = None, None, "there was no answer"
     try:
         reply, usage = await _ask(llm, messages, schema, model=model, seed=seed, run_id=run_id,
                                   max_tokens=max_tokens, node_id=node_id)
         text = reply.data.get("requirement") if isinstance(reply.data, dict) else None
+        why = refusal(text, node, workflow.task or "", feedback)
     except FlowError:
         pass   # the fallback below needs no model
-    same = isinstance(text, str) and " ".join(text.split()).lower() == " ".join(
-        node.requirement.split()).lower()
-    if isinstance(text, str) and text.strip() and not same:
+    if why is None:
         repaired = Repair("refine_instruction", node_id,
                           _update(node, _cut(text.strip(), _MAX_REQ), node.agent),
                           f"rewrote the requirement of {node_id} to address: {_cut(feedback, 200)}")
@@ -132,7 +173,7 @@ async def refine_instruction(workflow, node_id: str, feedback: str | None, llm, 
         note = f"{node.requirement}\n\nThe last attempt was rejected; make sure to fix this: {feedback}"
         repaired = Repair("refine_instruction", node_id, _update(node, _cut(note, _MAX_REQ), node.agent),
                           f"appended the feedback to the requirement of {node_id} (the model's "
-                          "rewrite was unusable)", model_used=False)
+                          f"rewrite was refused: {why})", model_used=False)
     repaired.usage = usage or repaired.usage
     return repaired
 
@@ -202,9 +243,10 @@ def next_kind(update_log: list[dict], node_id: str, order: tuple = REPAIR_KINDS)
 
 
 async def plan_repair(workflow, update_log: list[dict], llm, **options) -> Repair | None:
-    """The due repair of the first failed node that still has one, or None (re-plan)."""
+    """The due repair of the first failed node that still has one, or None (re-plan).
+    A node that failed on its code has none (see the module's docstring)."""
     for node in workflow.nodes.values():
-        if node.status != Status.FAILED:
+        if node.status != Status.FAILED or code_failure(node.attempts):
             continue
         kind = next_kind(update_log, node.id)
         if kind is not None:

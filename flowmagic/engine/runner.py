@@ -23,6 +23,8 @@ from .context import RunContext
 from .._internal.text import cut as text_cut
 from .executor import Outcome
 from .validation import retry_prompt
+from .calls import attempt_why
+from .diagnosis import CODE_FAILED, code_feedback
 from ..model.status import Status
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
@@ -128,9 +130,12 @@ class NodeRunner:
             return True, ""
         return None
 
-    async def _verdict(self, node, text: str, code_ran: bool = False):
-        """The validator's verdict (after `_verdict_now` said one is needed)."""
+    async def _verdict(self, node, text: str, code_ran: bool = False, record: dict | None = None):
+        """The validator's verdict (after `_verdict_now` said one is needed); `record` is
+        told when the judge (a model call) gives it."""
         mode = self.ctx.settings.validate_
+        if mode == "llm" and record is not None:
+            record["judged"] = True
         from .validation import validate
         verdict = await validate(node, text, task=self.ctx.workflow.task, mode=mode,
                                  llm=self.ctx.llm, model=self.ctx.settings.validator_model
@@ -154,6 +159,14 @@ class NodeRunner:
         ex = await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
                             timeout=float(settings.code_timeout), sandbox=settings.sandbox)
         return ex if ex.ran or ex.saved or not ex.ok else None
+
+    def _code_feedback(self, node_id: str, record: dict, attempts: list[dict]) -> str:
+        """The retry's feedback on a failed code run (engine/diagnosis.py)."""
+        workspace = self.ctx.workspace
+        feedback = code_feedback(record["execution"], node_id=node_id,
+                                 columns=workspace.columns(), files=workspace.files(),
+                                 earlier=attempts)
+        return feedback + ("\n" + _RESTART.strip() if workspace.example() else "")
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
@@ -258,7 +271,8 @@ class NodeRunner:
             started = time.time()
             # the model asked for; the reply's own id (endpoint:model) replaces it when one comes
             record = {"start": started, "attempt": history + attempt + 1,
-                      "model": node.model or settings.model or "default"}
+                      "model": node.model or settings.model or "default",
+                      "why": attempt_why(attempts, history)}
             if settings.fail_rate and self._chance(node_id, "fail", history + attempt) < settings.fail_rate:
                 record.update(end=time.time(), passed=False, output=None,
                               error="injected failure (fail_rate)")
@@ -310,10 +324,9 @@ class NodeRunner:
             output = text
             if ex is not None:
                 record["execution"] = ex.to_dict()
-                if ex.ran and not ex.ok:   # the traceback goes back to the next attempt
+                if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
                     record.update(end=time.time(), passed=False,
-                                  feedback=f"The code failed: {ex.error}"
-                                  f"{_RESTART * bool(ctx.workspace.example())}\n{ex.stderr[-2500:]}")
+                                  feedback=self._code_feedback(node_id, record, attempts))
                     attempts.append(record)
                     continue
                 said = report(record["execution"])
@@ -328,7 +341,7 @@ class NodeRunner:
             try:
                 said = self._verdict_now(output, reply.finish_reason)
                 passed, feedback = (said if said is not None else
-                                    await self._verdict(node, output, bool(ex and ex.ran)))
+                                    await self._verdict(node, output, bool(ex and ex.ran), record))
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
                 record.update(end=time.time(), passed=True,
                               feedback=f"validator unavailable: {exc}")
@@ -367,7 +380,7 @@ def _fall_back_on_start(outcome: Outcome, attempts: list[dict], start: Execution
                         started: str) -> None:
     """When the model's code failed on every attempt (and nothing else went wrong), a
     working start that ran is the node's result, and the result says so."""
-    failed_code = [a for a in attempts if str(a.get("feedback", "")).startswith("The code failed")]
+    failed_code = [a for a in attempts if str(a.get("feedback", "")).startswith(CODE_FAILED)]
     if not (start.ok and attempts and len(failed_code) == len(attempts)):
         return
     last = " ".join(str((attempts[-1].get("execution") or {}).get("error") or "").split())

@@ -211,7 +211,8 @@ def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
     """Text to append to a node's prompt after rejected attempts; '' when there are none.
 
     The newest attempt comes first and gets the most room (two thirds of what is left):
-    its feedback (head kept, up to half its share), then its output (head and tail);
+    its feedback (head kept, up to two thirds of its share: it says what to fix), then its
+    output (head and tail; for code that ran and failed, that code, which the fix edits);
     older attempts share the rest, and the text never exceeds `budget_chars`.
     """
     rejected = [a for a in attempts or [] if isinstance(a, dict) and not a.get("passed")]
@@ -226,10 +227,14 @@ def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
             parts.append(f"[{n} older attempt(s) cut]")
             break
         why = str(attempt.get("feedback") or attempt.get("error") or "no reason given")
-        if len(why) > share // 2:  # the reason's first words matter most: keep its head
-            why = why[: max(share // 2 - 6, 20)] + " [cut]"
-        shown = _clip(str(attempt.get("output") or "(no output)"), max(share - len(why) - 70, 20))
-        block = f"Attempt {n} was rejected because: {why}\nIts output was:\n{shown}"
+        if len(why) > share * 2 // 3:  # the reason's first words matter most: keep its head
+            why = why[: max(share * 2 // 3 - 6, 20)] + " [cut]"
+        ran = attempt.get("execution") or {}
+        failed_code = ran.get("ran") and not ran.get("ok") and ran.get("code")
+        what, text = (("Its code was", f"```python\n{ran['code'].rstrip()}\n```") if failed_code
+                      else ("Its output was", str(attempt.get("output") or "(no output)")))
+        shown = _clip(text, max(share - len(why) - 70, 20))
+        block = f"Attempt {n} was rejected because: {why}\n{what}:\n{shown}"
         parts.append(block[:share])
         left -= len(parts[-1]) + 2
     return scrub("\n\n".join(parts)[:budget_chars])

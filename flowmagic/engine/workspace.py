@@ -216,6 +216,23 @@ class Workspace:
             return ""
         return _starter(table.path, sep, frame)
 
+    def columns(self) -> dict[str, list[str]]:
+        """{file: its column names} of every table input, read from the file's header (what
+        a retry names on a KeyError: the real columns, never a model's idea of them)."""
+        out = {}
+        for table in self.inputs:
+            if table.kind != "table" or not table.path.lower().endswith((".csv", ".tsv")):
+                continue
+            try:
+                import pandas as pd
+
+                sep = "\t" if table.path.lower().endswith(".tsv") else ","
+                out[table.path] = [str(c) for c in pd.read_csv(self.root / table.path, sep=sep,
+                                                               nrows=0).columns]
+            except Exception:  # noqa: BLE001 - an unreadable table has no columns to name
+                continue
+        return out
+
     # -- files -------------------------------------------------------------------------------
     def files(self) -> list[str]:
         """Every file in the workspace (relative paths, sorted), flowmagic's own hidden ones left out."""

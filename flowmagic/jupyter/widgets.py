@@ -464,6 +464,9 @@ class Panel:
                 text_html(node.requirement)]
         if node.error:
             bits.append(f'<span style="color:{_RED}">{text_html(node.error)}</span>')
+        if node.attempts:
+            from ..engine.calls import calls_text, node_calls
+            bits.append(text_html(calls_text(node_calls(node, self.flow.update_log))))
         return "<br>".join(bits)
 
     def _candidate_lines(self) -> list[str]:

@@ -155,8 +155,14 @@ def timeline_report(flow) -> Report:
     t0 = rows[0]["start"]
     cells = [[r["node"], r["clone"] or r["agent"], r["status"], f"{r['start'] - t0:.2f}",
               f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "",
-              r["tokens_out"], f"${r['cost_usd']:.6f}"] for r in rows]
-    text, _ = table(["node", "agent", "status", "start s", "took s", "tokens out", "USD"], cells)
+              r["tokens_out"], f"${r['cost_usd']:.6f}", r.get("calls", "")] for r in rows]
+    text, _ = table(["node", "agent", "status", "start s", "took s", "tokens out", "USD",
+                     "calls"], cells)
+    # why each call was made, for the nodes that needed more than their one attempt
+    why = [f"{r['node']}: " + " · ".join(r["calls_why"]) for r in rows
+           if len(r.get("calls_why") or ()) > 1]
+    if why:
+        text += "\nmodel calls beyond one attempt:\n" + "\n".join(why)
     idle = _idle_lines(rows)
     return Report(f"{text}\n{idle}" if idle else text, svg=timeline_svg(flow), run=flow.run_id)
 

@@ -1,0 +1,227 @@
+"""Retries that fix code and repairs that fit the failure (issue 29, item 2).
+
+A scripted agent (a loopback server) writes code that fails; what the next prompt says is
+read from what the server received. A code error is answered by a retry that names the
+failing line and what exists, never by a rewritten instruction or another agent; a
+rewritten instruction that echoes its prompt is refused."""
+
+import json
+import re
+
+import pytest
+
+import flowmagic
+from flowmagic.engine.diagnosis import code_failure, code_feedback, failing_line
+from flowmagic.engine.repairs import refine_instruction, refusal
+from flowmagic.flow import Flow
+from flowmagic.model.graph import Workflow
+from flowmagic.ops.nbrun import TEMPLATES
+from flowmagic.testing.loopback import LoopbackServer
+
+from conftest import fast_llm, run
+
+CSV = TEMPLATES / "data" / "anscombe.csv"   # columns: dataset, x, y
+REFINE = "You rewrite one subtask's instruction"
+SUBSTITUTE = "You choose which kind of agent"
+UPDATER = "progress"   # in the updater's prompt only
+
+
+def one_node(requirement="Print the mean of y in anscombe.csv.", **settings):
+    plan = {"task": "Explore anscombe.csv: the mean of y.",
+            "nodes": [{"id": "stats", "requirement": requirement, "agent": "analyst"}],
+            "edges": []}
+    return Flow.from_dict(plan, name="fix", inputs=[CSV], starter="off", **settings)
+
+
+def sent(server):
+    """(system, user) text of every chat request, in order."""
+    return [(r["body"]["messages"][0]["content"], r["body"]["messages"][-1]["content"])
+            for r in server.stats(bodies=True)["requests"] if r["path"].endswith("/chat/completions")]
+
+
+def node_prompts(server):
+    return [u for s, u in sent(server) if "Your subtask (stats)" in u]
+
+
+def fenced(code):
+    return f"```python\n{code}\n```"
+
+
+GOOD = "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(round(df['y'].mean(), 4))"
+
+
+def test_a_name_error_is_answered_by_a_retry_that_names_the_line_and_what_exists():
+    def agent(body):
+        prompt = body["messages"][-1]["content"]
+        if "were rejected" in prompt:
+            return fenced(GOOD)
+        return fenced("import pandas as pd\nframe = pd.read_csv('anscombe.csv')\n"
+                      "print(means.round(2))")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node()
+        flow.run()
+        prompts = node_prompts(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    retry = prompts[1]
+    assert "The code failed: NameError: name 'means' is not defined" in retry
+    assert "It failed at line 3:\n    print(means.round(2))" in retry
+    assert "Define 'means' in your code before using it" in retry
+    assert "Its code was:\n```python\nimport pandas as pd" in retry   # the code to fix
+    assert len(prompts) == 2
+
+
+def test_a_code_error_that_persists_goes_to_the_updater_never_to_refine_or_substitute():
+    def agent(body):
+        system, prompt = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if body.get("response_format"):   # the updater (or a repair): no change
+            return json.dumps({"action": "none", "rationale": "nothing to change",
+                               "requirement": "x", "agent": "coder", "subtasks": []})
+        return fenced("print(undefined_table.shape)")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=2, max_updates=1)
+        flow.run()
+        systems = [s for s, _ in sent(server)]
+    assert flow.workflow.nodes["stats"].status == "failed"
+    assert not any(REFINE in s or SUBSTITUTE in s for s in systems)
+    assert [e["kind"] for e in flow.update_log] == ["replan"]
+    # every call counted, each with why it was made: in the timeline, and in the panel
+    row = flow.timeline()[0]
+    assert row["calls_why"] == [
+        "attempt (#1)",
+        "retry after: The code failed: NameError: name 'undefined_table' is not defined (#2)",
+        "update: re-plan after this node"]
+    logged = {(r["purpose"], r["node_id"]): r["calls"] for r in flow.store.usage(flow.run_id)}
+    assert row["calls"] == logged[("node", "stats")] + logged[("update", None)] == 3
+    from flowmagic.jupyter.widgets import Panel
+    panel = Panel(flow)
+    panel.node_picker.value = "stats"
+    panel._refresh()
+    assert "3 model calls: attempt (#1) · retry after: The code failed: NameError" in (
+        panel.node_info.value.replace("&#x27;", "'"))
+    panel.close()
+
+
+def test_a_key_error_retry_names_the_real_columns():
+    def agent(body):
+        if "were rejected" in body["messages"][-1]["content"]:
+            return fenced(GOOD)
+        return fenced("import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(df['Y'].mean())")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node()
+        flow.run()
+        retry = node_prompts(server)[1]
+    assert "The code failed: KeyError: 'Y'" in retry
+    assert ("'Y' is not a column of the data. The real columns are (anscombe.csv: dataset, x, y)"
+            " (did you mean 'y'?)") in retry
+    assert flow.workflow.nodes["stats"].status == "done"
+
+
+def test_a_missing_module_retry_names_the_libraries_that_exist_and_a_repeat_is_called_one():
+    def agent(body):
+        return fenced("import sklearn_extra_not_here\nprint(1)")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=3, update="off")
+        flow.run()
+        prompts = node_prompts(server)
+    second, third = prompts[1], prompts[2]
+    assert "There is no module 'sklearn_extra_not_here' here" in second
+    assert "Libraries that exist: import numpy as np; import pandas as pd" in second
+    assert "same error as attempt" not in second
+    assert "This is the same error as attempt 1: the change since then did not fix it" in third
+
+
+def test_failing_line_reads_the_node_file_frame_and_the_sessions_own_record():
+    stderr = ('Traceback (most recent call last):\n  File "<python>/runpy.py", line 9, in x\n'
+              '  File "stats.py", line 2, in <module>\nNameError: name \'a\' is not defined')
+    code = "x = 1\nprint(a)\n"
+    assert failing_line({"stderr": stderr, "code": code}, "stats.py") == (2, "print(a)")
+    assert failing_line({"stderr": stderr, "code": code, "failing_line": 1}) == (1, "x = 1")
+    assert failing_line({"error_line": {"line": 4, "text": "df.plot()"}}) == (4, "df.plot()")
+    assert failing_line({"stderr": "SyntaxError: bad", "code": code}) is None
+    text = code_feedback({"error": "NameError: name 'a' is not defined", "code": code,
+                          "stderr": stderr, "names": {"df": "DataFrame 44x3", "pd": "module"}},
+                         node_id="stats")
+    assert "Names that exist in the session: df (DataFrame 44x3), pd (module)." in text
+    # the session's record: its names (with a DataFrame's columns) and its failing line
+    record = {"error": "KeyError: 'mpgg'", "code": code, "error_line": {"line": 2, "text": "x"},
+              "names": [{"name": "cars", "type": "DataFrame", "about": "32 rows x 2 columns",
+                         "columns": ["mpg", "wt"]}, {"name": "pd", "type": "module"}]}
+    text = code_feedback(record, node_id="stats")
+    assert "It failed at line 2:\n    x" in text
+    assert "The real columns are (cars: mpg, wt) (did you mean 'mpg'?)" in text
+
+
+@pytest.mark.parametrize("attempts, code", [
+    ([{"passed": False, "execution": {"ran": True, "ok": False}}], True),
+    ([{"passed": False, "feedback": "The code crashed: ZeroDivisionError"}], True),
+    ([{"passed": False, "feedback": "too short"}], False),
+    ([{"passed": False, "feedback": "empty answer"}], False),
+    ([{"passed": False, "execution": {"ran": True, "ok": True}, "feedback": "wrong"}], False),
+    ([], False),
+])
+def test_code_failure_tells_a_code_error_from_a_rejection(attempts, code):
+    assert code_failure(attempts) is code
+
+
+TASK = "Report on sales.csv"
+PLAN = {"task": TASK, "nodes": [
+    {"id": "parse", "requirement": "parse the dates of sales.csv", "agent": "writer",
+     "status": "failed", "attempts": [{"output": "dates", "feedback": "no table was given"}]}],
+    "edges": []}
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("the rewritten instruction", "repeated the prompt"),
+    ("<the new instruction, in your own words>", "placeholder"),
+    ("Rewrite the instruction for <subtask>", "placeholder"),
+    ("   ", "empty"),
+    ("Keep its goal; make it concrete and self-contained", "repeated the prompt"),
+    ("List five facts about green tea and its history", "about nothing"),
+])
+def test_a_rewrite_that_echoes_its_prompt_or_drifts_is_refused(answer, why):
+    server = LoopbackServer(responder=lambda body: json.dumps({"requirement": answer}))
+    server.start()
+    try:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        fixed = run(lambda: refine_instruction(Workflow.from_dict(PLAN), "parse", None, llm), llm)
+    finally:
+        server.stop()
+    requirement = fixed.update["subtasks"][0]["requirement"]
+    assert requirement.startswith("parse the dates of sales.csv")
+    assert answer.strip() not in requirement.split("\n")[0] or not answer.strip()
+    assert not fixed.model_used and why in fixed.reason
+
+
+def test_a_good_rewrite_is_kept():
+    node = Workflow.from_dict(PLAN).nodes["parse"]
+    good = "Parse the date column of sales.csv with pandas.to_datetime and print the range."
+    assert refusal(good, node, TASK, "no table was given") is None
+    assert re.search("repeated the requirement",
+                     refusal("Parse the dates  of sales.csv", node, TASK, "") or "")
+
+
+def test_each_call_of_a_node_says_why_it_was_made():
+    from flowmagic.engine.calls import calls_text, node_calls
+    wf = Workflow.from_dict({"task": "t", "nodes": [{"id": "a", "requirement": "r"}], "edges": []})
+    node = wf.nodes["a"]
+    node.attempts = [
+        {"attempt": 1, "start": 1.0, "why": "attempt", "call_id": 1, "continuations": 1,
+         "judged": True, "feedback": "too short"},
+        {"attempt": 2, "start": 3.0, "error": "injected failure (fail_rate)", "output": None},
+        {"attempt": 3, "start": 5.0, "why": "rerun", "call_id": 4, "cached": True}]
+    log = [{"kind": "refine_instruction", "trigger": ["a"], "time": 4.0, "calls": 1},
+           {"kind": "replan", "trigger": ["b"], "time": 4.5, "calls": 2}]
+    rows = node_calls(node, log)
+    assert [r["why"] for r in rows] == [
+        "attempt (#1)", "continuation 1 of #1 (cut at the token limit)",
+        "validation of #1 by the judge", "repair: refine instruction", "rerun (#3)"]
+    assert calls_text(rows).startswith("5 model calls (1 from the cache): attempt (#1) · ")
