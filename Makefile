@@ -7,7 +7,7 @@ APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup system-deps browser-deps test test-fast demo bench clean
+.PHONY: setup system-deps browser-deps test test-fast demo bench bench-analysis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ demo: setup
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'
 	$(PY) bench/run.py
+
+# Right answers on dabench-dev (issue 29): flowmagic against the one-call baseline on the bench
+# model, which is downloaded and checked on first use (bench/benchmodel.py); never in `make test`.
+ANALYSIS_ARGS ?= --limit 24 --seed 0 --resume
+bench-analysis: setup
+	$(PY) bench/analysis.py $(ANALYSIS_ARGS)
 
 clean:
 	rm -rf $(VENV) out build *.egg-info .pytest_cache

@@ -1,0 +1,122 @@
+"""One question under one system, in a process of its own (started by bench/analysis.py).
+
+`python bench/analysis_worker.py SYSTEM QID --data DIR --base-url URL --model M` with
+FLOWMAGIC_HOME set to a folder of its own (so no call is answered from another run's cache);
+prints one JSON line: the answer and what the system did. The harness counts calls and
+tokens from that folder, so a question killed at its time limit still has them.
+
+Systems: `baseline` (bench/onecall.py), `flow` (flowmagic as a `%%flow` cell with its
+defaults: the question, constraints and format as the task, the CSV as the input) and
+`flow-k1` (the same with k=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dabench  # noqa: E402
+import untraced  # noqa: E402
+
+__all__ = ["SYSTEMS", "main"]
+
+SYSTEMS = {"baseline": None, "flow": 3, "flow-k1": 1}   # name -> k of a flow
+
+
+def task_of(q: dabench.Question) -> str:
+    return f"{dabench.prompt(q)}\n\nThe data is the input file {q.file_name}."
+
+
+def _outputs(flow) -> list[str]:
+    """What the flow's code printed: every attempt's executed output, all nodes."""
+    out = []
+    for node in flow.workflow.nodes.values():
+        runs = [a.get("execution") for a in node.attempts] + [node.execution]
+        out += [r.get("stdout") or "" for r in runs if isinstance(r, dict) and r.get("ran", True)]
+    return out
+
+
+def _trace(flow, answer: str | None, outputs: list[str]) -> tuple[list, str]:
+    """(numbers that trace nowhere, which rule said so)."""
+    trace = getattr(flow, "trace_numbers", None)
+    if callable(trace):
+        rows = trace() or []
+        return [_number_of(r) for r in rows if _source_of(r) is None], "flow.trace_numbers()"
+    return untraced.untraced(answer, outputs), "bench/untraced.py"
+
+
+def _number_of(row):
+    if isinstance(row, dict):
+        return row.get("number", row.get("text", row.get("value")))
+    return row[0] if isinstance(row, (list, tuple)) else row
+
+
+def _source_of(row):
+    if isinstance(row, dict):
+        return row.get("source", row.get("node"))
+    return row[1] if isinstance(row, (list, tuple)) and len(row) > 1 else None
+
+
+def _nodes(flow) -> list[dict]:
+    return [{"id": n.id, "status": str(n.status), "attempts": len(n.attempts),
+             "error": (n.error or "")[:300]} for n in flow.workflow.nodes.values()]
+
+
+def run_flow(q: dabench.Question, k: int, sandbox: str) -> dict:
+    """As `flowmagic run` does it: plan (K candidates), run to the end, read the result."""
+    import flowmagic
+
+    flow = flowmagic.plan(task_of(q), k=k, inputs=[str(q.table)], sandbox=sandbox)
+    flow.run()
+    status = flow.status
+    answer = flow.result
+    outputs = _outputs(flow)
+    numbers, rule = _trace(flow, answer, outputs)
+    return {"answer": answer, "status": str(status), "error": flow.message or None,
+            "nodes": _nodes(flow), "outputs": outputs, "untraced": numbers,
+            "untraced_rule": rule}
+
+
+def run_baseline(q: dabench.Question, base_url: str, model: str, sandbox: str) -> dict:
+    from openai import OpenAI
+
+    import onecall
+
+    client = OpenAI(base_url=base_url, api_key=os.environ.get("FLOWMAGIC_API_KEY") or "none",
+                    timeout=3600, max_retries=2)
+    home = Path(os.environ["FLOWMAGIC_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    out = onecall.solve(q, client, model, home / "calls.jsonl", sandbox=sandbox)
+    # the answer is what the script printed: its numbers trace by construction
+    out.update(untraced=untraced.untraced(out["answer"], out["outputs"]),
+               untraced_rule="bench/untraced.py")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("system", choices=sorted(SYSTEMS))
+    ap.add_argument("qid", type=int)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--sandbox", default="bwrap")
+    args = ap.parse_args(argv)
+    q = next(q for q in dabench.load(Path(args.data)) if q.id == args.qid)
+    if SYSTEMS[args.system] is None:
+        out = run_baseline(q, args.base_url, args.model, args.sandbox)
+    else:
+        os.environ.update(FLOWMAGIC_BASE_URL=args.base_url, FLOWMAGIC_MODEL=args.model,
+                          FLOWMAGIC_DISCOVER="0")
+        out = run_flow(q, SYSTEMS[args.system], args.sandbox)
+    print(json.dumps(out, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
