@@ -118,7 +118,8 @@ def run_one(q: dabench.Question, system: str, *, data: Path, base_url: str, mode
     shutil.rmtree(home, ignore_errors=True)   # a fresh store: no answer from a cut-off try
     home.mkdir(parents=True)
     argv = [sys.executable, str(WORKER), system, str(q.id), "--data", str(data),
-            "--base-url", base_url, "--model", model, "--sandbox", sandbox]
+            "--base-url", base_url, "--model", model, "--sandbox", sandbox,
+            "--call-timeout", str(timeout)]
     load_before = os.getloadavg()
     started = time.time()
     t0 = time.monotonic()

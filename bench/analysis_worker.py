@@ -67,11 +67,16 @@ def _nodes(flow) -> list[dict]:
              "error": (n.error or "")[:300]} for n in flow.workflow.nodes.values()]
 
 
-def run_flow(q: dabench.Question, k: int, sandbox: str) -> dict:
-    """As `flowmagic run` does it: plan (K candidates), run to the end, read the result."""
+def run_flow(q: dabench.Question, k: int, sandbox: str, call_timeout: float) -> dict:
+    """As `flowmagic run` does it: plan (K candidates), run to the end, read the result.
+
+    The LLM waits `call_timeout` for an answer, as the baseline's client does: its default
+    120 s for a whole answer is shorter than one plan takes on 2 busy cores (~1,000 prompt
+    tokens at ~20/s, then ~200 tokens at ~3/s), and each retry sends the same request again."""
     import flowmagic
 
-    flow = flowmagic.plan(task_of(q), k=k, inputs=[str(q.table)], sandbox=sandbox)
+    llm = flowmagic.LLM(timeout=call_timeout)
+    flow = flowmagic.plan(task_of(q), k=k, inputs=[str(q.table)], sandbox=sandbox, llm=llm)
     flow.run()
     status = flow.status
     answer = flow.result
@@ -82,13 +87,14 @@ def run_flow(q: dabench.Question, k: int, sandbox: str) -> dict:
             "untraced_rule": rule}
 
 
-def run_baseline(q: dabench.Question, base_url: str, model: str, sandbox: str) -> dict:
+def run_baseline(q: dabench.Question, base_url: str, model: str, sandbox: str,
+                 call_timeout: float) -> dict:
     from openai import OpenAI
 
     import onecall
 
     client = OpenAI(base_url=base_url, api_key=os.environ.get("FLOWMAGIC_API_KEY") or "none",
-                    timeout=3600, max_retries=2)
+                    timeout=call_timeout, max_retries=2)
     home = Path(os.environ["FLOWMAGIC_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     out = onecall.solve(q, client, model, home / "calls.jsonl", sandbox=sandbox)
@@ -106,14 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--sandbox", default="bwrap")
+    ap.add_argument("--call-timeout", type=float, default=3600.0,
+                    help="seconds a model call may take (both systems)")
     args = ap.parse_args(argv)
     q = next(q for q in dabench.load(Path(args.data)) if q.id == args.qid)
     if SYSTEMS[args.system] is None:
-        out = run_baseline(q, args.base_url, args.model, args.sandbox)
+        out = run_baseline(q, args.base_url, args.model, args.sandbox, args.call_timeout)
     else:
         os.environ.update(FLOWMAGIC_BASE_URL=args.base_url, FLOWMAGIC_MODEL=args.model,
                           FLOWMAGIC_DISCOVER="0")
-        out = run_flow(q, SYSTEMS[args.system], args.sandbox)
+        out = run_flow(q, SYSTEMS[args.system], args.sandbox, args.call_timeout)
     print(json.dumps(out, default=str))
     return 0
 

@@ -82,11 +82,14 @@ def load(folder: Path | None = None) -> list[Question]:
 
 def sample(questions: list[Question], per_level: int | None, seed: int) -> list[Question]:
     """`per_level` questions of each level drawn with `seed` (all when None), interleaved
-    easy, medium, hard, easy, ... so a run cut short still covers every level."""
-    by_level = {level: [q for q in questions if q.level == level] for level in LEVELS}
+    easy, medium, hard, easy, ... so a run cut short still covers every level. Each level is
+    shuffled whole and cut, so a smaller sample of a seed is the start of a larger one."""
     rng = random.Random(seed)
-    drawn = {level: (rng.sample(qs, min(per_level, len(qs))) if per_level is not None else qs)
-             for level, qs in by_level.items()}
+    drawn = {}
+    for level in LEVELS:
+        qs = [q for q in questions if q.level == level]
+        rng.shuffle(qs)
+        drawn[level] = qs if per_level is None else qs[:per_level]
     out = []
     for i in range(max(map(len, drawn.values()), default=0)):
         out += [drawn[level][i] for level in LEVELS if i < len(drawn[level])]

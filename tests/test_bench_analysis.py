@@ -77,6 +77,8 @@ def test_the_sample_is_seeded_and_spread_over_the_levels():
         {"easy": 8, "medium": 8, "hard": 8}
     assert [q.id for q in picked] == [q.id for q in analysis.select(questions, 24, 0)]
     assert [q.id for q in picked] != [q.id for q in analysis.select(questions, 24, 1)]
+    # a smaller sample is the start of a larger one: a first reading is resumed, not redone
+    assert [q.id for q in analysis.select(questions, 6, 0)] == [q.id for q in picked[:6]]
 
 
 UNTRACED = [
