@@ -91,6 +91,15 @@ def _usage(home: Path) -> dict:
     return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion}
 
 
+def commit() -> str:
+    """The commit of flowmagic the systems run (with "+changes" when the tree differs)."""
+    def git(*argv):
+        done = subprocess.run(["git", "-C", str(HERE.parent), *argv], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--", "flowmagic") else "")
+
+
 def _worker_env(home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _ENDPOINT_VARS}
     env.update(FLOWMAGIC_HOME=str(home), FLOWMAGIC_DISCOVER="0", PYTHONUNBUFFERED="1")
@@ -112,7 +121,7 @@ def _spawn(argv: list[str], env: dict, timeout: float) -> tuple[str, str, bool]:
 
 
 def run_one(q: dabench.Question, system: str, *, data: Path, base_url: str, model: str,
-            homes: Path, timeout: float, sandbox: str) -> dict:
+            homes: Path, timeout: float, sandbox: str, version: str = "") -> dict:
     """One question under one system: the scored row that goes into the results file."""
     home = homes / f"{q.id}-{system}"
     shutil.rmtree(home, ignore_errors=True)   # a fresh store: no answer from a cut-off try
@@ -149,6 +158,7 @@ def run_one(q: dabench.Question, system: str, *, data: Path, base_url: str, mode
             "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()],
             "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+            "flowmagic": version,
             "home": str(home)}
 
 
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                 if (q.id, system) in done:
                     continue
                 row = run_one(q, system, data=data, base_url=base_url, model=model,
-                              homes=homes, timeout=args.timeout, sandbox=args.sandbox)
+                              homes=homes, timeout=args.timeout, sandbox=args.sandbox,
+                              version=commit())
                 _append(args.out, row)
                 log(f"q{q.id} ({q.level}) {system}: {'right' if row['right'] else 'wrong'} "
                     f"{row['subs_right']}/{row['subs']}, {row['wall_s']} s, {row['calls']} calls, "

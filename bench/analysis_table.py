@@ -108,7 +108,8 @@ def markdown(rows: list[dict]) -> str:
     lines += ["", f"Questions ({len(ids)}, all systems): {', '.join(map(str, ids))}.",
               f"Load (1-minute average before each run): min {min(loads):.1f}, median "
               f"{statistics.median(loads):.1f}, max {max(loads):.1f}.",
-              f"Untraced numbers counted by: {', '.join(rules)}."]
+              f"Untraced numbers counted by: {', '.join(rules) or '-'}.",
+              "flowmagic at: " + ", ".join(sorted({r.get("flowmagic") or "?" for r in cut})) + "."]
     wins = _wins(cut, systems)
     if wins:
         lines += ["", "Where the baseline was right and a flow was not:", "",

@@ -45,8 +45,11 @@ def _trace(flow, answer: str | None, outputs: list[str]) -> tuple[list, str]:
     """(numbers that trace nowhere, which rule said so)."""
     trace = getattr(flow, "trace_numbers", None)
     if callable(trace):
-        rows = trace() or []
-        return [_number_of(r) for r in rows if _source_of(r) is None], "flow.trace_numbers()"
+        rows = trace()
+        if hasattr(rows, "to_dict"):    # a DataFrame (number, value, node, line)
+            rows = rows.to_dict("records")
+        return ([_number_of(r) for r in rows or [] if _source_of(r) is None],
+                "flow.trace_numbers()")
     return untraced.untraced(answer, outputs), "bench/untraced.py"
 
 
@@ -58,8 +61,10 @@ def _number_of(row):
 
 def _source_of(row):
     if isinstance(row, dict):
-        return row.get("source", row.get("node"))
-    return row[1] if isinstance(row, (list, tuple)) and len(row) > 1 else None
+        source = row.get("source", row.get("node"))
+    else:
+        source = row[1] if isinstance(row, (list, tuple)) and len(row) > 1 else None
+    return None if source is None or source != source else source   # NaN from a DataFrame
 
 
 def _nodes(flow) -> list[dict]:
