@@ -71,23 +71,50 @@ def test_any_usage_fields_give_sane_tokens_and_cost(prompt, completion, stream):
     assert reply.text == "fine"
 
 
-def test_negative_usage_cannot_lower_the_spent_budget():
-    hostile = {"prompt_tokens": -10**9, "completion_tokens": -10**9}
-    with LoopbackServer(responder=lambda body: {"content": "done.", "usage": hostile}) as srv:
-        flowmagic.configure(base_url=srv.base_url, model="gpt-4o-mini")
-        flow = Flow.from_dict(TWO, task="t", llm=fast_llm(), budget_usd=0.01, consolidate=False)
+# Usage no endpoint could have used, from an endpoint whose model has a known price.
+HOSTILE_USAGE = {
+    "10**15 tokens": {"prompt_tokens": 10**15, "completion_tokens": 10**15},
+    "text": {"prompt_tokens": "lots", "completion_tokens": "12"},
+    "negative": {"prompt_tokens": -10**9, "completion_tokens": -5},
+    "floats": {"prompt_tokens": 300.0, "completion_tokens": 0.5},
+    "bools": {"prompt_tokens": True, "completion_tokens": False},
+    "missing counts": {"prompt_tokens": None, "completion_tokens": None, "total_tokens": 9},
+    "no usage at all": None,
+    "too few for the text": {"prompt_tokens": 1, "completion_tokens": 0},
+}
+ANSWER = "All done, part written. " * 20   # 480 characters: 120 tokens by size
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("usage", list(HOSTILE_USAGE.values()), ids=list(HOSTILE_USAGE))
+def test_hostile_usage_is_priced_by_size_so_the_budget_holds(usage, stream, capsys):
+    """Each call is priced by its request's and answer's characters / 4 instead, a note of one
+    line says so once, and budget_usd stops the run after the first node."""
+    with LoopbackServer(responder=lambda body: {"content": ANSWER, "usage": usage}) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="gpt-4o-mini")   # $0.15 / $0.60 per 1M
+        flow = Flow.from_dict(TWO, task="t", llm=fast_llm(), budget_usd=1e-6, consolidate=False)
+        flow.streaming = stream
         flow.run()
-    assert flow.status == "done" and flow.spent_usd == 0.0
-    assert all(n.tokens_in >= 0 and n.cost_usd >= 0 for n in flow.workflow.nodes.values())
+        sent = srv.requests[0]["body"]["messages"]
+    a, b = flow.workflow.nodes["a"], flow.workflow.nodes["b"]
+    assert (flow.status, a.status, b.status) == ("budget", "done", "pending"), flow.message
+    chars_in = sum(len(m["content"]) for m in sent)
+    assert (a.tokens_in, a.tokens_out) == (-(-chars_in // 4), len(ANSWER) // 4)
+    assert flow.spent_usd == pytest.approx((a.tokens_in * 0.15 + a.tokens_out * 0.60) / 1e6)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "priced by" in line]
+    assert len(notes) == 1 and ":gpt-4o-mini reported usage" in notes[0], notes
+    assert "not a count of tokens" in notes[0] and "characters / 4" in notes[0]
 
 
-def test_usage_sent_as_text_does_not_abort_the_run():
-    text_usage = {"prompt_tokens": "lots", "completion_tokens": "12"}
-    with LoopbackServer(responder=lambda body: {"content": "done.", "usage": text_usage}) as srv:
+def test_true_usage_is_taken_as_reported(capsys):
+    """The control: counts an endpoint could have used are what the call is priced by."""
+    honest = {"prompt_tokens": 70, "completion_tokens": 50}
+    with LoopbackServer(responder=lambda body: {"content": ANSWER, "usage": honest}) as srv:
         flowmagic.configure(base_url=srv.base_url, model="gpt-4o-mini")
         flow = Flow.from_dict(TWO, task="t", llm=fast_llm(), consolidate=False).run()
-    assert flow.counts() == {"done": 2}
-    assert [n.tokens_out for n in flow.workflow.nodes.values()] == [12, 12]
+    assert [(n.tokens_in, n.tokens_out) for n in flow.workflow.nodes.values()] == [(70, 50)] * 2
+    assert flow.spent_usd == pytest.approx(2 * (70 * 0.15 + 50 * 0.60) / 1e6)
+    assert "priced by" not in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------- budget

@@ -19,9 +19,9 @@ import contextlib
 import functools
 import hashlib
 import json
-import math
 import random
 import re
+import sys
 import threading
 import time
 import weakref
@@ -156,19 +156,31 @@ def _valid_unicode(value: Any) -> Any:
 
 
 _MAX_TOKENS_REPORTED = 10**9   # more than any context window; beyond it the count is a lie
+_CHARS_PER_TOKEN = 4           # the size estimate (Flow.estimate's too)
+# No tokenizer averages more than ~8 characters a token over a text: a count below a
+# sixteenth of the characters is not one an endpoint could really have used.
+_MOST_CHARS_PER_TOKEN = 16
 
 
-def _token_count(value: Any) -> int:
-    """A usage count as the endpoint reported it, made safe: a number of tokens is a whole
-    number from 0 to 10**9. Negative, NaN, text and absurd values count as 0 (unknown),
-    so a hostile endpoint can neither lower the spent budget nor abort the run."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return 0
-    if not math.isfinite(number) or number < 0 or number > _MAX_TOKENS_REPORTED:
-        return 0
-    return int(number)
+def _token_count(value: Any, chars: int) -> int | None:
+    """A usage count as the endpoint reported it when it could be true for `chars`
+    characters: a whole number (not a bool, float or text) from chars / 16 to 10**9. Else
+    None: the caller prices the call by its size, so a hostile or careless endpoint
+    (negative, absurd, missing counts) can neither lower the spent budget nor abort the run."""
+    if type(value) is not int or not chars // _MOST_CHARS_PER_TOKEN <= value <= _MAX_TOKENS_REPORTED:
+        return None
+    return value
+
+
+def _by_size(chars: int) -> int:
+    return -(-chars // _CHARS_PER_TOKEN)
+
+
+def _chars(messages: list[dict]) -> int:
+    """The size of a request: the characters of its messages' texts and tool calls (the
+    JSON around them is not what a model reads)."""
+    return sum(len(v) if isinstance(v, str) else len(json.dumps(v))
+               for m in messages for k, v in m.items() if k != "role" and v)
 
 
 def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float | None:
@@ -243,6 +255,7 @@ class LLM:
         self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
         self._tool_modes: dict[str, str] = {}   # endpoint identity -> "native" | "action"
         self._embeds: dict[str, bool] = {}   # endpoint identity -> /embeddings works
+        self._by_size: set[str] = set()   # models whose usage was priced by size (said once)
         self._per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
             weakref.WeakKeyDictionary())
         self._sent: deque[float] = deque()
@@ -529,6 +542,9 @@ class LLM:
             text, finish, tokens_in, tokens_out, tool_calls = raw
             # an endpoint echoing the key: not kept, not passed on
             text = scrub(_valid_unicode(text))
+            answer_chars = len(text) + (len(json.dumps(tool_calls)) if tool_calls else 0)
+            tokens_in, tokens_out, by_size = self._usage(
+                endpoint, model_name, (tokens_in, tokens_out), (_chars(messages), answer_chars))
             cost = _cost(endpoint, model_name, tokens_in, tokens_out)
             data, error = None, None
             if schema is not None:
@@ -541,6 +557,8 @@ class LLM:
                        "attempts": attempts}
             if tool_calls:
                 payload["tool_calls"] = tool_calls
+            if by_size:
+                payload["usage_by_size"] = True
             # A replay must meet the same answer, an unusable one included, not call again.
             cached = (payload if error is None else {**payload, "error": error}) if cache else None
             log.update(response=payload, input_tokens=tokens_in, output_tokens=tokens_out,
@@ -705,8 +723,27 @@ class LLM:
         data = sorted(getattr(response, "data", None) or [], key=lambda d: d.index)
         if len(data) != len(texts):
             raise _Retryable(f"{len(data)} vectors for {len(texts)} texts")
-        used = _token_count(getattr(getattr(response, "usage", None), "prompt_tokens", 0))
+        used = self._usage(endpoint, model, (getattr(getattr(response, "usage", None),
+                                                     "prompt_tokens", None), 0),
+                           (sum(len(t) for t in texts), 0))[0]
         return [[float(x) for x in d.embedding] for d in data], used
+
+    def _usage(self, endpoint: Endpoint, model: str, reported: tuple,
+               chars: tuple[int, int]) -> tuple[int, int, bool]:
+        """(input tokens, output tokens, priced by size): each reported count when it could
+        be true (`_token_count`), else the request's or the answer's characters / 4; said
+        once per model when that is what prices its calls."""
+        counts = [_token_count(r, c) for r, c in zip(reported, chars)]
+        if None not in counts:
+            return counts[0], counts[1], False
+        model_id = f"{endpoint.name}:{model}"
+        price = price_of(model, local=endpoint.local)
+        if price and any(price) and model_id not in self._by_size:
+            self._by_size.add(model_id)
+            print(f"flowmagic: {model_id} reported usage that is not a count of tokens "
+                  f"(prompt_tokens={reported[0]!r:.30}, completion_tokens={reported[1]!r:.30}): "
+                  "its calls are priced by their size (characters / 4) instead", file=sys.stderr)
+        return (*(_by_size(c) if n is None else n for n, c in zip(counts, chars)), True)
 
     async def _first_model(self, endpoint: Endpoint) -> str:
         client = await self._client(endpoint)
@@ -844,7 +881,7 @@ class LLM:
         return kwargs
 
     async def _send(self, client, kwargs: dict, on_text,
-                    whole: float | None = None) -> tuple[str, str | None, int, int, list]:
+                    whole: float | None = None) -> tuple[str, str | None, Any, Any, list]:
         """The reply as (text, finish reason, input tokens, output tokens, tool calls), from
         the JSON as it came (no pydantic models); a malformed body raises ValueError.
         Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream).
@@ -857,7 +894,7 @@ class LLM:
         if on_text is None:
             return _completion(await self._transport.post_json(
                 client, "/chat/completions", kwargs, whole=whole))
-        parts, finish, tokens_in, tokens_out, calls = [], None, 0, 0, None
+        parts, finish, tokens_in, tokens_out, calls = [], None, None, None, None
         async for chunk in self._transport.post_stream(
                 client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):
             if not isinstance(chunk, dict):
@@ -916,13 +953,14 @@ def _sdk_chunk(kind, chunk: dict):
         return kind.construct(**chunk)
 
 
-def _tokens(usage: Any) -> tuple[int, int]:
+def _tokens(usage: Any) -> tuple[Any, Any]:
+    """The usage counts as reported (None when missing); `LLM._usage` checks them."""
     if not isinstance(usage, dict):
-        return 0, 0
-    return _token_count(usage.get("prompt_tokens")), _token_count(usage.get("completion_tokens"))
+        return None, None
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
 
 
-def _completion(body: Any) -> tuple[str, str | None, int, int, list]:
+def _completion(body: Any) -> tuple[str, str | None, Any, Any, list]:
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
         raise ValueError("the body is not a chat completion")
     choice = body["choices"][0]

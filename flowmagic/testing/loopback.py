@@ -19,7 +19,9 @@ In its own process, so it does not share the GIL with the code being measured::
     python -m flowmagic.testing.loopback --latency 0.1:0.8 --seed 1 --port 0   # prints the base URL
 
 Endpoints: POST /v1/chat/completions (JSON, or SSE with ``stream: true``), GET /v1/models,
-POST /v1/embeddings, GET /_stats, POST /_reset.
+POST /v1/embeddings, GET /_stats, POST /_reset. A responder returns the answer's text or a
+dict ("content", "tool_calls", "finish_reason", "usage": counts of any type that replace the
+word counts, or None for a reply that reports no usage at all).
 
 Everything is a pure function of the request body, so runs are reproducible whatever the
 arrival order: the latency is a hash of (seed, body); the fault is a hash of (seed, body,
@@ -494,7 +496,7 @@ class LoopbackServer:
             finish, usage = "length", usage_counts(body, msg, {})
         return self._reply_chat(h, body, msg, finish, usage, fault)
 
-    def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict,
+    def _reply_chat(self, h: _Handler, body: dict, msg: dict, finish: str, usage: dict | None,
                     fault: str | None) -> int:
         stream = bool(body.get("stream"))
         if fault == "garbage":
@@ -508,8 +510,10 @@ class LoopbackServer:
             self._send_stream(h, stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated",
                               trickle=fault == "trickle")
         else:
-            reply = {**base, "object": "chat.completion", "usage": usage,
+            reply = {**base, "object": "chat.completion",
                      "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}]}
+            if usage is not None:
+                reply["usage"] = usage
             self._send_json(h, 200, reply, truncated=fault == "truncated", answered=fault != "truncated",
                             trickle=fault == "trickle")
         return 200

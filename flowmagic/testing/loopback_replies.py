@@ -154,22 +154,30 @@ def normalise_reply(reply: Any, body: dict) -> tuple[dict, str, dict]:
     if calls:
         msg["tool_calls"] = calls
     finish = reply.get("finish_reason") or ("tool_calls" if calls else "stop")
+    if "usage" in reply and reply["usage"] is None:   # a server that reports no usage
+        return msg, finish, None
     usage = dict(reply.get("usage") or {})
     return msg, finish, usage_counts(body, msg, usage)
 
 
 def usage_counts(body: dict, msg: dict, given: dict) -> dict:
+    """Counts of the words (x 1.3), overridden by what a responder gave (any value)."""
     out = (msg.get("content") or "") + " ".join(tc.get("function", {}).get("arguments", "")
                                                 for tc in msg.get("tool_calls") or [])
     usage = {"prompt_tokens": sum(_count_tokens(_text_of(m.get("content")))
                                   for m in body.get("messages") or [] if isinstance(m, dict)),
              "completion_tokens": _count_tokens(out)}
     usage.update(given)
-    usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+    if "total_tokens" not in usage:
+        try:
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        except TypeError:   # counts of two kinds, given by a responder: no total
+            pass
     return usage
 
 
-def stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: bool) -> list[dict]:
+def stream_chunks(base: dict, msg: dict, finish: str, usage: dict | None,
+                  with_usage: bool) -> list[dict]:
     def chunk(delta: dict, reason: str | None = None) -> dict:
         return {**base, "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
@@ -186,6 +194,6 @@ def stream_chunks(base: dict, msg: dict, finish: str, usage: dict, with_usage: b
         chunks += [chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[at:at + 8]}}]})
                    for at in range(8, len(arguments), 8)]
     chunks.append(chunk({}, finish))
-    if with_usage:
+    if with_usage and usage is not None:
         chunks.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
     return chunks
