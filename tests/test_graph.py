@@ -172,13 +172,13 @@ def test_prune_links_every_predecessor_to_every_successor_once():
 
 
 @pytest.mark.parametrize("edges, node, after", [
-    # a reaches d through b already: the bypass a -> d would be redundant
-    ("a>b b>d a>c c>d", "c", [("a", "b"), ("b", "d")]),
-    # preds a, b with a -> b: only b -> c is needed
-    ("a>b a>x b>x x>c", "x", [("a", "b"), ("b", "c")]),
+    # a reaches d through b already, yet d read c, which read a: a -> d carries that data
+    ("a>b b>d a>c c>d", "c", [("a", "b"), ("a", "d"), ("b", "d")]),
+    # preds a, b with a -> b: c read x, which read both
+    ("a>b a>x b>x x>c", "x", [("a", "b"), ("a", "c"), ("b", "c")]),
     ("a>x x>b", "x", [("a", "b")]),
 ])
-def test_prune_adds_only_the_edges_reachability_needs_and_unprune_undoes_it(edges, node, after):
+def test_prune_links_every_predecessor_to_every_successor_and_unprune_undoes_it(edges, node, after):
     wf = make(edges)
     before = sorted(wf.edges())
     wf.nodes[node].status = "done"

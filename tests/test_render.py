@@ -81,8 +81,8 @@ def test_pruned_node_is_dashed_grey_with_no_edges():
     assert pruned.get("fill") == render.STATUS_COLORS["pruned"]
     assert "pruned" in nodes["node-b"].get("class").split()
     assert not [e for e in edges if "b" in e.split("-")[1:]]
-    # b's parent still reaches b's child through c, so no bypass edge a -> d was added
-    assert set(edges) == {"edge-a-c", "edge-c-d"}
+    # the bypass a -> d is drawn although a reaches d through c: d reads a's output now
+    assert set(edges) == {"edge-a-c", "edge-c-d", "edge-a-d"}
     assert any("cluster" in (g.get("class") or "") for g in root.iter(f"{SVG_NS}g"))
 
 

@@ -8,6 +8,7 @@ downgrading `verify`, loses a fact.
 """
 
 import asyncio
+import json
 import random
 import re
 import xml.etree.ElementTree as ET
@@ -84,8 +85,33 @@ def usd(tokens_in, tokens_out, price):
 
 
 # -- pure parts --------------------------------------------------------------------------------
-def test_rank_ties_share_the_best_rank_and_none_is_most_important():
-    assert slimming.rank({"a": 0.5, "b": 0.5, "c": 0.9, "d": None}) == {"d": 1, "c": 2, "a": 3, "b": 3}
+def test_rank_counts_from_the_least_important_ties_share_and_none_is_most_important():
+    assert slimming.rank({"a": 0.5, "b": 0.5, "c": 0.9, "d": None}) == {"a": 1, "b": 1, "c": 3, "d": 4}
+
+
+def try_order(values: dict[str, dict[str, float]], weights: dict) -> tuple[list[str], dict]:
+    """The order slimming tries nodes in, from each metric's importance values."""
+    ranks = {m: slimming.rank(v) for m, v in values.items()}
+    fused = slimming.fuse(ranks, weights)
+    rows = [{"node": v, "position": i, "rrf": fused[v], "candidate": True}
+            for i, v in enumerate(sorted(fused))]
+    return slimming.Importance("prune", rows, None, weights, 10).least_important(), fused
+
+
+def test_the_try_order_is_agentslimming_eq6_not_its_mirror():
+    # Ten nodes, two metrics, kappa = 10. X is the least important on degree and the most
+    # important on betweenness; Y sits in the middle of both (5th from the bottom).
+    # Eq. 6 with rank 1 = least important: RRF(X) = 1/11 + 1/20 > RRF(Y) = 2/15, so X goes
+    # first; ranking from the most important and taking the smallest RRF first gives Y
+    # (1/20 + 1/11 > 2/16): 1/(kappa + r) is convex, the two orders differ.
+    others = [f"o{i}" for i in range(8)]
+    degree = {"x": 0.0, **{o: 0.1 * (i + 1) for i, o in enumerate(others)}, "y": 0.35}
+    between = {"x": 1.0, **{o: 0.1 * (i + 1) for i, o in enumerate(others)}, "y": 0.45}
+    order, fused = try_order({"degree": degree, "betweenness": between},
+                             {"degree": 1, "betweenness": 1, "loo": 0, "cost": 0})
+    assert fused["x"] == pytest.approx(1 / 11 + 1 / 20) and fused["y"] == pytest.approx(2 / 15)
+    assert order.index("x") < order.index("y")
+    assert order[0] == "o0"   # ranks (2, 1): the least important but for x's degree
 
 
 def test_rrf_matches_a_hand_computation():
@@ -179,9 +205,15 @@ def test_importance_table(server):
                                          + 2 / (10 + r["rank_loo"]) + 1 / (10 + r["rank_cost"]))
     order = table.least_important()
     assert sorted(order) == ["lookup", "relay", "verify"]   # the sink is never a candidate
-    assert [rows[v]["rrf"] for v in order] == sorted(rows[v]["rrf"] for v in order)
-    # Weights are a parameter: without the cost rank, the useless relay comes first.
-    assert flow.importance(EXAMPLES, facts_found, weights={"cost": 0}).least_important()[0] == "relay"
+    assert [rows[v]["rrf"] for v in order] == sorted((rows[v]["rrf"] for v in order), reverse=True)
+    # Weights are a parameter. Without the cost rank, Eq. 6 tries the peripheral lookup and
+    # verify (ranks 1, 1, 2: 1/11 + 1/11 + 2/12) before the central relay, whose zero score
+    # drop (loo rank 1) does not outweigh ranking last on degree and betweenness
+    # (1/13 + 1/14 + 2/11); with loo alone, relay comes first.
+    assert flow.importance(EXAMPLES, facts_found, weights={"cost": 0}).least_important() == [
+        "lookup", "verify", "relay"]
+    assert flow.importance(EXAMPLES, facts_found, weights={
+        "cost": 0, "degree": 0, "betweenness": 0}).least_important()[0] == "relay"
     assert "relay" in table.text()
     # The downgrade stage ranks by the score drop of a downgrade instead.
     down = {r["node"]: r for r in flow.importance(stage="downgrade", cheaper={"big": "small"},
@@ -261,3 +293,25 @@ def test_progress_events_reach_subscribers(server):
     assert phases.count("evaluated") == len(report.points) and phases[-1] == "done"
     assert phases.count("step") == len(report.steps)
     assert report.notes == ["no cheaper={...} map given: the downgrade stage was skipped"]
+
+
+def test_pruning_keeps_the_data_edge_a_transitive_path_implies():
+    # p -> v -> s and p -> x -> s: without v, s must still read p's output under
+    # context="parents" (AgentSlimming links every predecessor to every successor).
+    plan = {"nodes": [{"id": i, "requirement": f"STEP {i}"} for i in ("p", "v", "x", "s")],
+            "edges": [["p", "v"], ["v", "s"], ["p", "x"], ["x", "s"]]}
+
+    def answer(body):
+        found = re.search(r"Your subtask \((\w+)\)", body["messages"][-1]["content"])
+        return f"OUTPUT-OF-{found.group(1)}" if found else default_responder(body)
+
+    with LoopbackServer(responder=answer) as srv:
+        flowmagic.configure(base_url=srv.base_url, model="m")
+        flow = Flow.from_dict(plan, task="t", llm=LLM(backoff_base=0.01), context="parents",
+                              consolidate=False, validate="none", update="off")
+        flow.prune("v")
+        assert flow.workflow.parents("s") == ["p", "x"]
+        flow.run()
+        prompt = next(r["body"]["messages"][-1]["content"] for r in srv.requests
+                      if "Your subtask (s)" in json.dumps(r.get("body")))
+    assert "OUTPUT-OF-p" in prompt and "OUTPUT-OF-x" in prompt and "OUTPUT-OF-v" not in prompt

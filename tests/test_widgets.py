@@ -80,9 +80,9 @@ def test_buttons_match_methods(server, tmp_path):
         assert state(by_panel) == state(by_code)
     assert panel.message.value == "running again: <b>stats</b>"   # no error; the last click
     wf = by_panel.workflow
-    # load still reaches report through stats: pruning plot adds no redundant load -> report.
+    # report read plot, which read load: pruning plot links load -> report (it carries data)
     assert wf.nodes["plot"].status == "pruned"
-    assert sorted(wf.graph.edges) == [("load", "stats"), ("stats", "report")]
+    assert sorted(wf.graph.edges) == [("load", "report"), ("load", "stats"), ("stats", "report")]
     assert wf.nodes["report"].model == "gpt-4o-mini"
     assert wf.nodes["report"].downgraded_from == "default"
     assert len(wf.nodes["stats"].attempts) == 2 and wf.nodes["report"].status == "done"

@@ -144,23 +144,19 @@ class Workflow:
         self.graph.remove_edge(a, b)
 
     def prune(self, node_id: str) -> None:
-        """Mark pruned and link every predecessor to every successor (reachability survives)."""
+        """Mark pruned and link every predecessor to every successor (AgentSlimming's
+        surgery): each successor keeps reading what the pruned node read, so an edge that
+        another path already implies is still added (it carries data under
+        context="parents"); a drawing may show the transitive reduction instead."""
         node = self.node(node_id)
         if node.status == Status.PRUNED:
             return
         preds, succs = self.parents(node_id), self.children(node_id)
         self.graph.remove_edges_from([(p, node_id) for p in preds] + [(node_id, s) for s in succs])
-        # A bypass edge cannot close a cycle: p -> node -> s already existed. Only the edges
-        # reachability needs are added (none that another path already implies).
+        # A bypass edge cannot close a cycle: p -> node -> s already existed.
         added = [(p, s) for p in preds for s in succs
                  if p != s and not self.graph.has_edge(p, s)]
         self.graph.add_edges_from(added)
-        for p, s in list(added):
-            self.graph.remove_edge(p, s)
-            if nx.has_path(self.graph, p, s):
-                added.remove((p, s))
-            else:
-                self.graph.add_edge(p, s)
         transition.prune(node, {"parents": preds, "children": succs,
                                 "added": [list(e) for e in added]})
 

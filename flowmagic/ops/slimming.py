@@ -4,10 +4,13 @@ Importance of every active node fuses four ranks by weighted reciprocal rank fus
 RRF(v) = sum_m w_m / (kappa + rank_m(v)) with kappa = max(10, |V|):
 degree and betweenness centrality (networkx, on the active graph); leave-one-out, the
 score drop on the probe set when the node alone is pruned (or downgraded, in the
-downgrade stage); and cost, the saving that step brings. Rank 1 is the most important:
-high centrality, a large score drop, a small saving. Ties share the best rank, and a node
-that cannot be pruned (a sink: it produces the final result) or downgraded (no cheaper
-model) counts as most important on the measured metrics.
+downgrade stage); and cost, the saving that step brings. As in AgentSlimming's Eq. 6, rank
+1 is the least important (low centrality, a small score drop, a large saving) and the node
+with the largest RRF is tried first; since 1/(kappa + r) is convex, ranking the other way
+round and trying the smallest RRF first is not the same order (a node ranked last on one
+metric and first on another beats one ranked in the middle on both). Ties share the
+smallest rank, and a node that cannot be pruned (a sink: it produces the final result) or
+downgraded (no cheaper model) counts as most important on the measured metrics.
 
 `aslim` is greedy, like AgentSlimming, but without its failures: stage 1 tries the
 `top_k` least important nodes in order and keeps the first prune whose score stays at
@@ -57,9 +60,10 @@ STAGES = ("prune", "downgrade")
 
 # -- ranks and fusion (pure) -----------------------------------------------------------------
 def rank(values: dict[str, float | None]) -> dict[str, int]:
-    """1 + how many nodes have a strictly larger value (None counts as the largest)."""
+    """Rank by importance, 1 = least important: 1 + how many nodes have a strictly smaller
+    value (None, a node that cannot take the step, counts as the largest)."""
     key = {v: math.inf if x is None else round(float(x), 12) for v, x in values.items()}
-    return {v: 1 + sum(1 for u in key if key[u] > key[v]) for v in key}
+    return {v: 1 + sum(1 for u in key if key[u] < key[v]) for v in key}
 
 
 def kappa_for(n_nodes: int) -> int:
@@ -78,7 +82,8 @@ def _weights(weights: dict | None) -> dict[str, float]:
 
 def fuse(ranks: dict[str, dict[str, int]], weights: dict | None = None,
          n_nodes: int | None = None) -> dict[str, float]:
-    """Weighted reciprocal rank fusion of per-metric ranks; larger means more important."""
+    """Weighted reciprocal rank fusion of per-metric ranks (1 = least important); larger
+    means less important: the node to try first."""
     weights = _weights(weights)
     nodes = sorted({v for r in ranks.values() for v in r})
     kappa = kappa_for(n_nodes if n_nodes is not None else len(nodes))
@@ -179,7 +184,8 @@ class _Session:
 # -- importance -----------------------------------------------------------------------------------
 @dataclass
 class Importance:
-    """One row per active node, most important first; `least_important()` gives the try order."""
+    """One row per active node, most important (smallest RRF) first; `least_important()`
+    gives the try order (largest RRF first)."""
     stage: str
     rows: list[dict]
     baseline: Evaluation
@@ -188,7 +194,7 @@ class Importance:
 
     def least_important(self) -> list[str]:
         cands = [r for r in self.rows if r["candidate"]]
-        return [r["node"] for r in sorted(cands, key=lambda r: (r["rrf"], r["position"]))]
+        return [r["node"] for r in sorted(cands, key=lambda r: (-r["rrf"], r["position"]))]
 
     def to_rows(self) -> list[dict]:
         return [dict(r) for r in self.rows]
@@ -242,7 +248,7 @@ async def _importance(session: _Session, wf: Workflow, stage: str, cheaper: dict
              **{f"rank_{m}": ranks[m][v] for m in METRICS},
              "candidate": v in trials, "protected": None if v in trials else why}
             for i, v in enumerate(nodes)]
-    rows.sort(key=lambda r: (-r["rrf"], r["position"]))
+    rows.sort(key=lambda r: (r["rrf"], r["position"]))
     return Importance(stage, rows, base, weights, kappa_for(len(nodes)))
 
 

@@ -247,7 +247,8 @@ def importance_cells(rows: list[dict]) -> list[list[str]]:
 def _importance_head(imp) -> str:
     b = imp.baseline
     return (f"importance ({imp.stage}; baseline S={b.score:.3f}, C=${b.cost_usd:.6f}/example, "
-            f"kappa={imp.kappa}); the least important come last")
+            f"kappa={imp.kappa}); ranks count from the least important (1); "
+            "the largest RRF, the least important, comes last and is tried first")
 
 
 def importance_report(imp, run: str | None = None) -> Report:
