@@ -477,8 +477,10 @@ class Flow:
         strategy = self.settings.update
         if strategy == "off":
             return False
-        problem = ("failed" if not ok else
-                   "empty" if outcome.masked or not (outcome.output or "").strip() else None)
+        # Read from the output itself, never from the fault injector's flag: Flow's masking
+        # experiment asks whether the system notices an output that reads "none".
+        text = (outcome.output or "").strip().lower()
+        problem = "failed" if not ok else "empty" if text in ("", "none") else None
         if strategy == "on-failure" and problem is None:
             return False
         repair_due = problem == "failed" and self.settings.repairs

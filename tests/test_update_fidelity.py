@@ -135,7 +135,9 @@ def test_update_prompt_checks_sufficiency_says_why_and_is_not_cut_at_512_tokens(
                          repairs=False, max_updates=1)
         flow.run()
     user = seen[0]["messages"][-1]["content"]
-    assert "subtask s0 finished but its result is empty" in user     # why it was called
+    why = user.split("Task:")[0]
+    assert "- subtask s0 finished" in why and "empty" not in why      # why, not which was masked
+    assert "[s0]\nnone" in user                                        # the updater reads it itself
     assert "sufficient" in user                                        # D.3's check
     assert "modular and parallel" in user                              # P_update
     assert "rationale" in json.dumps(seen[0]["response_format"])
@@ -217,3 +219,31 @@ def test_max_updates_says_in_one_line_when_it_stops_an_update():
     assert len(flow.update_log) == 1 and len(capped_events) == 1
     assert "max_updates (1) reached" in flow.message and "\n" not in flow.message
     assert "--max-updates" in flow.message
+
+
+def test_the_masking_experiment_lets_the_updater_notice_without_naming_the_masked_node():
+    # Flow's Table 4 condition: updates after completion, outputs masked to "none". The
+    # updater is called after every node for the same reason and must find the "none" in
+    # the results itself; the scripted updater reruns what reads "none", so the run recovers.
+    prompts = []
+
+    def answer(body):
+        if not is_update(body):
+            return f"result for {node_of(body)}"
+        user = body["messages"][-1]["content"]
+        prompts.append(user)
+        masked = re.findall(r"\[(\w+)\]\nnone\b", user)
+        return json.dumps({"rationale": "rerun what is missing" if masked else "fine",
+                           "action": "update" if masked else "no_change",
+                           "subtasks": [{"id": m, "rerun": True} for m in masked]})
+
+    with LoopbackServer(responder=answer) as server:
+        flow = make_flow(chain(3), server, mask_rate=1.0, update="after-completion",
+                         repairs=False, max_updates=10)
+        flow.run()
+    assert {i: n.output for i, n in flow.workflow.nodes.items()} == {
+        f"s{i}": f"result for s{i}" for i in range(3)}
+    assert any(re.search(r"\[s\d\]\nnone\b", p) for p in prompts)   # it saw the masked output
+    for user in prompts:
+        why = user.split("Task:")[0].splitlines()[1:]
+        assert why and all(re.fullmatch(r"- subtask s\d finished", line) for line in why if line), why

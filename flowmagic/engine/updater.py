@@ -116,19 +116,16 @@ def _node_line(wf: Workflow, node_id: str) -> str:
 
 def _why(wf: Workflow, trigger: list[dict] | None) -> str:
     """One line per event that called the updater, in plan order (not arrival order, so
-    the prompt, and its cache key, do not depend on which node finished first)."""
+    the prompt, and its cache key, do not depend on which node finished first). An empty
+    or "none" result is said as "finished": the updater reads the results itself (the
+    sufficiency check), so a masking experiment does not tell it which output was masked."""
     lines = []
     order = {node_id: i for i, node_id in enumerate(wf.nodes)}
     for t in sorted(trigger or [], key=lambda t: order.get(t.get("node"), len(order))):
         node_id, kind = t.get("node"), t.get("why")
         if node_id not in wf.nodes:
             continue
-        if kind == "failed":
-            lines.append(f"- subtask {node_id} failed")
-        elif kind == "empty":
-            lines.append(f"- subtask {node_id} finished but its result is empty or \"none\"")
-        else:
-            lines.append(f"- subtask {node_id} finished")
+        lines.append(f"- subtask {node_id} " + ("failed" if kind == "failed" else "finished"))
     return "\n".join(lines) or "- a check of the plan between subtasks"
 
 
