@@ -97,3 +97,29 @@ def test_the_trials_template_declares_its_checks():
     assert template_checks("trials") == ["1.", "2.", "3."]
     with pytest.raises(flowmagic.errors.ConfigError, match="declares no checks"):
         template_checks("gobang")
+
+
+def test_table5_change_ratio_is_changed_original_subtasks_over_the_initial_plan():
+    # A hand-made log of one trial on the plan a, b, c, d: the first update edits a, reruns
+    # a and b and adds x; the second reruns a again, removes c and adds y; the third changes
+    # nothing. Changed original subtasks: a, b, c (each once; x and y are not the plan's).
+    from flowmagic.ops.trials import Trial, TrialReport, changed_originals
+
+    def entry(no_change=False, **diff):
+        return {"kind": "replan", "no_change": no_change, "diff": diff}
+
+    log = [entry(edited=["a"], rerun=["a", "b"], added=["x"]),
+           entry(rerun=["a"], removed=["c"], added=["y"]),
+           entry(no_change=True)]
+    assert changed_originals(["a", "b", "c", "d"], log) == ["a", "b", "c"]
+    updated = Trial("with updates", 0.5, 0, 0, initial_tasks=4, changed_tasks=3, updates=3)
+    quiet = Trial("with updates", 0.5, 1, 1, initial_tasks=4, changed_tasks=0, updates=0)
+    row = TrialReport([updated, quiet]).rows()[0]
+    # Averaged over every trial of the condition (a trial no update touched changed 0 of
+    # its subtasks), not over the trials that updated.
+    assert updated.change_ratio == 0.75 and row["change_ratio"] == pytest.approx(0.375)
+
+
+def test_the_with_updates_arm_is_the_papers_update_after_completion():
+    from flowmagic.ops.trials import CONDITIONS
+    assert CONDITIONS["with updates"] == {"update": "after-completion"}

@@ -25,11 +25,14 @@ from .._internal.aio import gather_all
 from ..errors import ConfigError
 from ..model.status import RunState, Status
 
-__all__ = ["Trial", "TrialReport", "trials", "atrials", "template_checks", "CONDITIONS"]
+__all__ = ["Trial", "TrialReport", "trials", "atrials", "template_checks", "changed_originals",
+           "CONDITIONS"]
 
-# The default comparison: the same runs with the updater on (Flow's default for failures
-# and empty outputs) and off.
-CONDITIONS = {"with updates": {"update": "on-failure"}, "without updates": {"update": "off"}}
+# The default comparison, Flow's Table 4: the same runs with the updater called after every
+# node once nothing runs (the paper's default strategy) and with no updater.
+CONDITIONS = {"with updates": {"update": "after-completion"}, "without updates": {"update": "off"}}
+# What changes a subtask of the plan (an added subtask is not one of the plan's own).
+_CHANGES = ("removed", "edited", "rerun", "reassigned", "rewired")
 
 
 @dataclass
@@ -44,8 +47,8 @@ class Trial:
     success: float = 0.0
     duration_s: float = 0.0
     updates: int = 0
-    initial_tasks: int = 0
-    changed_tasks: int = 0
+    initial_tasks: int = 0   # the plan's size when the run started
+    changed_tasks: int = 0   # subtasks of that plan some update changed, each counted once
     calls: int = 0
     cost_usd: float = 0.0
     answer_score: float | None = None
@@ -54,7 +57,16 @@ class Trial:
 
     @property
     def change_ratio(self) -> float:
+        """Flow's Table 5: changed original subtasks / the initial plan's size."""
         return self.changed_tasks / self.initial_tasks if self.initial_tasks else 0.0
+
+
+def changed_originals(initial: Any, update_log: list[dict]) -> list[str]:
+    """The subtasks of the initial plan (ids) that any update of the log removed, edited,
+    reran, reassigned or rewired, each once, in plan order; added subtasks do not count."""
+    touched = {i for entry in update_log for key in _CHANGES
+               for i in ((entry.get("diff") or {}).get(key) or [])}
+    return [i for i in initial if i in touched]
 
 
 def _mean(values) -> float | None:
@@ -96,7 +108,7 @@ class TrialReport:
                 "mean_time_s": _mean(t.duration_s for t in ts),
                 "mean_calls": _mean(t.calls for t in ts),
                 "mean_updates": _mean(t.updates for t in ts),
-                "change_ratio": _mean(t.change_ratio for t in ts if t.updates),
+                "change_ratio": _mean(t.change_ratio for t in ts if t.error is None),
                 "answer_score": _mean(t.answer_score for t in ts),
                 "plan_ssi": _mean(t.plan_scores.get("ssi") for t in ts),
                 "errors": sum(1 for t in ts if t.error)})
@@ -224,6 +236,7 @@ async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, ex
             wf = source.workflow if hasattr(source, "workflow") else source
             wf = batch.fresh_copy(wf if isinstance(wf, Workflow) else Workflow.from_dict(wf))
             flow = Flow(wf, name=name, llm=llm, **settings)
+        initial = [i for i, n in flow.workflow.nodes.items() if n.status != Status.PRUNED]
         await flow.arun()
     except FlowError as exc:   # a trial that cannot run is a failed trial, not a crashed study
         trial.error, trial.status = str(exc), RunState.ERROR
@@ -233,11 +246,9 @@ async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, ex
     trial.run_id, trial.status = flow.run_id, flow.status
     value = judge(flow)
     trial.success = float(value) if not isinstance(value, bool) else (1.0 if value else 0.0)
-    replans = [e for e in flow.update_log if not e.get("no_change")]
     trial.updates = len(flow.update_log)
-    trial.initial_tasks = max((e.get("stats") or {}).get("initial_tasks", 0) for e in flow.update_log) \
-        if flow.update_log else flow.total()
-    trial.changed_tasks = sum((e.get("stats") or {}).get("changed_tasks", 0) for e in replans)
+    trial.initial_tasks = len(initial)
+    trial.changed_tasks = len(changed_originals(initial, flow.update_log))
     cost = flow.cost()["total"]
     trial.calls, trial.cost_usd = cost["calls"], cost["cost_usd"]
     if expected is not None:
