@@ -445,9 +445,39 @@ def _eval_parser(sub) -> None:
     ev.set_defaults(func=cmd_eval)
 
 
+def _compare_task(args: argparse.Namespace) -> int:
+    """Flow's task with its per-criterion table, beside the one-call and sequential baselines."""
+    from .ops.comparison import compare_task
+
+    settings = _settings(args.set, model=args.model or None).given()
+    model = settings.pop("model", None)
+
+    def tell(arm) -> None:
+        done = "; ".join(f"{s.criterion} {'n/c' if s.value is None else int(s.value)}" for s in arm.scores)
+        print(f"  trial {arm.trial} {arm.method}: {arm.time_s:.1f} s, {done}"
+              + (f" ({arm.error})" if arm.error else ""), file=sys.stderr, flush=True)
+
+    comp = compare_task(args.template, params=args.param, n=args.n or 1, k=args.k, model=model,
+                        seed=args.seed, judge=args.judge, progress=tell, **settings)
+    print(comp.markdown())
+    if args.out:
+        Path(args.out).write_text(json.dumps(comp.to_dict(), indent=2, default=str), encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_trials(args: argparse.Namespace) -> int:
+    from .ops.comparison import is_task_template
     from .ops.trials import CONDITIONS, trials
 
+    if is_task_template(args.template):
+        if args.source:
+            raise ConfigError(f"--template {args.template} runs the template's own task; "
+                              "give no TASK or plan with it")
+        return _compare_task(args)
+    if not args.source:
+        raise ConfigError("trials needs a TASK or PLAN.json, or --template gobang, website or "
+                          "beamer for Flow's tasks")
     source = args.source
     if source.endswith(".json") and Path(source).is_file():
         source = json.loads(Path(source).read_text(encoding="utf-8"))
@@ -459,7 +489,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
                                  if k in ("ssi", "node_f1", "edge_f1")}
     settings = _settings(args.set, model=args.model or None)
     conditions = CONDITIONS if args.compare_updates else {"as set": {}}
-    report = trials(source, n=args.n, mask_rates=args.mask_rate or (0.0,), conditions=conditions,
+    report = trials(source, n=args.n or 5, mask_rates=args.mask_rate or (0.0,), conditions=conditions,
                     checks=args.check, template=args.template, expected=args.expect,
                     plan_score=plan_score, seed=args.seed, concurrency=args.concurrency,
                     **settings.given())
@@ -476,14 +506,22 @@ def _trials_parser(sub) -> None:
                         description="Runs N trials per condition, each with a fresh seed, and "
                         "prints the success rate by condition and masking rate, time, calls, "
                         "updates and change ratios, and answer scores beside plan scores.")
-    tr.add_argument("source", metavar="TASK|PLAN.json", help="a task in words, or a plan file")
-    tr.add_argument("--n", type=int, default=5, help="trials per condition (default 5)")
+    tr.add_argument("source", metavar="TASK|PLAN.json", nargs="?",
+                    help="a task in words, or a plan file (none with --template gobang, "
+                    "website or beamer)")
+    tr.add_argument("--n", type=int, help="trials per condition (default 5; 1 for a task template)")
     tr.add_argument("--mask-rate", type=float, action="append",
                     help="a masking rate to try (repeatable; default 0)")
     tr.add_argument("--no-compare-updates", dest="compare_updates", action="store_false",
                     help="run only the settings given, not with and without updates")
     tr.add_argument("--check", action="append", help="text the result must contain (repeatable)")
-    tr.add_argument("--template", help="use this template's checks")
+    tr.add_argument("--template", help="use this template's checks; gobang, website or beamer: "
+                    "run Flow's task and score its criteria beside one call and a sequential run")
+    tr.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
+                    help="a parameter of the task template (repeatable)")
+    tr.add_argument("--k", type=int, default=1, help="candidate plans for a task template (default 1)")
+    tr.add_argument("--no-judge", dest="judge", action="store_false",
+                    help="no LLM judge: what only a reader can judge stays not checked")
     tr.add_argument("--expect", help="the expected answer: each result is scored against it")
     tr.add_argument("--gold", metavar="GOLD.json", help="a gold plan: each plan is scored against it")
     tr.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")
