@@ -166,7 +166,7 @@ def test_each_fault_kind(kind, engine):
         assert outcome.response.headers["retry-after"] == "0.25"
     elif kind == "500":
         assert isinstance(outcome, openai.InternalServerError)
-    elif kind == "hang":
+    elif kind in ("hang", "stall"):   # a stall is a hang for a plain answer
         assert isinstance(outcome, openai.APITimeoutError)
         assert time.monotonic() - started < 5  # stop() woke the hanging handler
     elif kind == "truncated":
@@ -198,6 +198,45 @@ def test_fault_kinds_in_streams(kind, engine):
         else:
             with pytest.raises((openai.APIError, ValueError)):
                 text()
+
+
+def test_slots_serve_one_at_a_time_and_are_reported_like_llama_cpp():
+    with LoopbackServer(slots=1, latency=0.2) as srv:
+        props = json.loads(subprocess.run(   # GET /props, as a client learns the slots
+            [sys.executable, "-c", "import sys, urllib.request; print(urllib.request.urlopen("
+             f"'{srv.base_url[:-3]}/props').read().decode())"],
+            capture_output=True, text=True, check=True).stdout)
+        assert props["total_slots"] == 1
+        started = time.monotonic()
+        threads = [threading.Thread(target=chat, args=(srv,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # held at once: all three; served at once: one, so their latencies add up
+        assert srv.max_in_flight == 3 and srv.calls == 3
+        assert time.monotonic() - started >= 0.6
+    with LoopbackServer() as srv:   # no slots: no /props, as a server without them
+        with pytest.raises(Exception):
+            subprocess.run([sys.executable, "-c", "import urllib.request; urllib.request.urlopen("
+                            f"'{srv.base_url[:-3]}/props')"], check=True, capture_output=True)
+
+
+def test_a_paced_stream_is_steady_and_a_stalled_one_stops():
+    with LoopbackServer(stream_s=0.05) as srv, client_for(srv) as client:
+        times = []
+        with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            for _ in stream:
+                times.append(time.monotonic())
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert len(gaps) > 4 and min(gaps) > 0.03
+    with LoopbackServer(faults={"stall": 1.0}, hang_s=30) as srv, client_for(srv, timeout=0.5) as client:
+        got = []
+        with pytest.raises(openai.APITimeoutError):
+            with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+                for chunk in stream:
+                    got.append(chunk)
+        assert len(got) == 3   # its first events came, then nothing
 
 
 def _outcomes(seed, attempts=6, **options):

@@ -37,8 +37,16 @@ whose body is not JSON), "length" (a valid completion with finish_reason "length
 the text), "401" (the key was refused). ``fail_first=N`` gives the first N attempts of each body
 the fault ``fail_kind`` (default "500"). Hostile ones: "trickle" (a valid answer sent in 20 pieces
 ``trickle_s`` apart, so no single read waits long), "echo" (HTTP 400 whose message repeats the
-request's headers, the key included, as some proxies do). Authorization headers are recorded
-as "REDACTED", never as the key.
+request's headers, the key included, as some proxies do), "stall" (a stream that sends its
+first events, then nothing for ``hang_s``; a plain answer hangs as "hang" does). Authorization
+headers are recorded as "REDACTED", never as the key.
+
+As a local model server (`loopback_slots`): ``slots=N`` serves N chat requests at a time and
+holds the others in its queue (their latency starts when they get a slot; ``max_in_flight`` is
+the most it held at once; GET /props reports ``total_slots`` as llama.cpp's server does), and
+``stream_s`` spaces a stream's events, a slow but steady writer. A request whose client went
+away is noticed before the next piece of its answer is sent; the seconds it held a slot are
+abandoned work (``stats()["abandoned_s"]``).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from ..errors import ConfigError
 from .loopback_replies import (embeddings_reply, normalise_reply, stream_chunks, usage_counts, default_responder,
                                embed_text, schema_example)
 from .loopback_asyncio import UNSERVED_FAULTS, Engine
+from .loopback_slots import Slots, peer_closed
 from .loopback_spawn import SpawnedLoopback
 
 __all__ = [
@@ -72,13 +81,15 @@ __all__ = [
     "schema_example",
 ]
 
-FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401", "trickle", "echo")
+FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401", "trickle", "echo",
+               "stall")
+_STALL_AFTER = 3   # events a stalling stream sends before it stops
 _TRICKLE_PIECES = 20
 _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
 # Options that survive a trip through the command line (callables cannot).
 _CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
               "retry_after": "--retry-after", "hang_s": "--hang-s", "trickle_s": "--trickle-s", "dims": "--dims", "model": "--model",
-              "port": "--port", "engine": "--engine"}
+              "port": "--port", "engine": "--engine", "slots": "--slots", "stream_s": "--stream-s"}
 ENGINES = ("threads", "asyncio")
 
 
@@ -152,6 +163,11 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # a burst of connections must not overflow the listen backlog
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that closed its connection (it gave up, or left a stream) is no error
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
     def server_bind(self) -> None:
         # HTTPServer.server_bind does a reverse DNS lookup; loopback needs none.
         socketserver.TCPServer.server_bind(self)
@@ -182,7 +198,8 @@ class LoopbackServer:
                  hang_s: float = 30.0, trickle_s: float = 0.5,
                  dims: int = 64, model: str = "loopback", port: int = 0,
                  embedder: Callable[[str], list[float]] | None = None,
-                 models: list[str] | None | bool = None, engine: str = "threads") -> None:
+                 models: list[str] | None | bool = None, engine: str = "threads",
+                 slots: int | None = None, stream_s: float = 0.0) -> None:
         self.responder = responder or default_responder
         self.embedder = embedder   # text -> vector for /embeddings (default: hashed bag of words)
         self.latency = _parse_latency(latency)
@@ -199,12 +216,20 @@ class LoopbackServer:
         if engine == "asyncio" and held:
             raise ConfigError(f"the asyncio engine does not serve the fault(s) {held}; "
                               "use engine='threads' for them")
+        if engine == "asyncio" and (slots or stream_s):
+            raise ConfigError("the asyncio engine has no slots nor paced streams; "
+                              "use engine='threads' for them")
+        self.stream_s = float(stream_s)
         self.engine = engine
         self.model, self.port = model, port
         # what GET /models lists: `model` alone by default; False: no /models route (404)
         self.models = [model] if models is None else models
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        try:
+            self.slots = Slots(int(slots) if slots is not None else None, self._stopping)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
         self._conns: dict[threading.Thread, Any] = {}
         self._httpd: _HTTPServer | None = None
         self._engine: Engine | None = None
@@ -282,8 +307,11 @@ class LoopbackServer:
         """Counters plus one summary per request (with body and headers when bodies=True)."""
         hidden = () if bodies else ("body", "headers")
         with self._lock:
+            left = [r for r in self.requests if r.get("abandoned")]
             return {"calls": self.calls, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                    "faults": dict(self.fault_counts),
+                    "faults": dict(self.fault_counts), "slots": self.slots.count,
+                    "abandoned": len(left),
+                    "abandoned_s": sum(r.get("served_s") or 0.0 for r in left),
                     "requests": [{k: v for k, v in r.items() if k not in hidden} for r in self.requests]}
 
     def _record(self, h: _Handler, path: str, body: Any, arrived: float) -> dict:
@@ -291,7 +319,7 @@ class LoopbackServer:
         rec = {"method": h.command, "path": path, "body": body, "headers": headers,
                "had_auth": any(k.lower() in _SECRET_HEADERS and v.strip() for k, v in h.headers.items()),
                "arrived": arrived, "finished": None, "status": None, "attempt": None, "fault": None,
-               "latency_s": None}
+               "latency_s": None, "served_s": None, "abandoned": False}
         with self._lock:
             self.requests.append(rec)
         return rec
@@ -316,8 +344,9 @@ class LoopbackServer:
             body = None
         rec = self._record(h, full, raw.decode("utf-8", "replace") if body is None else body, arrived)
         route = {("POST", "/chat/completions"): self._chat, ("GET", "/models"): self._models,
-                 ("POST", "/embeddings"): self._embeddings}.get((method, path))
-        h.loopback_rec, h.loopback_chat, status = rec, False, 0
+                 ("POST", "/embeddings"): self._embeddings,
+                 ("GET", "/props"): self._props}.get((method, path))
+        h.loopback_rec, h.loopback_chat, h.loopback_slot, status = rec, False, None, 0
         try:
             if route is None:
                 status = self._send_error(h, 404, f"no route for {method} {h.path}", "not_found")
@@ -326,9 +355,26 @@ class LoopbackServer:
             else:
                 status = route(h, body, rec)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
-            h.close_connection = True
+            h.close_connection = rec["abandoned"] = True
         finally:
             self._settle(h, status)
+            self._leave_slot(h, rec)
+
+    def _leave_slot(self, h: _Handler, rec: dict) -> None:
+        """Give a chat request's slot back, with the seconds it held it."""
+        start, h.loopback_slot = h.loopback_slot, None
+        if start is not None:
+            rec["served_s"] = time.monotonic() - start
+            self.slots.give_back()
+
+    def _gone(self, h: _Handler) -> bool:
+        """True (and the request marked abandoned) when its client has gone away."""
+        if not peer_closed(h):
+            return False
+        h.close_connection = True
+        if h.loopback_rec is not None:
+            h.loopback_rec["abandoned"] = True
+        return True
 
     def _settle(self, h: _Handler, status: int, answered: bool = False) -> None:
         """Close the request's record once, before its last bytes leave: a client that has its
@@ -359,7 +405,7 @@ class LoopbackServer:
         if self._stopping.wait(left) if left > 0 else self._stopping.is_set():
             h.close_connection = True
             return False
-        return True
+        return not self._gone(h)
 
     def _send_bytes(self, h: _Handler, status: int, payload: bytes, ctype: str = "application/json",
                     headers: dict | None = None, truncated: bool = False, answered: bool = False,
@@ -402,7 +448,7 @@ class LoopbackServer:
         return self._send_json(h, status, err, headers=headers)
 
     def _send_stream(self, h: _Handler, chunks: list[dict], truncated: bool,
-                     trickle: bool = False) -> None:
+                     trickle: bool = False, stall: bool = False) -> None:
         if not self._wait_due(h):
             return
         h.send_response(200)
@@ -413,14 +459,19 @@ class LoopbackServer:
         events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
         if truncated:  # half the events, no terminating chunk, then close
             events, h.close_connection = events[: max(1, len(events) // 2)], True
+        gap = self.trickle_s if trickle else self.stream_s
         for i, data in enumerate(events):
             if i == len(events) - 1:
                 self._settle(h, 200, answered=not truncated)
-            if trickle and i and self._stopping.wait(self.trickle_s):
+            if i and (gap and self._stopping.wait(gap) or self._gone(h)):
+                h.close_connection = True
+                return
+            if stall and i == min(_STALL_AFTER, len(events) - 1):   # then nothing, then close
+                self._stopping.wait(self.hang_s)
                 h.close_connection = True
                 return
             h.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
-            if trickle or i == 0:  # the first event at once, as a real server's first token
+            if gap or stall or i == 0:  # the first event at once, as a real server's first token
                 h.wfile.flush()
         if not truncated:
             h.wfile.write(b"0\r\n\r\n")
@@ -452,9 +503,13 @@ class LoopbackServer:
         with self._lock:
             attempt = self._attempts.get(key, 0)
             self._attempts[key] = attempt + 1
-            self.in_flight += 1
+            self.in_flight += 1   # held: in the queue for a slot, or served
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             h.loopback_chat = True  # _settle() takes it out of flight
+        if not self.slots.take():
+            h.close_connection = True
+            return 0
+        h.loopback_t0 = h.loopback_slot = time.monotonic()   # its latency starts with its slot
         fault = self._pick_fault(key, attempt)
         rec["attempt"], rec["fault"] = attempt, fault
         if fault:
@@ -477,7 +532,7 @@ class LoopbackServer:
             items = sorted(h.headers.items(), key=lambda kv: kv[0].lower() != "authorization")
             seen = "; ".join(f"{k}: {v}" for k, v in items)
             return self._send_error(h, 400, f"bad request; headers were: {seen}", "invalid_request")
-        if fault == "hang":
+        if fault == "hang" or fault == "stall" and not body.get("stream"):
             if self._wait_due(h):
                 self._stopping.wait(self.hang_s)
             h.close_connection = True
@@ -508,8 +563,11 @@ class LoopbackServer:
         if stream:
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._send_stream(h, stream_chunks(base, msg, finish, usage, with_usage), fault == "truncated",
-                              trickle=fault == "trickle")
+                              trickle=fault == "trickle", stall=fault == "stall")
         else:
+            if self.stream_s and h.loopback_due is not None:   # written at a stream's pace
+                pieces = len(stream_chunks(base, msg, finish, usage, False))
+                h.loopback_due += self.stream_s * max(0, pieces - 1)
             reply = {**base, "object": "chat.completion",
                      "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}]}
             if usage is not None:
@@ -517,6 +575,12 @@ class LoopbackServer:
             self._send_json(h, 200, reply, truncated=fault == "truncated", answered=fault != "truncated",
                             trickle=fault == "trickle")
         return 200
+
+    def _props(self, h: _Handler, body: dict, rec: dict) -> int:
+        """The server's properties as llama.cpp's server reports them (only with slots)."""
+        if self.slots.count is None:
+            return self._send_error(h, 404, "no route for GET /props", "not_found")
+        return self._send_json(h, 200, {"total_slots": self.slots.count, "model_alias": self.model})
 
     def _models(self, h: _Handler, body: dict, rec: dict) -> int:
         if self.models is False:
@@ -575,6 +639,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="threads", choices=ENGINES,
                    help="threads: one per connection, every fault; asyncio: one event loop, for many "
                         "connections at once (no hang or trickle)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="chat requests served at once; the others wait (default: no limit)")
+    p.add_argument("--stream-s", type=float, default=0.0, help="seconds between a stream's events")
     p.add_argument("--lifetime", type=float, default=0,
                    help="exit after this many seconds (0: until signalled)")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (used by spawn)")
@@ -590,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
                             reject_json_schema=args.reject_json_schema,
                             retry_after=args.retry_after, hang_s=args.hang_s,
                             trickle_s=args.trickle_s, dims=args.dims,
-                            model=args.model, port=args.port, engine=args.engine).start()
+                            model=args.model, port=args.port, engine=args.engine,
+                            slots=args.slots, stream_s=args.stream_s).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     if args.exit_on_stdin_eof:  # the parent died or called stop(): do not outlive it

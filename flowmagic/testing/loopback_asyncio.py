@@ -9,7 +9,7 @@ its arrival, timed to the microsecond (epoll's own timeout is whole milliseconds
 
 The requests go through the same `LoopbackServer.handle` as the threads' (records, latency,
 faults, replies), with an `Exchange` in place of a `BaseHTTPRequestHandler`. Faults that hold
-a connection open ("hang", "trickle") need a thread to wait in, and are refused by this engine.
+a connection open ("hang", "trickle", "stall") need a thread to wait in, and are refused by this engine.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import httptools
 
 __all__ = ["Engine", "Exchange", "UNSERVED_FAULTS"]
 
-UNSERVED_FAULTS = ("hang", "trickle")
+UNSERVED_FAULTS = ("hang", "trickle", "stall")
 _BACKLOG = 4096   # a fan-out of 500 opens 500 connections at once
 _EPOLL = getattr(selectors, "EpollSelector", None)
 
