@@ -222,7 +222,7 @@ def fault_case(n: int, faults: dict, *, seed: int, latency: tuple, max_tokens: i
     dag = family("layered", n, 0)
     task = f"Benchmark workflow layered-{n} with faults."
     with bench_server.spawn(latency=latency, seed=seed, faults=faults) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
+        flowmagic.configure(base_url=server.base_url, model="m", self_hosted=False)
         res = asyncio.run(R.run_flowmagic(dag, task, max_tokens))
         stats = server.stats()
         requests = sum(1 for r in stats["requests"] if r["path"].endswith("/chat/completions"))

@@ -71,7 +71,7 @@ def _one(engine, n: int, threads: int, cpu: bool, base_url: str, first: int = 0)
 
     os.environ["FLOWMAGIC_HOME"] = tempfile.mkdtemp(prefix="bench-dask-")
     endpoints.reset()
-    flowmagic.configure(base_url=base_url, model="loopback")
+    flowmagic.configure(base_url=base_url, model="loopback", self_hosted=False)
     llm = LLM(Store(os.path.join(os.environ["FLOWMAGIC_HOME"], "flowmagic.db")))
     flow = Flow.from_dict(PLAN, task="look up cities", llm=llm)
     flow.tools = [crunch] if cpu else []

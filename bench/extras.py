@@ -118,7 +118,7 @@ def _run_and_export(tmp: Path, n: int, server, max_tokens: int, notebook):
     from flowmagic.llm import LLM
     from flowmagic.store import Store
 
-    flowmagic.configure(base_url=server.base_url, model="m")
+    flowmagic.configure(base_url=server.base_url, model="m", self_hosted=False)
     store = Store(tmp / "home" / "flowmagic.db")
     flow = Flow.from_dict(family("layered", n), task="Benchmark workflow: replay.",
                           llm=LLM(store), store=store, consolidate=False,
@@ -154,7 +154,7 @@ def _execute(path: Path, tmp: Path) -> tuple[int, float, float, list]:
 def _replay_in(tmp: Path, n: int, server, max_tokens: int, log, notebook) -> dict:
     # The kernel inherits these: the same store (so the same cache) and the same server.
     with _environ(FLOWMAGIC_HOME=str(tmp / "home"), FLOWMAGIC_BASE_URL=server.base_url,
-                  FLOWMAGIC_MODEL="m"):
+                  FLOWMAGIC_MODEL="m", FLOWMAGIC_SELF_HOSTED="0"):
         store, path = _run_and_export(tmp, n, server, max_tokens, notebook)
         before = store.last_call_id()
         server.reset()

@@ -110,10 +110,11 @@ def _no_network():
 
 
 def stub_endpoint() -> None:
-    """An endpoint for the runs with the HTTP call answered in-process (it is never reached)."""
+    """An endpoint for the runs with the HTTP call answered in-process (it is never reached).
+    Like every loopback of the benchmark, it stands for a hosted endpoint."""
     import flowmagic
 
-    flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m")
+    flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m", self_hosted=False)
 
 
 def node_runner_once(dag: dict, profiler=None) -> tuple[float, float, str, int]:

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     data: dict = {"latency": (lo, hi), "seed": args.seed}
     with bench_server.spawn(latency=(lo, hi), seed=args.seed) as server:
         log(f"loopback server {server.base_url} (latency {lo}-{hi} s from a hash of the body)")
-        flowmagic.configure(base_url=server.base_url, model="m")
+        flowmagic.configure(base_url=server.base_url, model="m", self_hosted=False)
         data["cases"] = run_makespans(plan, server)
         log("replay: exported notebook")
         data["replay"] = extras.replay(plan["replay"], server, log=log)

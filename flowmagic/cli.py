@@ -42,6 +42,7 @@ class Progress:
         self.quiet_s = quiet_s
         self.doing = ""
         self.running: dict[str, str] = {}
+        self.waiting: dict[str, int] = {}   # node -> requests ahead of its model call
         self._last = self.t0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,22 +65,37 @@ class Progress:
     def _beat(self) -> None:
         while not self._stop.wait(1.0):
             if self.doing and time.perf_counter() - self._last >= self.quiet_s:
-                busy = ", ".join(self.running) or ("the final write-up" if self.doing == "running"
-                                                  else "")
+                busy = ", ".join(self._busy(node) for node in self.running) or (
+                    "the final write-up" if self.doing == "running" else "")
                 busy = f": {busy}" if busy else ""
                 self.say(f"… still {self.doing}{busy}")
+
+    def _busy(self, node: str) -> str:
+        ahead = self.waiting.get(node)
+        return node if ahead is None else f"{node} (waiting for the model, {ahead} ahead)"
 
     def event(self, e: dict) -> None:
         """A Flow event, as one line."""
         kind, node = e.get("kind"), e.get("node")
-        if kind == "started":
+        if kind == "waiting":   # a line when a node starts waiting; the heartbeat counts down
+            ahead = e.get("ahead")
+            if ahead is None:
+                self.waiting.pop(node, None)
+                return
+            first = node not in self.waiting
+            self.waiting[node] = ahead
+            if first:
+                self.say(f"⧗ {node} waiting for the model ({ahead} ahead)")
+        elif kind == "started":
             self.running[node] = e.get("clone") or e.get("agent") or ""
             self.say(f"▶ {node} ({self.running[node]})")
         elif kind == "finished":
             self.running.pop(node, None)
+            self.waiting.pop(node, None)
             self.say(f"✓ {node}" + (" (output masked: fault injection)" if e.get("masked") else ""))
         elif kind == "failed":
             self.running.pop(node, None)
+            self.waiting.pop(node, None)
             self.say(f"✗ {node}: {one_line(e.get('error') or '', 100)}")
         elif kind == "stopped":
             self.running.pop(node, None)

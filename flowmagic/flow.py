@@ -33,7 +33,11 @@ from .model.status import RunState, Status
 
 __all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "Settings"]
 
-_NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool"))
+_NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool",
+                          "waiting"))
+# Shown as they come and never stored: streamed text, and a call's place in a local
+# server's queue ("waiting for the model (N ahead)"; ahead None: its request went out).
+_PASSING = frozenset(("text", "waiting"))
 # The turns a node started in this one takes to put its request on the wire: its first
 # step (prompt, cache look-up, the HTTP client's request), and a turn more for aiohttp's
 # writer task, for which this was measured (llm/http1 writes in the first step).
@@ -149,7 +153,7 @@ class Flow:
         event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
         self._pending.append((kind, node_id, data or None, event))
         # streamed text is shown as it comes: the next turn, not after the requests
-        if kind in _NODE_EVENTS and self._flush_later(1 if kind == "text" else _FLUSH_TURNS):
+        if kind in _NODE_EVENTS and self._flush_later(1 if kind in _PASSING else _FLUSH_TURNS):
             return
         self._flush()
 
@@ -191,7 +195,7 @@ class Flow:
         self.store.write_batch(
             # A shallow view: it is serialised right away, so no deep copy is needed.
             self.run_id, [vars(nodes[n]) for n in changed],
-            [(kind, n, data) for kind, n, data, _ in pending if kind != "text"],
+            [(kind, n, data) for kind, n, data, _ in pending if kind not in _PASSING],
             calls=[row for row, _ in calls], logged=lambda ids: _name_calls(calls, ids))
         for kind, node_id, data, event in pending:
             if kind == "text":   # what partial_output() says is what subscribers were told
@@ -204,6 +208,9 @@ class Flow:
         if not self._streaming:
             return None
         return lambda piece: self.emit("text", node_id, {"text": piece})
+
+    def _wait_sink(self, node_id: str):
+        return lambda ahead: self.emit("waiting", node_id, {"ahead": ahead})
 
     def partial_output(self, node_id: str) -> str:
         """The text a running node has streamed so far ("" when none has arrived or
@@ -271,7 +278,7 @@ class Flow:
                           llm=self.llm, store=self.store, run_id=self.run_id,
                           open_workspace=lambda: self.workspace, list_inputs=self._inputs,
                           emit=self.emit,
-                          spend=self._spend, text_sink=self._text_sink,
+                          spend=self._spend, text_sink=self._text_sink, wait_sink=self._wait_sink,
                           offer_tools=self.atools_for, has_tools=self._has_tools,
                           # the door's own commit when the flow writes to another store
                           defer_log=self._log_later if self.store is self.llm.store else None)

@@ -1,6 +1,7 @@
 """Every test gets its own FLOWMAGIC_HOME, no endpoint from the developer's shell, and no
 discovery of local servers (a developer's Ollama or CI's service on 8000 must not change a
-test; tests/test_discovery.py turns it on against its own loopback server)."""
+test; tests/test_discovery.py turns it on against its own loopback server); loopback
+endpoints are treated as hosted unless a test says otherwise."""
 
 import contextlib
 import os
@@ -23,6 +24,9 @@ def flowmagic_home(tmp_path, monkeypatch):
     for var in _ENDPOINT_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FLOWMAGIC_DISCOVER", "0")
+    # The loopback servers of the tests stand for hosted endpoints unless a test says
+    # otherwise (tests/test_local_endpoints.py): a local one is streamed and queued.
+    monkeypatch.setenv("FLOWMAGIC_SELF_HOSTED", "0")
     monkeypatch.delenv("FLOWMAGIC_DISCOVER_PORTS", raising=False)
     # the loopback server answers any model name but lists one: tests of the model check
     # (test_model_choice.py) turn it on

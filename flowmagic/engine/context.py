@@ -39,6 +39,8 @@ class RunContext:
     defer_log: Callable[[dict, dict], None] | None = None
     # the declared inputs without making the workspace folder (None: the workspace's own)
     list_inputs: Callable[[], list] | None = None
+    # where a node hears its model call's place in a local server's queue (None: nowhere)
+    wait_sink: Callable[[str], Callable[[int | None], None]] | None = None
 
     @property
     def workflow(self):

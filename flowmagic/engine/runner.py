@@ -215,7 +215,8 @@ class NodeRunner:
         return dict(model=node.model or settings.model, seed=seed,
                     temperature=settings.temperature, max_tokens=settings.max_tokens,
                     run_id=ctx.run_id, node_id=node.id, purpose="node",
-                    on_text=ctx.text_sink(node.id))
+                    on_text=ctx.text_sink(node.id),
+                    on_wait=ctx.wait_sink(node.id) if ctx.wait_sink else None)
 
     def _answer(self, node, messages: list[dict], seed: int, record: dict | None = None):
         """The door's coroutine of the node's answer, without tools. Given the attempt's

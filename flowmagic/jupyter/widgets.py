@@ -83,6 +83,17 @@ def _svg_only(content: str) -> str:
     return content[start:]
 
 
+def _queue_line(queued: dict[str, int]) -> str:
+    """"waiting for the model (N ahead): ..." for the nodes whose call waits for a local
+    server, the nearest first; "" when none does."""
+    if not queued:
+        return ""
+    order = sorted(queued.items(), key=lambda item: item[1])
+    shown = ", ".join(f"{node} ({ahead} ahead)" for node, ahead in order[:4])
+    more = f" and {len(order) - 4} more" if len(order) > 4 else ""
+    return f"waiting for the model: {shown}{more}"
+
+
 def _fmt_int(n: Any) -> str:
     return f"{int(n or 0):,}"
 
@@ -103,6 +114,7 @@ class Panel:
         self.flow = flow
         flow.streaming = True               # so Show output can follow a node already running
         self._watching: str | None = None   # the node whose output is shown
+        self._queued: dict[str, int] = {}   # node -> requests ahead of its model call
         self._following = False             # a task awaits the current run (see follow())
         self._shown_result: str | None = None
         marker = f"flowmagic-static-{secrets.token_hex(4)}"
@@ -269,7 +281,9 @@ class Panel:
             return
         from ..view.safe import model_bundle, streamed_bundle
 
-        head = f"**{node.id}** ({node.agent}, {node.status})\n\n"
+        waiting = self._queued.get(node.id) if node.status == Status.RUNNING else None
+        state = node.status if waiting is None else f"waiting for the model ({waiting} ahead)"
+        head = f"**{node.id}** ({node.agent}, {state})\n\n"
         if node.status == Status.RUNNING:   # as it arrives; rendered as Markdown once done
             data = streamed_bundle(self.flow.partial_output(node.id), head=head)
         else:
@@ -332,6 +346,17 @@ class Panel:
             self.slim.sync()
             return
         if kind == "text":
+            if node_id == self._watching:
+                self._render_output()
+            return
+        if kind == "waiting":   # a model call's place in a local server's queue
+            if event.get("ahead") is None:
+                self._queued.pop(node_id, None)
+            else:
+                self._queued[node_id] = event["ahead"]
+            line = _queue_line(self._queued)
+            if line or "waiting for the model" in self.message.value:   # not another message
+                self.message.value = text_html(line)
             if node_id == self._watching:
                 self._render_output()
             return

@@ -9,6 +9,12 @@ schema (llama.cpp turns it into a grammar), then to plain text with extraction, 
 remembers per endpoint what worked. With `tools`, the reply carries the model's
 `tool_calls` (OpenAI wire shape); an endpoint that rejects `tools` raises
 `ToolsUnsupportedError` once and is remembered, so callers switch to a JSON protocol.
+
+A local endpoint (`Endpoint.self_hosted`: a server the user runs) is asked differently:
+its answers are streamed and timed on progress (llm.progress: `first_token_s`, `stall_s`,
+and `answer_s`, the user's whole-answer limit), its calls wait on our side for one of the
+server's slots (llm.queue), an abandoned call is closed so the server stops on it, a call
+that made no progress is not sent again, and a refused connection fails at once.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from . import endpoints as _endpoints
+from . import queue as _queue
 from . import transport as _transport
+from .progress import NoProgress, follow
 from .endpoints import Endpoint, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
@@ -243,7 +251,8 @@ class LLM:
     def __init__(self, store: Store | None = None, *, timeout: float = 120.0,
                  max_retries: int = 4, concurrency: int = 8, rpm: int | None = None,
                  backoff_base: float = 0.5, backoff_max: float = 20.0,
-                 transport: _transport.Transport | None = None):
+                 transport: _transport.Transport | None = None, first_token_s: float = 300.0,
+                 stall_s: float = 60.0, answer_s: float | None = None):
         self._store = store
         self._transport = transport or _transport.Transport()
         self.timeout = timeout
@@ -252,6 +261,9 @@ class LLM:
         self.rpm = rpm
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        # A local server's calls (see the module docstring): a generous wait for the first
+        # token (a 7B model reading a long prompt on a laptop), a shorter one between tokens.
+        self.first_token_s, self.stall_s, self.answer_s = first_token_s, stall_s, answer_s
         self._modes: dict[str, str] = {}   # endpoint identity -> structured-output mode
         self._tool_modes: dict[str, str] = {}   # endpoint identity -> "native" | "action"
         self._embeds: dict[str, bool] = {}   # endpoint identity -> /embeddings works
@@ -468,8 +480,10 @@ class LLM:
                        node_id: str | None = None, purpose: str | None = None,
                        on_text: Callable[[str], None] | None = None,
                        tools: list[dict] | None = None,
-                       defer_log: Callable[[dict], None] | None = None) -> Reply:
-        """One chat completion; `on_text` receives the text as it streams in.
+                       defer_log: Callable[[dict], None] | None = None,
+                       on_wait: Callable[[int | None], None] | None = None) -> Reply:
+        """One chat completion; `on_text` receives the text as it streams in, `on_wait(n)`
+        how many requests are ahead while the call waits for a local server (then None).
 
         `tools` are OpenAI function specs; the reply's `tool_calls` holds what the model
         asked for (None when it answered in text).
@@ -531,9 +545,10 @@ class LLM:
                     tools or None)
             try:
                 try:   # the first attempt without the retry loop's coroutine (most calls)
-                    raw, attempts = await self._call_once(*call, state=state), 1
+                    raw, attempts = await self._call_once(*call, state=state, on_wait=on_wait), 1
                 except _Retryable as first:
-                    raw, attempts = await self._call_with_retries(*call, first=first)
+                    raw, attempts = await self._call_with_retries(*call, first=first,
+                                                                  on_wait=on_wait)
             except EndpointError as exc:
                 self.store.log_call(**log, error=str(exc),
                                     latency_s=time.perf_counter() - started)
@@ -771,7 +786,7 @@ class LLM:
 
     async def _call_with_retries(self, endpoint, model, messages, schema, temperature, seed,
                                  max_tokens, on_text, tools=None, *,
-                                 first: Exception | None = None):
+                                 first: Exception | None = None, on_wait=None):
         """The call with its retries; `first` is the first attempt's error when the caller
         made that attempt itself (then the retries follow it)."""
         last: Exception | None = first
@@ -780,9 +795,13 @@ class LLM:
                 await asyncio.sleep(self._backoff(attempt, last))
             try:
                 return await self._call_once(endpoint, model, messages, schema, temperature,
-                                             seed, max_tokens, on_text, tools), attempt + 1
+                                             seed, max_tokens, on_text, tools,
+                                             on_wait=on_wait), attempt + 1
             except _Retryable as exc:
                 last = exc
+        if endpoint.self_hosted:   # it answered, so it is up: what it said is the news
+            raise EndpointError(f"{_where(endpoint)} failed {self.max_retries + 1} times "
+                                f"({last}); see its log, then re-run")
         where = "the embedded model" if endpoint.local else endpoint.base_url
         raise EndpointError(
             f"{where} failed {self.max_retries + 1} times ({last}); "
@@ -797,7 +816,8 @@ class LLM:
         return delay
 
     async def _call_once(self, endpoint, model, messages, schema, temperature, seed,
-                         max_tokens, on_text, tools=None, *, state: dict | None = None):
+                         max_tokens, on_text, tools=None, *, state: dict | None = None,
+                         on_wait=None):
         import openai
 
         state = state or self._state()   # (this loop's, when the caller has it)
@@ -815,6 +835,9 @@ class LLM:
             # server is ours: slow there is a busy machine, not a trick.
             whole = None if endpoint.local else self.timeout
             try:
+                if endpoint.self_hosted:
+                    return await self._send_local(endpoint, state, client, kwargs, on_text,
+                                                  on_wait)
                 slot = self._slot(endpoint, state)
                 if on_text is None and isinstance(slot, asyncio.Semaphore):
                     # The usual case, the process-wide cap alone: taken and given back
@@ -894,27 +917,112 @@ class LLM:
         if on_text is None:
             return _completion(await self._transport.post_json(
                 client, "/chat/completions", kwargs, whole=whole))
-        parts, finish, tokens_in, tokens_out, calls = [], None, None, None, None
-        async for chunk in self._transport.post_stream(
-                client, "/chat/completions", {**kwargs, "stream_options": {"include_usage": True}}):
-            if not isinstance(chunk, dict):
-                raise ValueError("a streamed event is not a chat completion chunk")
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                tokens_in, tokens_out = _tokens(usage)
-            choices = chunk.get("choices") or []
-            if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-                raise ValueError("a streamed event is not a chat completion chunk")
-            for choice in choices[:1]:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    parts.append(delta["content"])
-                    on_text(delta["content"])
-                if delta.get("tool_calls"):
-                    calls = calls or _ToolCallPieces()
-                    calls.add(chunk, choice, delta["tool_calls"])
-                finish = choice.get("finish_reason") or finish
-        return "".join(parts), finish, tokens_in, tokens_out, calls.calls() if calls else []
+        reader = _StreamReader(on_text)
+        async with contextlib.aclosing(self._transport.post_stream(
+                client, "/chat/completions", {**kwargs, **_WITH_USAGE})) as events:
+            async for chunk in events:
+                reader.take(chunk)
+        return reader.answer()
+
+    async def _send_local(self, endpoint: Endpoint, state: dict, client, kwargs: dict,
+                          on_text, on_wait) -> tuple[str, str | None, Any, Any, list]:
+        """The answer of a local server (see the module docstring): a place in our queue for
+        it, then the streamed answer, timed on its progress."""
+        import openai
+
+        queue = await self._queue(endpoint, state, client)
+        await queue.enter(on_wait)
+        try:
+            async with self._slot(endpoint, state):
+                ahead = queue.running - 1
+                reader = _StreamReader(on_text)
+                events = self._transport.post_stream(client, "/chat/completions",
+                                                     {**kwargs, **_WITH_USAGE}, patient=True)
+                try:
+                    await follow(events, reader.take, first_token_s=self.first_token_s,
+                                 stall_s=self.stall_s, answer_s=self.answer_s)
+                except NoProgress as exc:   # not sent again: it would queue behind itself
+                    raise EndpointError(exc.line(_where(endpoint), ahead)) from None
+                except openai.APIConnectionError as exc:
+                    if _refused(exc):   # nothing listens: retrying cannot help
+                        raise EndpointError(
+                            f"cannot connect to {_where(endpoint)} (connection refused): start "
+                            "the server, or check its address (FLOWMAGIC_BASE_URL or "
+                            "configure(base_url=...))") from None
+                    raise
+        finally:
+            queue.leave()
+        answer = reader.answer()
+        if answer[1] is None and not answer[4]:
+            raise _Retryable(f"{_where(endpoint)} ended the answer before it was finished (a "
+                             "llama-cpp-python server does when another client's request "
+                             "comes: start it with --interrupt_requests False)")
+        return answer
+
+    async def _queue(self, endpoint: Endpoint, state: dict, client) -> _queue.ServerQueue:
+        """This loop's queue for a local server (its slots asked once per process)."""
+        queues = state.setdefault("queues", {})
+        queue = queues.get(endpoint.identity)
+        if queue is None:
+            slots = await asyncio.to_thread(_queue.slots_of, endpoint, client.base)
+            queue = queues.setdefault(endpoint.identity, _queue.ServerQueue(slots))
+        return queue
+
+
+_WITH_USAGE = {"stream_options": {"include_usage": True}}
+
+
+def _where(endpoint: Endpoint) -> str:
+    return "the embedded model's server" if endpoint.local else f"the server at {endpoint.base_url}"
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether a connection error is a refused connection (somewhere in its causes)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ConnectionRefusedError) or "connection refused" in str(exc).lower():
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+class _StreamReader:
+    """A streamed chat completion, joined from its chunks: the text by hand, passed on to
+    `on_text` as it comes, the tool calls by `_ToolCallPieces`."""
+
+    __slots__ = ("on_text", "parts", "finish", "tokens_in", "tokens_out", "calls")
+
+    def __init__(self, on_text):
+        self.on_text = on_text
+        self.parts: list[str] = []
+        # the usage as reported, None when the stream has none (`LLM._usage` checks it)
+        self.finish, self.tokens_in, self.tokens_out = None, None, None
+        self.calls: _ToolCallPieces | None = None
+
+    def take(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            raise ValueError("a streamed event is not a chat completion chunk")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.tokens_in, self.tokens_out = _tokens(usage)
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise ValueError("a streamed event is not a chat completion chunk")
+        for choice in choices[:1]:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.parts.append(delta["content"])
+                if self.on_text is not None:
+                    self.on_text(delta["content"])
+            if delta.get("tool_calls"):
+                self.calls = self.calls or _ToolCallPieces()
+                self.calls.add(chunk, choice, delta["tool_calls"])
+            self.finish = choice.get("finish_reason") or self.finish
+
+    def answer(self) -> tuple[str, str | None, Any, Any, list]:
+        """(text, finish reason, input tokens, output tokens, tool calls)."""
+        return ("".join(self.parts), self.finish, self.tokens_in, self.tokens_out,
+                self.calls.calls() if self.calls else [])
 
 
 class _ToolCallPieces:

@@ -5,14 +5,22 @@ FLOWMAGIC_BASE_URL / FLOWMAGIC_API_KEY / FLOWMAGIC_MODEL; the openai SDK's own
 OPENAI_BASE_URL / OPENAI_API_KEY; a local server the user already runs (Ollama, LM Studio,
 llama.cpp, vLLM on their usual ports, see discovery.py); else the embedded model (local.py).
 Keys are held in memory only; `Endpoint.__repr__` and `describe()` never show them.
+
+An endpoint is local (`Endpoint.self_hosted`: a server the user runs, slow by nature, with
+a queue of its own) when it is the embedded model, or its address is this machine or the
+private network: localhost, a `.local` name, a loopback, private or link-local IP (so a
+discovered server is too). `configure(self_hosted=...)` says otherwise for one endpoint,
+FLOWMAGIC_SELF_HOSTED=1/0 for every one but the embedded model. Any other is hosted.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import os
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from ..errors import ConfigError
 from ..store import add_secret_source
@@ -70,6 +78,20 @@ class Endpoint:
     key_env: str | None = None   # the environment variable the key came from, if any
     local: bool = False          # the embedded llama.cpp server
     concurrency: int | None = None  # requests it can serve at once (None: the LLM's limit)
+    hosting: str | None = None   # "local", "hosted", or None: by FLOWMAGIC_SELF_HOSTED, the address
+
+    @property
+    def self_hosted(self) -> bool:
+        """A server the user runs (see the module docstring): calls to it are streamed,
+        timed on progress and queued on our side (llm.queue)."""
+        if self.local:
+            return True
+        if self.hosting is not None:
+            return self.hosting == "local"
+        said = os.environ.get("FLOWMAGIC_SELF_HOSTED", "").strip().lower()
+        if said in ("0", "1", "no", "yes", "false", "true"):
+            return said in ("1", "yes", "true")
+        return _nearby(self.base_url)
 
     @property
     def identity(self) -> str:
@@ -84,6 +106,19 @@ class Endpoint:
             "key": self.key_env or ("set" if self.api_key else "none"),
             "key_set": bool(self.api_key) or self.local,
         }
+
+
+@functools.lru_cache(maxsize=256)
+def _nearby(base_url: str) -> bool:
+    """Whether an endpoint's address is this machine or the private network."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "localhost" or host.endswith((".localhost", ".local")):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_link_local
 
 
 _lock = threading.Lock()
@@ -158,12 +193,15 @@ add_secret_source(api_keys)
 def configure(base_url: str | None = None, api_key: str | None = None,
               model: str | None = None, *, name: str = "default",
               prices: dict[str, tuple[float, float]] | None = None,
-              concurrency: int | None = None) -> Endpoint | None:
+              concurrency: int | None = None,
+              self_hosted: bool | None = None) -> Endpoint | None:
     """Register an endpoint (the default one unless `name` is given) and/or prices.
 
     `configure(base_url="http://localhost:11434/v1", model="llama3.2")` points every call
     at Ollama; `configure(name="cheap", base_url=..., model=...)` adds a second endpoint
-    that nodes can use as `model="cheap"` or `"cheap:other-model"`.
+    that nodes can use as `model="cheap"` or `"cheap:other-model"`. `concurrency` is how
+    many requests the server runs at once (a local server's is learned when not given);
+    `self_hosted` says whether it is a server you run (None: by its address).
     """
     if prices:
         set_prices(prices)
@@ -177,12 +215,19 @@ def configure(base_url: str | None = None, api_key: str | None = None,
         # Only a model: keep the endpoint resolution, override the model.
         current = resolve_default(ignore_configured=True)
         endpoint = Endpoint(name, current.base_url, model, current.api_key,
-                            current.key_env, current.local, current.concurrency)
+                            current.key_env, current.local, current.concurrency,
+                            current.hosting)
     elif base_url is None:
         raise ConfigError(f"endpoint {name!r} needs a base_url (or an api_key for OpenAI)")
     else:
         endpoint = Endpoint(name, _check_url(base_url, "base_url"), model, api_key or "",
                             concurrency=concurrency)
+    if concurrency is not None:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise ConfigError(f"concurrency {concurrency!r} must be a whole number of at least 1")
+        endpoint.concurrency = concurrency
+    if self_hosted is not None:
+        endpoint.hosting = "local" if self_hosted else "hosted"
     from . import catalog   # a model the endpoint does not list is refused before it is kept
 
     warning = catalog.check_endpoint_model(endpoint, model)

@@ -21,6 +21,10 @@ came in meanwhile, not one per read. Bodies may be Content-Length, chunked, or e
 the connection's close; gzip and deflate bodies are decoded. Proxies are not handled
 here: the transport sends proxied endpoints through aiohttp.
 
+A streamed answer (`Http1.stream`) hands its body on as it comes (`Stream.read`), with no
+timer of its own: its caller times the progress (llm.progress). Closing a stream before
+its end closes its connection, which is how a server learns that nobody reads the answer.
+
 Failures are the standard library's: `TimeoutError`, `ConnectionError` (a reply that is
 not HTTP too) and other `OSError`s, `ValueError` for a body in an unknown encoding; the
 transport turns them into the openai SDK's errors.
@@ -38,7 +42,7 @@ import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Http1", "available", "header_pairs"]
+__all__ = ["Http1", "Stream", "available", "header_pairs"]
 
 _KEEP_IDLE = 1000   # idle connections kept per client; more are closed
 _DNS_TTL = 10.0     # seconds a host's looked-up addresses are used (aiohttp's default)
@@ -59,7 +63,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("transport", "parser", "waiter", "timer", "head", "body", "framed",
                  "headers_done", "active", "answered", "closed", "reused", "timeout",
-                 "deadline")
+                 "deadline", "streaming", "reader", "ended", "keep")
 
     def __init__(self, parser_class, timeout: float):
         self.parser = parser_class(self)
@@ -76,6 +80,10 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.timeout = timeout      # for each wait for bytes
         self.deadline = math.inf    # for the whole answer (loop time)
+        self.streaming = False      # the body is read as it comes (see Stream)
+        self.reader: asyncio.Future | None = None   # a Stream waiting for more of the body
+        self.ended = False          # a streamed body is complete
+        self.keep = False           # ... and its connection may serve another request
 
     def start(self, waiter: asyncio.Future, deadline: float) -> None:
         self.waiter, self.deadline = waiter, deadline
@@ -88,6 +96,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._wake()
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
@@ -99,13 +108,13 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.active = self.answered = True
-        if self.waiter is None:   # bytes nobody asked for: the connection is not reusable
+        if self.waiter is None and not self.streaming:   # bytes nobody asked for: not reusable
             self.transport.close()
             return
         try:
             self.parser.feed_data(data)
         except Exception as exc:   # noqa: BLE001 - httptools' parser errors, or a callback's
-            if not self.waiter.done():
+            if self.waiter is not None and not self.waiter.done():
                 self.waiter.set_exception(ConnectionError(f"the reply is not HTTP/1.1 ({exc})"))
             self.transport.close()
 
@@ -134,15 +143,29 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        if self.streaming and self.parser.get_status_code() >= 200:
+            waiter, self.waiter = self.waiter, None   # the stream reads the body from here
+            if waiter is not None and not waiter.done():
+                waiter.set_result((self.parser.get_status_code(), bytes(self.head), b"", True))
 
     def on_body(self, body: bytes) -> None:
         self.body += body
+        if self.streaming:
+            self._wake()
 
     def on_message_complete(self) -> None:
-        if self.parser.get_status_code() >= 200:
+        if self.streaming and self.waiter is None:
+            self.ended, self.keep = True, self.parser.should_keep_alive()
+            self._wake()
+        elif self.parser.get_status_code() >= 200:
             self._complete(keep=self.parser.should_keep_alive())
         else:   # an informational 1xx: the answer is still to come
             self.start(self.waiter, self.deadline)
+
+    def _wake(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None and not reader.done():
+            reader.set_result(None)
 
     def _complete(self, *, keep: bool) -> None:
         waiter, self.waiter = self.waiter, None
@@ -233,6 +256,32 @@ class Http1:
             self._drop(conn)
         return status, head, _decoded(head, content)
 
+    async def stream(self, path: str, body: bytes) -> "Stream":
+        """POST `path` and return once the answer's headers are in: its status and headers,
+        and its body to read as it comes. Not timed (the caller times the progress)."""
+        request = b"POST %s%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
+            self._prefix, path.encode("ascii"), self._head, len(body), body)
+        loop = asyncio.get_running_loop()
+        while True:
+            conn = self._idle_connection() or await self._connect(math.inf)
+            waiter = loop.create_future()
+            conn.start(waiter, math.inf)
+            conn.streaming, conn.ended, conn.keep = True, False, False
+            conn.transport.write(request)
+            try:
+                status, head, _, _ = await waiter
+            except ConnectionError:
+                self._drop(conn)
+                if conn.reused and not conn.answered:   # closed while idle: once more, anew
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            finally:
+                conn.waiter = None
+            return Stream(self, conn, status, head)
+
     def _idle_connection(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
@@ -299,7 +348,7 @@ class Http1:
         return _Connection(self._parser, self.timeout)
 
     def _give_back(self, conn: _Connection) -> None:
-        conn.reused = False
+        conn.reused = conn.streaming = False
         if len(self._idle) < _KEEP_IDLE:
             self._idle.append(conn)
         else:
@@ -320,6 +369,46 @@ class Http1:
                 pass
         if conns:
             await asyncio.sleep(0)
+
+
+class Stream:
+    """The body of a streamed answer, read piece by piece; `close()` ends it (the
+    connection is kept for another request only when the body was read to its end)."""
+
+    def __init__(self, owner: Http1, conn: _Connection, status: int, head: bytes):
+        self._owner, self._conn = owner, conn
+        self.status, self.head = status, head
+        coding = next((v.lower() for k, v in header_pairs(head)
+                       if k.lower() == "content-encoding"), "")
+        if coding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+            self.close()
+            raise ValueError(f"the reply is encoded as {coding!r}")
+        self._inflate = zlib.decompressobj(47) if coding not in ("", "identity") else None
+
+    async def read(self) -> bytes:
+        """The next piece of the body (b"" once it is complete)."""
+        conn = self._conn
+        while not conn.body and not conn.ended:
+            if conn.closed:
+                raise ConnectionError("the server closed the connection before the answer "
+                                      "was complete")
+            conn.reader = asyncio.get_running_loop().create_future()
+            await conn.reader
+        piece = bytes(conn.body)
+        conn.body.clear()
+        if self._inflate is not None and piece:
+            try:
+                piece = self._inflate.decompress(piece)
+            except zlib.error:
+                raise ValueError("the reply's compressed body is corrupt") from None
+        return piece
+
+    def close(self) -> None:
+        conn, self._conn.reader = self._conn, None
+        if conn.ended and conn.keep and not conn.body and not conn.closed:
+            self._owner._give_back(conn)
+        else:
+            self._owner._drop(conn)
 
 
 def header_pairs(head: bytes) -> list[tuple[str, str]]:

@@ -133,7 +133,10 @@ def ensure_server(timeout: float = 90.0) -> str:
                # Prompt evaluation too: llama-cpp-python's server otherwise evaluates
                # prompts on every core, which under load made it 2-3x slower (issue 21).
                "--n_threads", str(_threads()), "--n_threads_batch", str(_threads()),
-               "--model_alias", "smollm2-135m-instruct"]
+               "--model_alias", "smollm2-135m-instruct",
+               # A stream is never cut for a request that comes meanwhile: flowmagic queues
+               # its own, and a cut answer would be asked again (llm.queue, llm.client).
+               "--interrupt_requests", "False"]
         env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
         _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  stdin=subprocess.DEVNULL, start_new_session=True)

@@ -185,14 +185,108 @@ class Transport:
             raise _status_error(client, url, status, content, headers.items())
         return json.loads(content)
 
-    async def post_stream(self, client: Client, path: str, body: dict) -> AsyncIterator[Any]:
-        """POST `body` with `stream: true`; each server-sent event's JSON as plain values."""
+    def post_stream(self, client: Client, path: str, body: dict, *,
+                    patient: bool = False) -> AsyncIterator[Any]:
+        """POST `body` with `stream: true`; each server-sent event's JSON as plain values,
+        through `http1.Http1.stream` (else the SDK's stream). `aclose()` (or leaving it by an
+        error or a cancellation) closes the response, and with it the connection: a server
+        stops generating for a closed one. `patient`: no read timeout of the client's own
+        (the caller times the progress); the lean client has none for streams."""
+        body = {**body, "stream": True}
+        lean = client.http1()
+        if lean is not None:
+            return _Events(client, lean, path, json.dumps(body).encode())
+        return self._sdk_stream(client, path, body, patient)
+
+    @staticmethod
+    async def _sdk_stream(client: Client, path: str, body: dict, patient: bool):
         from openai import AsyncStream
 
-        stream = await client.sdk.post(path, body={**body, "stream": True}, cast_to=object,
+        options = {"timeout": _httpx().Timeout(None, connect=client.timeout)} if patient else {}
+        stream = await client.sdk.post(path, body=body, cast_to=object, options=options,
                                        stream=True, stream_cls=AsyncStream[object])
-        async for event in stream:
-            yield event
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            await stream.close()
+
+
+class _Events:
+    """The server-sent events of a streamed answer over `http1`, as plain values. A class,
+    not an async generator: nothing is left for the event loop to finalize when a stream
+    is left early (a loop closed by hand would report it as a pending task)."""
+
+    def __init__(self, client: Client, lean, path: str, body: bytes):
+        self._client, self._lean, self._path, self._body = client, lean, path, body
+        self._url = client.base + path
+        self._stream: http1.Stream | None = None
+        self._buffer = b""
+        self._done = False
+
+    def __aiter__(self) -> "_Events":
+        return self
+
+    async def __anext__(self) -> Any:
+        import openai
+
+        try:
+            if self._stream is None:
+                await self._open()
+            while not self._done:
+                event = self._next_event()
+                if event is not None:
+                    return event
+                if self._done:   # [DONE]
+                    break
+                piece = await self._stream.read()
+                if not piece:
+                    raise ConnectionError("the stream ended without its last event")
+                self._buffer += piece
+        except TimeoutError as exc:
+            raise openai.APITimeoutError(request=_request(self._url)) from exc
+        except OSError as exc:   # refused, reset, closed early, not HTTP
+            raise openai.APIConnectionError(request=_request(self._url)) from exc
+        raise StopAsyncIteration
+
+    async def _open(self) -> None:
+        _log.debug("Sending HTTP Request: POST %s (streamed)", self._url)
+        self._stream = await self._lean.stream(self._path, self._body)
+        status = self._stream.status
+        _log.debug("HTTP Response: POST %s %d", self._url, status)
+        if status >= 400:
+            content = b""
+            while len(content) < 1_000_000 and (piece := await self._stream.read()):
+                content += piece
+            self._stream.close()
+            raise _status_error(self._client, self._url, status, content,
+                                http1.header_pairs(self._stream.head))
+
+    def _next_event(self) -> Any:
+        """The next complete event's JSON from the buffer (None: none complete yet)."""
+        while True:
+            buffer = self._buffer.replace(b"\r\n", b"\n")
+            block, sep, rest = buffer.partition(b"\n\n")
+            if not sep:
+                self._buffer = buffer
+                return None
+            self._buffer = rest
+            data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n")
+                              if line.startswith(b"data:"))
+            if not data:   # a comment (": ping") or a field other than data
+                continue
+            if data.strip() == b"[DONE]":
+                self._done = True
+                return None
+            event = json.loads(data)
+            if isinstance(event, dict) and "error" in event and "choices" not in event:
+                raise ValueError(f"the server sent an error: {str(event['error'])[:200]}")
+            return event
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._stream is not None:
+            self._stream.close()
 
 
 # A child of the SDK's logger: OPENAI_LOG=debug shows these requests beside the SDK's own
