@@ -1,8 +1,9 @@
 """Planning: ask a model for K candidate plans, repair and score each, pick one.
 
 The K requests go out concurrently, each with its own seed (seed + i) and a modest
-temperature so the plans differ. Every reply is repaired by `graph.parse_plan`, cut to
-the caps (`max_subtasks`, `max_agents`) with a warning per cut, and scored with
+temperature so the plans differ. Every reply goes through the gate (`answers.plan_from_answer`:
+a strict schema and `plans.repair_plan`'s repairs; a model a plan names must be one its
+endpoint serves), is cut to the caps (`max_subtasks`, `max_agents`) with a warning per cut, and scored with
 `metrics`. A candidate whose reply could not be used keeps its one-line error and is
 never chosen. `selection.select` (re-exported here) chooses one and writes each usable
 candidate's one-line `note` saying why it won or lost.
@@ -20,7 +21,8 @@ from typing import Any, Callable
 from . import stepwise
 from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError, PlanError
 from ..settings import HARD_MAX_K
-from ..model.graph import Workflow, parse_plan
+from ..model.answers import plan_from_answer
+from ..model.graph import Workflow
 from ..model.plan_checks import check_plan, same_task, topic_share
 from .selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
@@ -236,11 +238,12 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         return cand
     _keep_usage(cand, replies)
     try:
-        wf = parse_plan(data, task=task)
+        wf = plan_from_answer(data, task=task)   # the gate: model text becomes plan data here
         problem = check_plan([n.requirement for n in wf.nodes.values()], task, job["copyable"])
         if problem:
             raise OffTopicError(problem)
-    except PlanError as exc:
+        await _check_models(wf)
+    except (PlanError, ConfigError) as exc:
         cand.error = _one_line(exc)
         return cand
     wf.warnings.extend(extra)
@@ -254,6 +257,18 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         _cap_agents(wf, max_agents)
     cand.workflow, cand.scores, cand.warnings = wf, score(wf, task), list(wf.warnings)
     return cand
+
+
+async def _check_models(wf: Workflow) -> None:
+    """A model a plan names must be one its endpoint serves, where the endpoint lists its
+    models (`endpoints.check_model`, off with FLOWMAGIC_CHECK_MODELS=0): ConfigError if not."""
+    named = sorted({n.model for n in wf.nodes.values() if n.model})
+    if named:
+        from ..llm.endpoints import check_model
+
+        for model in named:   # a list is asked once per endpoint, then kept: a thread, not the loop
+            await asyncio.to_thread(check_model, model, say=lambda line: wf.warnings.append(
+                line.removeprefix("flowmagic: ")))
 
 
 def _method_of(method: str, model: str | None) -> str:

@@ -28,7 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FlowError, NodeError
+from ..errors import FlowError, NodeError, PlanError
+from ..model.answers import agent_from_answer, refine_from_answer
 from ..model.plan_checks import content_words, copied
 from ..model.status import Status
 from .._internal.text import cut
@@ -161,8 +162,10 @@ async def refine_instruction(workflow, node_id: str, feedback: str | None, llm, 
     try:
         reply, usage = await _ask(llm, messages, schema, model=model, seed=seed, run_id=run_id,
                                   max_tokens=max_tokens, node_id=node_id)
-        text = reply.data.get("requirement") if isinstance(reply.data, dict) else None
+        text = refine_from_answer(reply.data)   # the gate: any other field refuses it
         why = refusal(text, node, workflow.task or "", feedback)
+    except PlanError as exc:
+        why = " ".join(str(exc).split())
     except FlowError:
         pass   # the fallback below needs no model
     if why is None:
@@ -212,10 +215,10 @@ async def substitute_agent(workflow, node_id: str, feedback: str | None, llm, *,
     try:
         reply, usage = await _ask(llm, messages, schema, model=model, seed=seed, run_id=run_id,
                                   max_tokens=max_tokens, node_id=node_id)
-        choice = reply.data.get("agent") if isinstance(reply.data, dict) else None
+        choice = agent_from_answer(reply.data, candidates)   # the gate
     except FlowError:
         pass
-    model_used = choice in candidates
+    model_used = choice is not None
     if not model_used:
         choice = _most_similar(node, feedback, candidates)
     repaired = Repair("substitute_agent", node_id, _update(node, node.requirement, choice),

@@ -4,7 +4,8 @@
 status, failures with their feedback and the outputs of done subtasks within a character
 budget, and asks (as the Flow paper's D.3 prompt does) whether finished outputs are
 sufficient, for a modular, parallel plan and for a rationale. `propose` asks for K candidate
-updates concurrently (uncapped; a cut-off answer is continued), merges each onto a copy of
+updates concurrently (uncapped; a cut-off answer is continued), reads each through the gate
+(`answers.update_from_answer`: a field an update may not give refuses it), merges each onto a copy of
 the workflow by node id (see `merge`, re-exported here) and chooses one: a candidate that
 changes a node whose failure or empty result called the update beats one that does not,
 then the planner's rule decides (`planner.select`: coverage, speed-up, Theorem 1's
@@ -21,6 +22,7 @@ from ..model import metrics
 from ..errors import FlowError
 from .._internal.aio import gather_all
 from .._internal.text import cut, short_repr
+from ..model.answers import update_from_answer
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
 from ..model.status import Status
@@ -155,7 +157,7 @@ class UpdateCandidate(BaseCandidate):
     diff: dict | None = None
     stats: dict | None = None
     scores: dict = field(default_factory=dict)
-    update: Any = None          # the parsed JSON the model answered
+    update: Any = None          # the model's answer as the gate read it (canonical form)
     raw: str = ""
     error: str | None = None    # "<ErrorClass>: <one line>" when unusable
     no_change: bool = False
@@ -250,16 +252,16 @@ async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, m
         cand.raw, data, cand.call_id, usage = await _ask(
             llm, messages, model=model, seed=seed + i, temperature=None if k == 1 else 0.7,
             run_id=run_id, max_tokens=max_tokens, purpose="update")
-        cand.update = data
         cand.tokens_in, cand.tokens_out, cand.cost_usd = usage
-        cand.workflow, cand.diff = merge(before, data)
+        cand.update = update_from_answer(data)   # the gate: refused, or canonical and checked
+        cand.workflow, cand.diff = merge(before, cand.update)
     except FlowError as exc:  # a failed candidate is recorded; an update never crashes a run
         cand.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
         cand.cost_usd += getattr(exc, "cost_usd", 0.0) or 0.0
         cand.workflow = None
         return cand
-    if isinstance(data, dict) and isinstance(data.get("rationale"), str):
-        cand.rationale = _cut(" ".join(data["rationale"].split()), 600)
+    if isinstance(cand.update.get("rationale"), str):
+        cand.rationale = _cut(" ".join(cand.update["rationale"].split()), 600)
     cand.stats = stats(cand.diff, before)
     cand.no_change = cand.stats["changed_tasks"] == 0
     cand.addresses = _addresses(cand.diff, trigger)

@@ -12,7 +12,7 @@ warnings, never to a lost result. Asking a model for the update is `updater`'s j
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import networkx as nx
@@ -20,10 +20,12 @@ import networkx as nx
 from ..errors import FlowError, PlanError
 from .._internal.text import short_repr
 from .graph import Node, Workflow, slugify
+from .plans import clean_agent
 from . import status as transition
 from .status import Status
 
-__all__ = ["DIFF_KEYS", "merge", "stats"]
+__all__ = ["DIFF_KEYS", "UPDATE_FIELDS", "UPDATE_ENTRY_FIELDS", "UpdateRead", "read_update",
+           "merge", "stats"]
 
 # rerun: re-run on request (explicit rerun, or a failed node the update names);
 # stale: descendants of a rerun node, reset to pending; rewired: incoming edges replaced.
@@ -35,8 +37,13 @@ _REMOVE_KEYS = ("remove", "delete", "prune", "removed", "deleted")
 _ID_KEYS = ("id", "task_id", "subtask_id", "node_id", "name")
 _REQ_KEYS = ("requirement", "subtask_requirement", "description", "task", "text", "instruction", "content")
 _DEP_KEYS = ("depends_on", "dependencies", "deps", "parents", "after", "requires")
+_AGENT_KEYS = ("agent", "role")
 _NO_CHANGE = ("no_change", "nochange", "none", "keep", "no_update", "unchanged")
 _MAX_REQ = 8000
+# Every field an update may hold, in every spelling read here (slugged keys): the gate
+# (`answers.update_from_answer`) refuses a model's update with any other.
+UPDATE_FIELDS = frozenset(("action", "rationale") + _SUB_KEYS + _REMOVE_KEYS)
+UPDATE_ENTRY_FIELDS = frozenset(_ID_KEYS + _REQ_KEYS + _DEP_KEYS + _AGENT_KEYS + ("rerun",))
 
 
 def _key(k: Any) -> str:
@@ -78,6 +85,27 @@ class _Change:
     rerun: bool = False
     fresh: bool = False           # id made from the requirement: always a new node
 
+    def to_dict(self) -> dict:
+        """The change in the updater's own words (a made-up id is left out, so it is made
+        up again the same way)."""
+        deps = None if self.deps is None else [s for s in map(_scalar, self.deps) if s]
+        return {"id": None if self.fresh else self.id, "requirement": self.requirement,
+                "agent": self.agent, "depends_on": deps, "rerun": self.rerun}
+
+
+@dataclass
+class UpdateRead:
+    """What an update says, read but not applied: its changes, the refs it removes, whether
+    it is a no-change, its rationale, and the fields it used (slugged: the top level's and
+    each entry's), for the gate to check."""
+    changes: list = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+    no_change: bool = False
+    rationale: str | None = None
+    top: list[str] = field(default_factory=list)
+    entries: list[list[str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
 
 # ---------------------------------------------------------------------------- reading
 def _load(update: Any) -> Any:
@@ -90,8 +118,10 @@ def _load(update: Any) -> Any:
     return update
 
 
-def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change], list, bool]:
-    """(changes, raw remove refs, no_change) from what the model answered."""
+def read_update(update: Any) -> UpdateRead:
+    """What an update (JSON text or parsed JSON) says; PlanError when nothing usable."""
+    read = UpdateRead()
+    warn = read.warnings.append
     update = _load(update)
     if isinstance(update, list):
         update = {"subtasks": update}
@@ -100,16 +130,22 @@ def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change],
                         "ask the updater again")
     f = _fields(update)
     action, subs, remove = f.get("action"), _first(f, _SUB_KEYS), _first(f, _REMOVE_KEYS)
+    read.top = list(f)
+    if isinstance(f.get("rationale"), str):
+        read.rationale = f["rationale"]
     if subs is None and remove is None and "action" not in f:
         if all(isinstance(v, dict) for v in update.values()):  # {"id": {...}, ...}
-            subs = update
+            subs, read.top = update, []
         else:
             raise PlanError("the update has no \"action\", \"subtasks\" or \"remove\"; "
                             "ask the updater again")
+    listed = subs.values() if isinstance(subs, dict) else subs if isinstance(subs, list) else []
+    read.entries = [[_key(k) for k in e] for e in listed if isinstance(e, dict)]
     if isinstance(action, str) and _key(action) in _NO_CHANGE:
         if subs or remove:
             warn("the update said no_change but listed changes; nothing was changed")
-        return [], [], True
+        read.no_change = True
+        return read
     if action is not None and not (isinstance(action, str) and _key(action) == "update"):
         if subs is None and remove is None:
             raise PlanError(f"the update's action {short_repr(action)} is neither \"update\" nor "
@@ -121,10 +157,11 @@ def _normalise(update: Any, warn: Callable[[str], None]) -> tuple[list[_Change],
         warn(f"ignored \"subtasks\": {short_repr(subs)} is not a list")
         subs = None
     remove = _as_list(remove, '"remove"', warn)
-    changes = [c for c in (_change(i, e, warn) for i, e in enumerate(subs or [], 1)) if c]
-    if not changes and not remove:
+    read.changes = [c for c in (_change(i, e, warn) for i, e in enumerate(subs or [], 1)) if c]
+    if not read.changes and not remove:
         warn("the update asked for no usable change")
-    return changes, list(remove or []), False
+    read.remove = [s for s in map(_scalar, remove or []) if s]
+    return read
 
 
 def _change(pos: int, entry: Any, warn: Callable[[str], None]) -> _Change | None:
@@ -150,6 +187,8 @@ def _change(pos: int, entry: Any, warn: Callable[[str], None]) -> _Change | None
     if agent is not None and not (isinstance(agent, str) and agent.strip()):
         warn(f"ignored the agent of subtask {node_id}: not a non-empty string")
         agent = None
+    if agent is not None:   # a role name from the safe alphabet, as a plan's roles are
+        agent = clean_agent(agent, req or "")
     deps = _as_list(_first(f, _DEP_KEYS), f"the dependencies of subtask {node_id}", warn)
     rerun = f.get("rerun", False)
     if isinstance(rerun, str):
@@ -157,8 +196,8 @@ def _change(pos: int, entry: Any, warn: Callable[[str], None]) -> _Change | None
     elif not isinstance(rerun, bool):
         warn(f"ignored \"rerun\" of subtask {node_id}: {short_repr(rerun)} is not true or false")
         rerun = False
-    return _Change(node_id, req.strip() if req else None,
-                   agent.strip() if agent else None, deps, rerun, fresh=not raw or not slugify(raw.lower()))
+    return _Change(node_id, req.strip() if req else None, agent, deps, rerun,
+                   fresh=not raw or not slugify(raw.lower()))
 
 
 def _resolve(wf: Workflow, ref: Any) -> str | None:
@@ -293,7 +332,9 @@ def merge(workflow: Workflow, update: Any) -> tuple[Workflow, dict]:
     diff: dict = {k: [] for k in DIFF_KEYS}
     warn = diff["warnings"].append
     done_before = [i for i, n in wf.nodes.items() if n.status == Status.DONE]
-    changes, remove, no_change = _normalise(update, warn)
+    read = read_update(update)
+    diff["warnings"].extend(read.warnings)
+    changes, remove, no_change = read.changes, read.remove, read.no_change
     if not no_change:
         removing = {_resolve(wf, r) for r in remove} - {None}
         by_id: dict[str, _Change] = {}

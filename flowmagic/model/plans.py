@@ -20,10 +20,11 @@ from typing import Any
 
 from ..errors import FlowError, PlanError, TruncatedError
 from .._internal.text import short_repr
+from .names import model_name_problem
 from .node import FIELD_TYPES, SLUG_MAX, STATUSES, Node, node_fields, slugify
 from .status import Status
 
-__all__ = ["RepairedPlan", "repair_plan", "clean_agent", "role_for"]
+__all__ = ["RepairedPlan", "repair_plan", "clean_agent", "role_for", "PLAN_FIELDS", "STATE_FIELDS"]
 
 # Spellings small models use, matched after slugging the key ("Depends On" -> depends_on).
 _WRAP_KEYS = ("subtasks", "sub_tasks", "tasks", "steps", "nodes", "plan", "workflow", "graph",
@@ -40,6 +41,15 @@ _META_KEYS = ("task", "goal", "objective", "title", "description", "name", "summ
 _NODE_KEYS = set(_ID_KEYS + _NAME_KEYS + _REQ_KEYS + _DEP_KEYS + _KID_KEYS + _AGENT_KEYS
                  + tuple(FIELD_TYPES) + ("data", "num_parents_not_completed"))
 _SUBTASK_KEYS = _NODE_KEYS - set(_ID_KEYS + _NAME_KEYS)
+# What a model's plan may say of a subtask (every spelling read above, a model, an estimate),
+# and what only a run may say: a model's plan with one of these is refused (strict mode).
+PLAN_FIELDS = frozenset(_ID_KEYS + _NAME_KEYS + _REQ_KEYS + _DEP_KEYS + _KID_KEYS + _AGENT_KEYS
+                        + ("model", "estimate_s"))
+STATE_FIELDS = frozenset(set(FIELD_TYPES) - {"agent", "model", "estimate_s"}
+                         | {"data", "num_parents_not_completed", "figures", "files", "result",
+                            "call_id", "call_ids", "tokens", "cost", "cached", "cache_key"})
+_TOP_FIELDS = frozenset(_WRAP_KEYS + _META_KEYS + ("edges",))
+_PENDING_WORDS = {"", "pending", "todo", "not_started", "waiting", "none", "null"}
 _NO_REF = ("", "none", "null", "n/a", "na", "nothing", "-")
 _STATUS_WORDS = {"completed": Status.DONE, "complete": Status.DONE, "finished": Status.DONE,
                  "success": Status.DONE, "in_progress": Status.RUNNING, "started": Status.RUNNING,
@@ -76,8 +86,9 @@ class _Item:
 
 
 class _Repair:
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, strict: bool = False) -> None:
         self.task, self.warnings, self.prior, self.raw_edges = task, [], [], []
+        self.strict = strict   # a model's answer: unknown and state fields refused
 
     def warn(self, sentence: str) -> None:
         self.warnings.append(sentence)
@@ -189,6 +200,10 @@ def _entries(obj: Any, r: _Repair, depth: int = 0) -> list[tuple[Any, Any]]:
     keys = {}
     for k in obj:
         keys.setdefault(_key(k), k)
+    if r.strict and any(isinstance(obj[keys[k]], list) for k in _WRAP_KEYS if k in keys):
+        # a wrapper ({"subtasks": [...], ...}): next to its list, only a title or edges
+        _refuse_fields("the plan", {k: obj[v] for k, v in keys.items() if k not in _TOP_FIELDS},
+                       "a plan holds its list of subtasks, a title and its edges")
     meta = obj.get(keys.get("task"))
     if isinstance(meta, str) and meta.strip() and not r.task:
         r.task = meta.strip()
@@ -249,6 +264,8 @@ def _item(pos: int, key: Any, value: Any, r: _Repair) -> _Item | None:
     ids = [s for s in (_scalar(f.get(k)) for k in _ID_KEYS) if s]
     names = [s for s in (_scalar(f.get(k)) for k in _NAME_KEYS) if s]
     raw = _scalar(key) or next(iter(ids + names), "")
+    if r.strict:
+        f = _plan_fields(f, raw or str(pos), r)
     text = _first_text(f, _REQ_KEYS) or next(iter(names), "")
     if not text and " " in raw:
         text = raw  # an id written as prose ("Load the data") is the requirement too
@@ -273,6 +290,44 @@ def _as_list(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in (e if isinstance(e, (list, tuple)) else [e])]
     return [v]
+
+
+def _neutral(key: str, value: Any) -> bool:
+    """A state field a plan may carry because it says nothing (Flow's paper form writes
+    "status": "pending" and "data": null into every subtask of a new plan)."""
+    if key == "num_parents_not_completed":   # derived from the edges, never read
+        return True
+    if key == "status":
+        return isinstance(value, str) and _key(value) in _PENDING_WORDS
+    return value is None or value in ("", [], {}) or (value == 0 and not isinstance(value, str))
+
+
+_GIVES = ("a plan gives each subtask only an id, a requirement, an agent, its dependencies "
+          "(and an estimate_s or a model)")
+
+
+def _refuse_fields(label: str, fields: dict, gives: str = _GIVES) -> None:
+    """A model's plan naming a field it may not set is refused, in one line."""
+    for key, value in fields.items():
+        if key in STATE_FIELDS:
+            raise PlanError(f"{label} sets {key!r} to {short_repr(value, 30)}, which only a run "
+                            f"may say; {gives}, so this answer was refused")
+        raise PlanError(f"{label} has the unknown field {short_repr(key, 40)}; {gives}, so "
+                        "this answer was refused")
+
+
+def _plan_fields(f: dict, label: str, r: _Repair) -> dict:
+    """The fields of a model's subtask that a plan may set: a state field that says nothing
+    is dropped; any other state field or unknown field refuses the whole answer."""
+    where = f"subtask {short_repr(label, 40)}"
+    _refuse_fields(where, {k: v for k, v in f.items() if k not in PLAN_FIELDS
+                           and not (k in STATE_FIELDS and _neutral(k, v))})
+    model = f.get("model")
+    if model is not None:
+        problem = model_name_problem(model)
+        if problem:
+            raise PlanError(f"{where}: {problem}; this answer was refused")
+    return {k: v for k, v in f.items() if k in PLAN_FIELDS}
 
 
 def _extras(f: dict, label: str, r: _Repair) -> dict:
@@ -449,12 +504,16 @@ class RepairedPlan:
     warnings: list[str]
 
 
-def repair_plan(obj_or_text: Any, task: str = "") -> RepairedPlan:
+def repair_plan(obj_or_text: Any, task: str = "", *, strict: bool = False) -> RepairedPlan:
     """The subtasks and edges of what a model emitted (JSON text or parsed JSON), repaired.
 
     A plan with nothing usable raises a one-line `PlanError`, never another exception.
+    `strict` (a model's answer, see `answers`): a subtask may carry only PLAN_FIELDS (in any
+    spelling read here); a state field (STATE_FIELDS) that says something, or any other
+    field, refuses the answer with one `PlanError`, and a model name must be a safe one.
+    Without it (a plan the user wrote, a run the store saved) every Node field is kept.
     """
-    r = _Repair(task.strip() if isinstance(task, str) else "")
+    r = _Repair(task.strip() if isinstance(task, str) else "", strict)
     entries = _entries(_load(obj_or_text), r)
     items = [it for it in (_item(i, k, v, r) for i, (k, v) in enumerate(entries, 1)) if it]
     if not items:
