@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.display import display
 from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
@@ -499,7 +499,11 @@ class FlowMagics(Magics):
 
 
 def _notebook_magics(shell, magics: FlowMagics) -> None:
-    """`%%flow_plan` / `%%flow_node` when ops/export.py provides their handlers."""
+    """`%%flow_plan` / `%%flow_node` when ops/export.py provides their handlers.
+
+    Their lines are written by an export and carry names a model or an endpoint gave, so
+    IPython must take them as written: registered with `no_var_expand`, a `{expr}` or `$var`
+    on such a line stays text and is never evaluated."""
     try:
         from ..ops import export as notebook
     except ImportError:
@@ -517,7 +521,7 @@ def _notebook_magics(shell, magics: FlowMagics) -> None:
                 if debug:
                     raise
                 raise _fail(exc) from None
-        shell.register_magic_function(magic, magic_kind="cell", magic_name=name)
+        shell.register_magic_function(no_var_expand(magic), magic_kind="cell", magic_name=name)
 
 
 def load_ipython_extension(shell) -> None:

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .celltext import magic_line
 from .._internal import outputs
 from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
@@ -61,14 +62,10 @@ def files_dir_for(notebook: str | Path) -> str:
 
 
 def code_line(flow, name: str, node_id: str) -> str:
-    import shlex
-
-    parents = flow.workflow.parents(node_id)
-    parts = ["%%flow_code", name, node_id]
-    if parents:
-        parts += ["--after", ",".join(parents)]
-    parts += ["--agent", shlex.quote(flow.workflow.nodes[node_id].agent)]
-    return " ".join(parts)
+    """The `%%flow_code` line: safe names only (`celltext.magic_word`), else one line why."""
+    return magic_line("flow_code", (name, "the flow's name"), (node_id, "the node id"), options={
+        "--after": (",".join(flow.workflow.parents(node_id)), f"the parents of {node_id}"),
+        "--agent": (flow.workflow.nodes[node_id].agent, f"the agent of {node_id}")})
 
 
 def figure_data(folder: Path | None, names: list[str]) -> dict[str, str]:

@@ -27,12 +27,12 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shlex
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .celltext import comment, literal, magic_line
 from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
                         handle_flow_code, is_code_node)
 from ..errors import ConfigError, NodeError, write_error
@@ -236,23 +236,28 @@ def _endpoints() -> list[dict]:
 
 
 def _config_source(flow, endpoints: list[dict]) -> str:
+    """The configuration cell. Its comments name endpoints and models, which may come from
+    a server found running (discovery): each is one `celltext.comment` line, so no value can
+    end the comment and start a line of code."""
     from .._internal.version import __version__
 
-    lines = ["%load_ext flowmagic", "from flowmagic.ops.export import show_drawings, show_result",
-             f"# Exported by flowmagic {__version__} from run {flow.run_id}. Running the cells "
-             "below", "# replays every node from its record: no model call. A node whose cell "
-             "you edit calls", "# its model. Endpoints used (keys are never written here; "
-             "they come from your environment):"]
+    notes = [f"Exported by flowmagic {__version__} from run {flow.run_id}. Running the cells below",
+             "replays every node from its record: no model call. A node whose cell you edit calls",
+             "its model. Endpoints used (keys are never written here; they come from your "
+             "environment):"]
     for ep in endpoints:
         if ep["base_url"] == "embedded":
-            lines.append(f"#   {ep['name']}: the embedded model {ep['model']} (nothing to configure)")
+            notes.append(f"  {ep['name']}: the embedded model {ep['model']} (nothing to configure)")
             continue
         key = f", key from ${ep['key_from']}" if ep["key_from"] else ""
-        lines.append(f"#   {ep['name']}: {ep['base_url']} model {ep['model'] or '(first listed)'}{key}")
-        call = (f"flowmagic.configure(base_url={ep['base_url']!r}, model={ep['model']!r}"
-                + ("" if ep["name"] == "default" else f", name={ep['name']!r}") + ")")
-        lines.append(f"#   to use it: import flowmagic; {call}")
-    return "\n".join(lines)
+        notes.append(f"  {ep['name']}: {ep['base_url']} model {ep['model'] or '(first listed)'}{key}")
+        call = (f"flowmagic.configure(base_url={literal(ep['base_url'])}, model="
+                + (literal(ep["model"]) if ep["model"] is not None else "None")
+                + ("" if ep["name"] == "default" else f", name={literal(ep['name'])}") + ")")
+        notes.append(f"  to use it: import flowmagic; {call}")
+    return "\n".join(["%load_ext flowmagic",
+                      "from flowmagic.ops.export import show_drawings, show_result",
+                      *map(comment, notes)])
 
 
 def _metadata(flow, record: dict, endpoints: list[dict], name: str) -> dict:
@@ -283,15 +288,12 @@ def _metadata(flow, record: dict, endpoints: list[dict], name: str) -> dict:
 
 
 def _node_line(flow, name: str, node_id: str) -> str:
+    """The `%%flow_node` line: safe names only (`celltext.magic_word`), else one line why."""
     node = flow.workflow.nodes[node_id]
-    parts = ["%%flow_node", name, node_id]
-    parents = flow.workflow.parents(node_id)
-    if parents:
-        parts += ["--after", ",".join(parents)]
-    parts += ["--agent", shlex.quote(node.agent)]
-    if node.model:
-        parts += ["--model", shlex.quote(node.model)]
-    return " ".join(parts)
+    return magic_line("flow_node", (name, "the flow's name"), (node_id, "the node id"), options={
+        "--after": (",".join(flow.workflow.parents(node_id)), f"the parents of {node_id}"),
+        "--agent": (node.agent, f"the agent of {node_id}"),
+        "--model": (node.model, f"the model of {node_id}")})
 
 
 def _code_span(text: str) -> str:

@@ -289,11 +289,17 @@ def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwarg
 
 def handle_flow_plan(shell, line: str, cell: str | None) -> None:
     """`%%flow_plan NAME`: make the Flow from the JSON body and bind it to NAME."""
+    from ..model.answers import plan_from_notebook
     from ..parsers import check_name
 
     name, allow = _name_and_allow(line, "flow_plan", "the plan as JSON")
     name = check_name(name) or name
-    flow = flow_from_plan(_json_body(cell, "flow_plan"), name, shell.user_ns)
+    # The cell can be edited like any text: read as strictly as a model's plan (safe names,
+    # no state but a prune), so what it names can be written on a magic line again.
+    plan = _json_body(cell, "flow_plan")
+    if not isinstance(plan, dict) or "nodes" not in plan:
+        plan = None   # flow_from_plan says what the body should be
+    flow = flow_from_plan(plan and plan_from_notebook(plan), name, shell.user_ns)
     shell.user_ns[name] = flow
     _state(flow).allow_calls = allow
     print(plan_summary(flow))
@@ -360,6 +366,11 @@ def apply_record(flow, node_id: str, rec: dict) -> None:
 
 def _edit(flow, node_id: str, requirement: str, agent: str, model: str | None) -> bool:
     """Apply what the cell says; True when the node is no longer what it was."""
+    from ..model.names import agent_name_problem, model_name_problem
+
+    problem = agent_name_problem(agent) or (model is not None and model_name_problem(model))
+    if problem:   # an edited line: its names must be ones an export could write again
+        raise ConfigError(f"%%flow_node {node_id}: {problem}; fix the cell's line")
     node = flow.workflow.nodes[node_id]
     if (requirement, agent, model) == (node.requirement, node.agent, node.model):
         return False

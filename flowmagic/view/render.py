@@ -55,11 +55,16 @@ def _workflow(obj: Any) -> Workflow:
     return wf
 
 
+_CONTROLS = {0: " "}   # dot ends a string at NUL
+
+
 def _lines(*parts: str) -> str:
-    """A DOT label or tooltip of literal lines: backslashes and <...> lose their meaning."""
+    """A DOT label or tooltip of literal lines: backslashes and <...> lose their meaning,
+    a NUL (model text may hold one) becomes a space."""
     import graphviz
 
-    return graphviz.nohtml("\\n".join(graphviz.escape(p) for p in parts if p))
+    return graphviz.nohtml("\\n".join(graphviz.escape(p.translate(_CONTROLS))
+                                       for p in parts if p))
 
 
 def ran_on_model(ran: str, model: str | None) -> bool:
