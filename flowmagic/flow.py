@@ -20,6 +20,7 @@ from ._internal.aio import in_loop, run_in_script
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError
+from .engine import numbers
 from .engine.execution import made_files
 from .engine.executor import Executor, Work
 from .model.graph import Workflow
@@ -562,6 +563,15 @@ class Flow:
         if running and self._executor is not None:
             self._executor.restart(running)
 
+    async def _summary(self, messages: list[dict]):
+        reply = await self.llm.complete_whole(messages, model=self.settings.model,
+                                              seed=self.settings.seed,
+                                              continuations=int(self.settings.continuations),
+                                              max_tokens=self.settings.max_tokens,
+                                              run_id=self.run_id, purpose="consolidate")
+        self._spend(reply.cost_usd)
+        return reply
+
     async def _consolidate(self) -> None:
         """The final write-up: a summary of what the nodes did; it never rewrites their work."""
         wf = self.workflow
@@ -573,16 +583,17 @@ class Flow:
         messages = [
             {"role": "system", "content": "You write the closing summary of a team's work."},
             {"role": "user", "content": f"Task:\n{wf.task}\n\nResults of the subtasks:\n{body}\n\n"
-                                        "Summarise what was done and what it found, briefly. "
-                                        "Do not rewrite or repeat the results: they are kept "
-                                        "as they are."}]
-        reply = await self.llm.complete_whole(messages, model=self.settings.model,
-                                              seed=self.settings.seed,
-                                              continuations=int(self.settings.continuations),
-                                              max_tokens=self.settings.max_tokens,
-                                              run_id=self.run_id, purpose="consolidate")
-        self._spend(reply.cost_usd)
-        self.result = reply.text
+                                        "Answer the task from these results, briefly: what was "
+                                        f"done and what it found. {numbers.SUMMARY_NUMBERS} "
+                                        "Do not rewrite or repeat the results whole: they are "
+                                        "kept as they are."}]
+        reply = await self._summary(messages)
+        loose = numbers.result_untraced(wf, reply.text)
+        if loose:   # back once, naming them; what still does not trace is marked
+            reply = await self._summary([*messages, {"role": "assistant", "content": reply.text},
+                                         {"role": "user", "content": numbers.summary_feedback(loose)}])
+            loose = numbers.result_untraced(wf, reply.text)
+        self.result = reply.text + (f"\n\n{numbers.untraced_mark(loose)}" if loose else "")
         made = [f for n in active for f in made_files(n.execution)]
         if made:   # the deliverables are files: listed as they are, never rewritten
             self.result += ("\n\nFiles of this run (in flow.workspace, next to an exported "
@@ -697,6 +708,20 @@ class Flow:
             for key in total:
                 total[key] += row[key] or 0
         return {"total": total, "rows": rows}
+
+    def trace_numbers(self, node_id: str | None = None):
+        """Each number the result states (or, given a node, its answer's text) with the node
+        and printed output line it came from, or None where it traces nowhere: a DataFrame
+        (number, value, node, line) when pandas is installed, else a list of dicts. The rule
+        is flowmagic.engine.numbers' (rounding allowed; years, ordinals, list markers, single
+        digits and numbers the task or requirements give are not listed)."""
+        if node_id is None:
+            return numbers.trace_rows(numbers.result_trace(self.workflow, self.result or ""))
+        node = self.workflow.node(node_id)
+        answer = next((a.get("output") for a in reversed(node.attempts) if a.get("output")), "")
+        stated = numbers.stated_numbers(numbers.strip_claims(answer or ""),
+                                        (self.workflow.task or "", node.requirement))
+        return numbers.trace_rows(numbers.trace(stated, numbers.output_lines(self.workflow, node_id)))
 
     def timeline(self) -> list[dict]:
         """One row per node that ran: start, end, duration, tokens, cost, attempts, and the

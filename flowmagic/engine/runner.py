@@ -25,6 +25,8 @@ from .executor import Outcome
 from .validation import retry_prompt
 from .calls import attempt_why
 from .diagnosis import CODE_FAILED, code_feedback
+from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
+                      strip_claims, trace, untraced, untraced_mark)
 from ..model.status import Status
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
@@ -168,6 +170,23 @@ class NodeRunner:
                                  earlier=attempts)
         return feedback + ("\n" + _RESTART.strip() if workspace.example() else "")
 
+    def _loose_numbers(self, node_id: str, text: str, record: dict) -> list[str]:
+        """The numbers the answer's text states that no executed output of the node or of
+        its ancestors holds (engine/numbers.py); [] when no code ran there (nothing to trace to)."""
+        ctx = self.ctx
+        if ctx.settings.execute == "off":
+            return []
+        wf = ctx.workflow
+        own = record.get("execution") or {}
+        runs = [own] + [wf.nodes[a].execution or {} for a in wf.ancestors(node_id)
+                        if wf.nodes[a].status == Status.DONE]
+        if not any(r.get("ran") for r in runs):
+            return []
+        lines = [(node_id, line) for line in printed_lines(own)] + [
+            pair for pair in output_lines(wf, node_id) if pair[0] != node_id]
+        stated = stated_numbers(strip_claims(text), (wf.task or "", wf.nodes[node_id].requirement))
+        return untraced(trace(stated, lines))
+
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
         ctx, settings = self.ctx, self.ctx.settings
@@ -268,7 +287,9 @@ class NodeRunner:
                                                           "error": str(exc)}]
             return outcome
         start_report = report(start) if start is not None else ""
-        for attempt in range(int(settings.max_attempts)):
+        # `kept`: the code run of an answer sent back for its numbers, which the new text keeps
+        limit, attempt, sent_back, kept = int(settings.max_attempts), -1, False, None
+        while (attempt := attempt + 1) < limit:
             started = time.time()
             # the model asked for; the reply's own id (endpoint:model) replaces it when one comes
             record = {"start": started, "attempt": history + attempt + 1,
@@ -322,7 +343,9 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break
-            output = text
+            if ex is None and kept is not None:   # the text of an answer sent back for its numbers
+                ex = kept
+            output = strip_claims(text)   # the model's guesses at its output are no result
             if ex is not None:
                 record["execution"] = ex.to_dict()
                 if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
@@ -355,6 +378,16 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break
+            loose = self._loose_numbers(node_id, text, record) if passed else []
+            if loose and not sent_back:   # sent back once, naming them (even after the last attempt)
+                sent_back, kept, limit = True, ex, limit + (attempt + 1 == limit)
+                record.update(end=time.time(), passed=False, untraced=loose,
+                              feedback=numbers_feedback(loose))
+                attempts.append(record)
+                continue
+            if loose:   # still: marked where the output is read
+                record["untraced"] = loose
+                output += f"\n\n{untraced_mark(loose)}"
             record.update(end=time.time(), passed=passed, feedback=feedback)
             attempts.append(record)
             if passed:

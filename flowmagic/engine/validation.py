@@ -233,6 +233,8 @@ def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
         failed_code = ran.get("ran") and not ran.get("ok") and ran.get("code")
         what, text = (("Its code was", f"```python\n{ran['code'].rstrip()}\n```") if failed_code
                       else ("Its output was", str(attempt.get("output") or "(no output)")))
+        if attempt.get("untraced") and ran.get("stdout"):   # the numbers it may state
+            text = f"Its code printed:\n{ran['stdout'].rstrip()}\n\nIts answer was:\n{text}"
         shown = _clip(text, max(share - len(why) - 70, 20))
         block = f"Attempt {n} was rejected because: {why}\n{what}:\n{shown}"
         parts.append(block[:share])

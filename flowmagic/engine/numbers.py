@@ -1,0 +1,317 @@
+"""Numbers trace to code: every number an answer states must be one its code printed.
+
+Small models write findings with invented numbers ("the mean body mass of Adelie is
+4865.95 g"; pandas says 3700.66). This module finds the numbers a text states and traces
+each to a line of an executed output (what code that ran printed), so an answer can be sent
+back naming the numbers that trace nowhere, and what still does not trace is marked.
+
+The rule (README "Numbers trace to code"; tests/test_numbers.py is its table):
+
+- A *number* is a numeric literal standing on its own: an optional sign, digits (thousands
+  may be grouped with commas: 1,234,567), an optional decimal part, an optional exponent
+  (1.5e-3), an optional "%" or scale word ("thousand", "million", "billion"). Digits glued
+  to letters or underscores ("Qwen2.5", "x1", "log10", "sha256", "3D") are part of a name,
+  not a number, and so are digits inside a date or a time (2024-01-31, 10:30).
+- A stated number *traces* to an output number when they are equal after rounding the
+  output to the decimals the statement writes: |output - stated| <= half a unit of the
+  statement's last written digit (4865.95 traces to 4865.9512; 3701 to 3700.66; 0.45 to
+  0.4512). A percentage also traces to a fraction (45.2% to 0.4521), a scaled number to
+  its value (1.2 million to 1203441), and a number traces regardless of sign ("fell by
+  0.87" to -0.87). The source is the printed output (stdout) of the node's own code and of
+  its ancestors' code, line by line; the first line holding it is where it came from.
+- Not checked (they need no code): years (whole numbers 1900-2100), ordinals (1st, 2nd,
+  3rd, 4th), list markers (a number opening a line, followed by "." or ")"), single digits
+  0-9 written without decimals, numbers inside code (fenced blocks and inline `code`), and
+  every number the task or the node's requirement writes (the user gave them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping
+
+__all__ = ["Stated", "Traced", "stated_numbers", "output_lines", "printed_lines", "trace",
+           "untraced", "untraced_mark", "numbers_feedback", "strip_claims", "trace_text",
+           "CLAIM_MARK", "UNTRACED", "result_trace", "result_untraced", "trace_rows",
+           "SUMMARY_NUMBERS", "summary_feedback"]
+
+_SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
+_NUMBER = re.compile(
+    r"(?<![\w.,:/-])(?<!\d[.,])"                       # not glued to a name, a date or a number
+    r"(?P<sign>[-+\u2212]?)"
+    r"(?P<body>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?P<exp>[eE][-+]?\d+)?"
+    r"(?P<tail>%|(?:st|nd|rd|th)\b|\s?(?:thousand|million|billion|trillion)\b)?"
+    r"(?![\w]|[.,]\d|:\d|-\d|/\d)",                    # nor followed by more of one
+    re.IGNORECASE)
+_MARKER = re.compile(r"^\s*(?:[-*]\s*)?\d{1,2}[.)]\s")
+_FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?^[ \t]*\1[`~]*[ \t]*$|`[^`\n]+`",
+                     re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Stated:
+    """A number as a text writes it: its text, its value, its last written digit's unit."""
+    text: str
+    value: float
+    unit: float          # half of this is the rounding allowed
+    percent: bool = False
+
+
+@dataclass
+class Traced:
+    """One stated number and where it came from (node None: it traces nowhere)."""
+    number: str
+    value: float
+    node: str | None
+    line: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _parse(m: re.Match) -> Stated | None:
+    body, exp, tail = m.group("body"), m.group("exp") or "", (m.group("tail") or "").strip().lower()
+    if tail in ("st", "nd", "rd", "th"):
+        return None
+    digits = body.replace(",", "")
+    decimals = len(digits.split(".", 1)[1]) if "." in digits else 0
+    try:
+        value = float(digits + exp)
+    except ValueError:
+        return None
+    unit = 10.0 ** (-decimals) * (10.0 ** int(exp[1:]) if exp else 1.0)
+    scale = _SCALES.get(tail, 1.0)
+    sign = -1.0 if m.group("sign") in ("-", "\u2212") else 1.0
+    return Stated(m.group(0).strip(), sign * value * scale, unit * scale, tail == "%")
+
+
+def _plain(text: str) -> str:
+    """The text without code: fenced blocks and inline `code` hold no stated numbers."""
+    return _FENCED.sub(" ", text or "")
+
+
+def _all_numbers(text: str) -> list[Stated]:
+    out = []
+    for m in _NUMBER.finditer(text or ""):
+        parsed = _parse(m)
+        if parsed is not None:
+            out.append(parsed)
+    return out
+
+
+def _given(texts: Iterable[str]) -> set[float]:
+    return {abs(s.value) for t in texts for s in _all_numbers(t)}
+
+
+def stated_numbers(text: str, given: Iterable[str] = ()) -> list[Stated]:
+    """The numbers `text` states that must trace (see the module's rule for what is left
+    out); `given` are texts whose numbers need no tracing (the task, the requirement)."""
+    known = _given(given)
+    out = []
+    for line in _plain(text).splitlines():
+        marker = _MARKER.match(line)
+        for m in _NUMBER.finditer(line):
+            if marker and m.start() < marker.end():
+                continue   # "1. " opening a line is a list marker
+            s = _parse(m)
+            if s is None:
+                continue
+            whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
+            if whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100):
+                continue   # a single digit, a year
+            if abs(s.value) in known:
+                continue
+            out.append(s)
+    return out
+
+
+def output_lines(workflow, node_id: str) -> list[tuple[str, str]]:
+    """(node, printed line) of every executed output the node may quote: its own code's
+    and its ancestors' (done nodes'), the node's own first."""
+    nodes = workflow.nodes
+    order = [node_id] + [a for a in workflow.ancestors(node_id)]
+    out = []
+    for nid in order:
+        node = nodes.get(nid)
+        if node is None:
+            continue
+        for line in printed_lines(node.execution):
+            out.append((nid, line))
+    return out
+
+
+def printed_lines(execution: Mapping | None) -> list[str]:
+    """The lines holding a digit that a code run (and the working start before it) printed."""
+    if not execution:
+        return []
+    runs = [execution]
+    start = execution.get("working_start")
+    if isinstance(start, Mapping):
+        runs.append(start)
+    return [line for run in runs if run.get("ran") and run.get("stdout")
+            for line in str(run["stdout"]).splitlines() if any(c.isdigit() for c in line)]
+
+
+def _matches(stated: Stated, value: float) -> bool:
+    if not math.isfinite(value):
+        return False
+    half = stated.unit / 2 * (1 + 1e-9)
+    target = abs(stated.value)
+    if abs(abs(value) - target) <= half:
+        return True
+    return stated.percent and abs(abs(value) * 100 - target) <= half
+
+
+def trace(stated: list[Stated], lines: list[tuple[str, str]]) -> list[Traced]:
+    """Each stated number with the first (node, line) whose printed numbers hold it."""
+    parsed = [(nid, line, [s.value for s in _all_numbers(line)]) for nid, line in lines]
+    out = []
+    for s in stated:
+        hit = next(((nid, line) for nid, line, values in parsed
+                    if any(_matches(s, v) for v in values)), (None, None))
+        out.append(Traced(s.text, s.value, hit[0], hit[1]))
+    return out
+
+
+def trace_text(text: str, workflow, node_id: str | None, given: Iterable[str] = ()) -> list[Traced]:
+    """`trace` of what `text` states against the outputs `node_id` may quote (None: every
+    node's, as the final result may)."""
+    if node_id is None:
+        lines = [(nid, line) for nid, node in workflow.nodes.items()
+                 for line in printed_lines(node.execution)]
+    else:
+        lines = output_lines(workflow, node_id)
+    return trace(stated_numbers(text, given), lines)
+
+
+def result_trace(workflow, text: str) -> list[Traced]:
+    """Each number the final result states, traced to every done node's printed output
+    (the task's and the requirements' numbers need none)."""
+    given = [workflow.task or ""] + [n.requirement for n in workflow.nodes.values()]
+    text = _MARK.sub("", text or "")   # the mark of a check made already states nothing
+    return trace_text(strip_claims(text), workflow, None, given)
+
+
+def result_untraced(workflow, text: str) -> list[str]:
+    """The result's numbers that trace nowhere; [] when no code ran (nothing to trace to)."""
+    if not any((n.execution or {}).get("ran") for n in workflow.nodes.values()):
+        return []
+    return untraced(result_trace(workflow, text))
+
+
+def trace_rows(traced: list[Traced]) -> Any:
+    """`flow.trace_numbers()`'s table: a DataFrame (number, value, node, line) when pandas
+    is installed, else the rows as dicts."""
+    rows = [t.to_dict() for t in traced]
+    try:
+        import pandas as pd
+    except ImportError:
+        return rows
+    # object columns keep None as None (a plain frame would turn "traces nowhere" into NaN)
+    return pd.DataFrame({"number": pd.Series([r["number"] for r in rows], dtype=object),
+                         "value": pd.Series([r["value"] for r in rows], dtype=float),
+                         "node": pd.Series([r["node"] for r in rows], dtype=object),
+                         "line": pd.Series([r["line"] for r in rows], dtype=object)})
+
+
+def untraced(traced: list[Traced]) -> list[str]:
+    """The texts of the numbers that trace nowhere, each once, in order."""
+    return list(dict.fromkeys(t.number for t in traced if t.node is None))
+
+
+UNTRACED = "numbers that trace to no executed output"
+_MARK = re.compile(r"\[" + UNTRACED + r": [^\]\n]*\]")
+
+
+def untraced_mark(numbers: list[str]) -> str:
+    """The mark left where an answer is read (its output, the result, the export)."""
+    return f"[{UNTRACED}: {', '.join(numbers)}]"
+
+
+SUMMARY_NUMBERS = ("State the numbers the task asks for, copied from the printed outputs "
+                   "above exactly as they are printed (rounding is fine); never compute, "
+                   "estimate or invent a number, and leave out any number no output holds.")
+
+
+def summary_feedback(numbers: list[str]) -> str:
+    """Why a final summary goes back once for its numbers."""
+    return (f"These numbers in your summary appear in no printed output above: "
+            f"{', '.join(numbers)}. Write the summary again; copy every number from the "
+            "printed outputs (rounding is fine) or leave it out.")
+
+
+def numbers_feedback(numbers: list[str]) -> str:
+    """Why an answer goes back once for its numbers, and what to write instead."""
+    return (f"These numbers in your answer appear in no output of code that ran: "
+            f"{', '.join(numbers)}. Every number you state must be copied from a printed "
+            "output (your code's is shown below, earlier subtasks' are in their results; "
+            "rounding is fine), never computed in your head or guessed. Write your answer "
+            "again without code (your code ran and its output is kept): state only numbers "
+            "those outputs hold, or leave the number out.")
+
+
+# -------------------------------------------------------------------- the model's own claims
+CLAIM_MARK = "[the model's guess at what its code prints was left out: only output that ran counts]"
+_CLAIM_HEAD = re.compile(
+    r"^\s*(?:[#>*_]+\s*)*(?:(?:the\s+)?(?:expected|example|sample|predicted|possible|"
+    r"approximate|likely)\s+)?(?:output|result|results|console output|prints?|this prints|"
+    r"it prints|which prints|would print|running (?:this|it) (?:gives|prints))"
+    r"(?:\s+(?:would be|will be|is|looks like|should be))?\s*[:\-]?\s*(?:[*_]+)?\s*:?\s*$",
+    re.IGNORECASE)
+_OUTPUT_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(output|stdout|console|text|plaintext|"
+                           r"txt|)?[ \t]*$", re.IGNORECASE)
+_PY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(python|py|python3)\b", re.IGNORECASE)
+_COMMENT_NUMBER = re.compile(r"(?:^|\s+)#[^\n'\"]*\d[^\n'\"]*$")
+
+
+def _fence_end(lines: list[str], i: int, fence: str) -> int:
+    j = i + 1
+    while j < len(lines):
+        stripped = lines[j].strip()
+        if stripped and set(stripped) == {fence[0]} and len(stripped) >= len(fence):
+            return j + 1
+        j += 1
+    return j
+
+
+def strip_claims(text: str) -> str:
+    """The text with what the model wrote as the output of its own code left out (an
+    "Output:" heading and the block or lines after it, a fence labelled output/console,
+    number-bearing comments in Python blocks), each replaced by CLAIM_MARK. Only for an
+    answer that holds Python: without code there is no output to predict."""
+    if not isinstance(text, str) or not _PY_FENCE.search(text) and "```\n" not in text:
+        return text
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if _CLAIM_HEAD.match(line) and line.strip():
+            j = i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            m = _OUTPUT_FENCE.match(lines[j]) if j < len(lines) else None
+            if m:
+                i = _fence_end(lines, j, m.group(1))
+            else:   # plain lines up to the next blank one
+                while j < len(lines) and lines[j].strip():
+                    j += 1
+                i = j
+            out.append(CLAIM_MARK)
+            continue
+        m = _OUTPUT_FENCE.match(line)
+        if m and m.group(2):   # ```output / ```console: a printout written by hand
+            i = _fence_end(lines, i, m.group(1))
+            out.append(CLAIM_MARK)
+            continue
+        m = _PY_FENCE.match(line)
+        if m:
+            end = _fence_end(lines, i, m.group(1))
+            out.append(line)
+            out.extend(_COMMENT_NUMBER.sub("", body) for body in lines[i + 1:end])
+            i = end
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")

@@ -1,0 +1,165 @@
+"""The rule for numbers that trace to code (flowmagic.engine.numbers), as a table."""
+
+import pytest
+
+from flowmagic.engine.numbers import (CLAIM_MARK, stated_numbers, strip_claims, trace,
+                                      untraced)
+
+OUT = [("stats", "species"),
+       ("stats", "Adelie       3700.662252"),
+       ("stats", "Gentoo       5076.016260"),
+       ("fit", "R-squared: 0.8268"),
+       ("fit", "const  37.227270  wt  -3.877831  hp -0.031773"),
+       ("fit", "share 0.4521"),
+       ("fit", "rows 1203441"),
+       ("fit", "3.700662e+03")]
+
+
+@pytest.mark.parametrize("text, traces_to", [
+    ("The mean body mass of Adelie is 3700.66 g.", "Adelie       3700.662252"),   # rounded
+    ("Adelie weighs about 3701 g", "Adelie       3700.662252"),                   # to a unit
+    ("Adelie weighs 3700.7 g", "Adelie       3700.662252"),
+    ("in scientific form 3.70066e3", "Adelie       3700.662252"),
+    ("Gentoo: 5,076.02 g", "Gentoo       5076.016260"),                            # grouped
+    ("R squared is 0.83", "R-squared: 0.8268"),
+    ("mpg falls by 3.88 per unit of wt", "const  37.227270  wt  -3.877831  hp -0.031773"),  # sign
+    ("the weight coefficient is -3.8778", "const  37.227270  wt  -3.877831  hp -0.031773"),
+    ("45.2% of the rows", "share 0.4521"),                                         # a fraction
+    ("about 1.2 million rows", "rows 1203441"),                                    # a scale
+    ("the coefficient of hp is −0.03", "const  37.227270  wt  -3.877831  hp -0.031773"),
+])
+def test_a_stated_number_traces_to_the_printed_line_that_holds_it(text, traces_to):
+    [stated] = stated_numbers(text)
+    [traced] = trace([stated], OUT)
+    assert traced.line == traces_to and traced.node is not None
+
+
+@pytest.mark.parametrize("text", [
+    "The mean body mass of Adelie is 4865.95 g.",    # the invented number of the issue
+    "R squared is 0.82",                              # 0.8268 does not round to 0.82
+    "12.5% of the rows",
+])
+def test_a_number_no_output_holds_traces_nowhere(text):
+    stated = stated_numbers(text)
+    traced = trace(stated, OUT)
+    assert len(stated) == 1 and untraced(traced) == [stated[0].text]
+
+
+@pytest.mark.parametrize("text", [
+    "In 2023 the survey counted penguins",           # a year
+    "the 3rd and 21st rows",                         # ordinals
+    "1. First finding\n2. Second finding\n12. Twelfth",   # list markers
+    "three findings from 3 species",                 # a single digit
+    "Qwen2.5 and log10 and x1 and sha256 and 3D",    # digits inside names
+    "on 2024-01-31 at 10:30",                        # a date, a time
+    "```python\nprint(df.head(20))\n```\nand `df.iloc[:25]`",   # code
+    "the top 15 cars, as the task asks",             # given by the task
+])
+def test_numbers_that_need_no_code_are_not_checked(text):
+    assert stated_numbers(text, given=["Show the top 15 cars"]) == []
+
+
+def test_an_output_block_written_by_the_model_is_left_out_and_marked():
+    answer = ("```python\nprint(df['body_mass_g'].mean())  # 4865.95\n# mean is 4865.95\n"
+              "x = 1\n```\n\nOutput:\n```\n4865.95\n```\n\n"
+              "**Expected output:**\n4865.95\n3.5\n\nThe code computes the mean.\n"
+              "```output\n12.0\n```\n")
+    stripped = strip_claims(answer)
+    assert "4865.95" not in stripped and "12.0" not in stripped
+    assert stripped.count(CLAIM_MARK) == 3
+    assert "print(df['body_mass_g'].mean())\n" in stripped and "x = 1" in stripped
+    assert "The code computes the mean." in stripped
+    prose = "Result: the team wrote 4 pages.\nOutput: a report of 1200 words."
+    assert strip_claims(prose) == prose   # no code, nothing predicted
+
+
+# -------------------------------------------------------------------- in a flow (loopback)
+import json  # noqa: E402
+
+import nbformat  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import flowmagic  # noqa: E402
+from flowmagic.flow import Flow  # noqa: E402
+from flowmagic.ops.nbrun import TEMPLATES  # noqa: E402
+from flowmagic.testing.loopback import LoopbackServer  # noqa: E402
+
+CSV = TEMPLATES / "data" / "anscombe.csv"
+TRUE_MEAN = round(pd.read_csv(CSV)["y"].mean(), 4)   # 7.5009
+INVENTED = "4865.95"
+PLAN = {"task": "Explore anscombe.csv: report the mean of y.",
+        "nodes": [{"id": "stats", "requirement": "Print the mean of y.", "agent": "analyst"},
+                  {"id": "report", "requirement": "Write the finding.", "agent": "writer"}],
+        "edges": [["stats", "report"]]}
+STATS = ("```python\nimport pandas as pd\ndf = pd.read_csv('anscombe.csv')\n"
+         "print('mean of y', round(df['y'].mean(), 4))  # 4865.95\n```\n\n"
+         f"Output:\n```\nmean of y {INVENTED}\n```\n")
+
+
+def requests(server):
+    return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
+            if r["path"].endswith("/chat/completions")]
+
+
+def scripted(summary):
+    def agent(body):
+        messages = body["messages"]
+        if "closing summary" in messages[0]["content"]:
+            return summary(messages)
+        prompt = messages[-1]["content"]
+        if "Your subtask (stats)" in prompt:
+            if "appear in no output of code that ran" in prompt:
+                return f"The mean of y is {TRUE_MEAN}."
+            return STATS + f"\nThe mean of y is {INVENTED}, well above 3.14159."
+        return "The mean of y is as the analysis printed."
+    return agent
+
+
+def test_an_answer_with_invented_numbers_goes_back_once_and_output_blocks_reach_no_child(tmp_path):
+    with LoopbackServer(responder=scripted(lambda m: f"The mean of y is {TRUE_MEAN}.")) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
+        flow.run()
+        sent = requests(server)
+    assert flow.status == "done", flow.message
+    stats = flow.workflow.nodes["stats"]
+    first, second = stats.attempts
+    assert first["untraced"] == [INVENTED, "3.14159"] and not first["passed"]
+    stats_prompts = [m[-1]["content"] for m in sent if "Your subtask (stats)" in m[-1]["content"]]
+    assert len(stats_prompts) == 2   # back once
+    assert f"appear in no output of code that ran: {INVENTED}, 3.14159" in stats_prompts[1]
+    assert f"Its code printed:\nmean of y {TRUE_MEAN}" in stats_prompts[1]
+    assert second["passed"] and "untraced" not in second
+    assert stats.output.startswith(f"The mean of y is {TRUE_MEAN}.")
+    assert f"mean of y {TRUE_MEAN}" in stats.output   # the kept run's printed output
+    # the child sees the real output, never the model's "Output:" block
+    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    assert INVENTED not in report_prompt and f"mean of y {TRUE_MEAN}" in report_prompt
+    table = flow.trace_numbers()
+    assert list(table["number"]) == [str(TRUE_MEAN)] and list(table["node"]) == ["stats"]
+    assert list(table["line"]) == [f"mean of y {TRUE_MEAN}"]
+
+
+def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_marked(tmp_path):
+    summaries = []
+
+    def summary(messages):
+        summaries.append(messages)
+        return f"The mean of y is {TRUE_MEAN}; the median is 7.9."
+
+    with LoopbackServer(responder=scripted(summary)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
+        flow.run()
+    assert len(summaries) == 2
+    assert "copied from the printed outputs above exactly" in summaries[0][-1]["content"]
+    assert "appear in no printed output above: 7.9" in summaries[1][-1]["content"]
+    table = flow.trace_numbers()
+    assert table.to_dict("records") == [
+        {"number": str(TRUE_MEAN), "value": TRUE_MEAN, "node": "stats",
+         "line": f"mean of y {TRUE_MEAN}"},
+        {"number": "7.9", "value": 7.9, "node": None, "line": None}]
+    assert flow.result.endswith("[numbers that trace to no executed output: 7.9]")
+    nb = nbformat.read(str(flow.to_notebook(tmp_path / "nums.ipynb")), as_version=4)
+    shown = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "numbers that trace to no executed output: 7.9" in shown
