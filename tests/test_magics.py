@@ -366,6 +366,8 @@ def orchestrating(body):
     system = body["messages"][0]["content"]
     if "Write only the final answer" in system:
         return "best answer so far"
+    if "The orchestrator proposes this final answer" in body["messages"][-1]["content"]:
+        return json.dumps({"agree": True, "reason": "tea is a drink"})   # the consensus vote
     if system.startswith("You are the orchestrator"):
         if any(m["role"] == "tool" for m in body["messages"]):
             return {"tool_calls": [{"function": {"name": "submit_answer",

@@ -80,30 +80,46 @@ def scripted(body):
     return f"{worker(body)} did: {last[:40]}"
 
 
+def is_vote(body) -> bool:
+    return "The orchestrator proposes this final answer" in (body["messages"][-1]["content"] or "")
+
+
+def agreeing(responder):
+    """Workers that confirm every proposed answer (CORAL's consensus step), else `responder`."""
+    def answer(body):
+        if is_vote(body):
+            return json.dumps({"agree": True, "reason": "it matches my part"})
+        return responder(body)
+    return answer
+
+
 def worker_latency(seconds):
     return lambda body: 0.0 if is_orchestrator(body) or is_final(body) else seconds
 
 
 def test_turns_are_ordered_workers_run_concurrently_and_all_is_stored():
-    with LoopbackServer(responder=scripted, latency=worker_latency(0.3)) as server:
+    with LoopbackServer(responder=agreeing(scripted), latency=worker_latency(0.3)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         events = []
         o = orchestrate("Total the sales in sales.csv", agents="planner,analyst,coder",
                         llm=fast_llm(), on_event=events.append, budget_s=30, max_turns=6)
         assert o.status == "submitted" and o.ended_by == "submit"
         assert o.answer == "final: coder did: Write code. Plan: planner did: Plan: sum"
-        assert server.max_in_flight == 2   # planner and analyst at once
+        assert server.max_in_flight == 3   # planner and analyst at once; the three votes at once
         kinds = [(m.turn, m.sender, m.recipient, m.kind) for m in o.transcript]
         assert kinds[0] == (0, "user", "orchestrator", "task")
         assert kinds[1:3] == [(1, "orchestrator", "planner", "send"), (1, "orchestrator", "analyst", "send")]
         assert sorted(kinds[3:5]) == [(1, "analyst", "orchestrator", "reply"),
                                       (1, "planner", "orchestrator", "reply")]
         later = [(sender, recipient, kind) for _, sender, recipient, kind in kinds[5:]]
+        voters = ("planner", "analyst", "coder")   # every agent that replied, in send order
         assert later == [("orchestrator", "coder", "send"), ("coder", "orchestrator", "reply"),
+                         *[("orchestrator", a, "confirm") for a in voters],
+                         *[(a, "orchestrator", "verdict") for a in voters],
                          ("orchestrator", "user", "submit")]
         assert [m.seq for m in o.transcript] == list(range(len(o.transcript)))
         assert [t["turn"] for t in o.turns] == list(range(1, len(o.turns) + 1))
-        assert o.calls == len(o.turns) + 3 and o.tokens_in > 0 and o.tokens_out > 0
+        assert o.calls == len(o.turns) + 3 + 3 and o.tokens_in > 0 and o.tokens_out > 0
         assert all(m.tokens_out > 0 for m in o.transcript if m.kind == "reply")
         # stored as it happened, and announced live in the same order
         stored = get_store().transcript(o.run_id)
@@ -138,7 +154,7 @@ def test_the_orchestrator_acts_on_each_reply_as_it_arrives():
             return 0.0
         return {"analyst": 0.2, "researcher": 3.0}.get(worker(body), 0.2)
 
-    with LoopbackServer(responder=responder, latency=latency) as server:
+    with LoopbackServer(responder=agreeing(responder), latency=latency) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         o = orchestrate("t", agents="analyst,researcher,coder", llm=fast_llm(), budget_s=30,
                         max_turns=8)
@@ -148,6 +164,7 @@ def test_the_orchestrator_acts_on_each_reply_as_it_arrives():
         assert moves[1] < 1.5, moves            # acted on the 0.2 s reply, not at 3.0 s
         coder_sent = next(t - start for t, body in arrivals
                           if not is_orchestrator(body) and worker(body) == "coder")
+        assert not any(is_vote(body) for t, body in arrivals if t - start < 2.5)   # votes come last
         assert coder_sent < 1.5                 # and the coder worked while the researcher did
         assert o.answer == "analyst done + researcher done" and o.ended_by == "submit"
         assert len(o.turns[0]["fed"]) == 1      # the first move saw one reply
@@ -279,7 +296,7 @@ def test_a_json_action_cut_at_the_token_limit_is_continued():
             return {"content": whole[:20], "finish_reason": "length"}
         return "one line"
 
-    with LoopbackServer(responder=responder) as server:
+    with LoopbackServer(responder=agreeing(responder)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         o = orchestrate("t", agents=["writer"], llm=fast_llm(), max_turns=2)
     assert (o.status, o.answer) == ("submitted", "the whole answer")
@@ -312,7 +329,7 @@ def json_actions(body):
 
 
 def test_an_endpoint_without_function_calling_gets_json_actions():
-    with LoopbackServer(responder=json_actions) as server:
+    with LoopbackServer(responder=agreeing(json_actions)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         llm = fast_llm()
         o = orchestrate("t", agents=["writer"], llm=llm, max_turns=3)
@@ -456,7 +473,7 @@ def test_the_magic_orchestrates_with_notebook_tools(shell, capsys):
             return {"tool_calls": [{"function": {"name": "sky", "arguments": "{}"}}]}
         return "blue"
 
-    with LoopbackServer(responder=responder) as server:
+    with LoopbackServer(responder=agreeing(responder)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         shell.run_cell('def sky() -> str:\n    """The colour of the sky."""\n    return "blue"')
         result = shell.run_cell("%%flow chat --mode orchestrate --agents writer --tools sky "
@@ -472,3 +489,114 @@ def test_the_magic_orchestrates_with_notebook_tools(shell, capsys):
         assert "applies only with --mode orchestrate" in capsys.readouterr().err
         shell.run_cell("%%flow bad --mode orchestrate --tools nothing_here\nx")
         assert "no function named 'nothing_here' in the notebook" in capsys.readouterr().err
+
+
+# -- CORAL's two rules ------------------------------------------------------------------------------
+
+def test_the_planner_names_no_agents_and_is_never_told_them():
+    seen = {}
+
+    def responder(body):
+        if is_orchestrator(body):
+            if replies_in(body):
+                return {"tool_calls": [submit("done")]}
+            return {"tool_calls": [send("planner", "Plan: total the sales.")]}
+        seen[worker(body)] = body
+        return "1. Read the file. 2. Sum the column."
+
+    with LoopbackServer(responder=agreeing(responder)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        orchestrate("Total the sales", agents="planner,analyst,coder", llm=fast_llm(), max_turns=3)
+    planner = system(seen["planner"])
+    assert "Do not name, assign or suggest agents" in planner
+    assert not re.search(r"\b(analyst|coder|which kind of agent|who should)\b", planner)
+
+
+def test_an_answer_is_submitted_only_when_the_agents_confirm_it():
+    # The analyst confirms only the right total; the orchestrator first submits a wrong one,
+    # is told why it was not submitted, and submits again.
+    votes = []
+
+    def responder(body):
+        if is_vote(body):
+            right = "The proposed answer:\n42" in body["messages"][-1]["content"]
+            votes.append(right)
+            return json.dumps({"agree": right, "reason": "the total is 42" if not right else "yes"})
+        if is_orchestrator(body):
+            last = body["messages"][-1]["content"]
+            if "Not submitted" in last:
+                assert "[analyst]: the total is 42" in last
+                return {"tool_calls": [submit("42")]}
+            if replies_in(body):
+                return {"tool_calls": [submit("41")]}
+            return {"tool_calls": [send("analyst", "Total of 40 and 2?")]}
+        return "42"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents="analyst,writer", llm=fast_llm(), max_turns=4)
+    assert (o.status, o.answer, o.ended_by) == ("submitted", "42", "submit")
+    assert votes == [False, True]   # only the analyst, who worked, was asked; the writer was not
+    assert [t["action"] for t in o.turns] == ["send", "refused", "submit"]
+    verdicts = [m.content for m in o.transcript if m.kind == "verdict"]
+    assert verdicts == ["disagree: the total is 42", "agree: yes"]
+    assert o.settings.consensus is True and o.note in (None, "")
+
+
+def test_refusals_are_bounded_and_say_so():
+    def responder(body):
+        if is_vote(body):
+            return json.dumps({"agree": False, "reason": "never"})
+        if is_orchestrator(body):
+            return {"tool_calls": [submit("an answer")]}
+        return "x"
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents="analyst", llm=fast_llm(), max_turns=5, consensus_rounds=2)
+    assert [t["action"] for t in o.turns] == ["refused", "refused", "submit"]
+    assert o.answer == "an answer" and "without consensus after 2 refused" in o.note
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        o = orchestrate("t", agents="analyst", llm=fast_llm(), max_turns=5, consensus=False)
+    assert [t["action"] for t in o.turns] == ["submit"]
+
+
+def test_workflow_and_orchestrator_modes_on_one_task_set():
+    from flowmagic.ops.batch import contains
+    from flowmagic.orchestrator.modes import compare_modes
+
+    def responder(body):
+        user = body["messages"][-1]["content"] or ""
+        if is_vote(body):
+            return json.dumps({"agree": True, "reason": "ok"})
+        if is_orchestrator(body):
+            if replies_in(body):
+                return {"tool_calls": [submit(replies_in(body)["analyst"])]}
+            fruit = re.search(r"Name the fruit (\w+)", body["messages"][1]["content"]).group(1)
+            return {"tool_calls": [send("analyst", f"Say {fruit}.")]}
+        if body.get("response_format"):   # the planner: one step
+            return json.dumps({"subtasks": [{"id": "say", "requirement": "Name the fruit asked for",
+                                             "agent": "writer", "depends_on": []}]})
+        if "Your subtask (say)" in user:   # the workflow knows apples only
+            return "apple" if "fruit apple" in user else "no idea"
+        found = re.match(r"Say (\w+)\.", user)
+        return found.group(1) if found else "x"
+
+    tasks = [{"task": "Name the fruit apple", "expected": "apple"},
+             {"task": "Name the fruit pear", "expected": "pear"}]
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        report = compare_modes(tasks, contains, llm=fast_llm(), consolidate=False,
+                               orchestrator={"agents": "analyst", "max_turns": 3})
+    rows = {r["mode"]: r for r in report.rows()}
+    assert rows["workflow"]["pass_rate"] == 0.5 and rows["orchestrator"]["pass_rate"] == 1.0
+    for row in rows.values():
+        per = row["tokens_per_task"]
+        assert len(per) == 2 and all(t > 0 for t in per)
+        assert (row["tokens_min"], row["tokens_max"]) == (min(per), max(per))
+        assert row["tokens_median"] == pytest.approx(sum(per) / 2)
+    orch = [r for r in report.runs if r.mode == "orchestrator"]
+    assert [r.calls for r in orch] == [4, 4]   # send, reply, vote, submit turn
+    assert "| workflow | 2 | 0.50 |" in report.markdown()
+    assert "| orchestrator | 2 | 1.00 |" in report.markdown()

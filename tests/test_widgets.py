@@ -5,6 +5,7 @@ other by the Flow methods, and their workflows must end up equal (timings aside)
 """
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -499,6 +500,8 @@ def chat_responder(body):
     final call answers 'best answer so far'."""
     if "Write only the final answer" in _system(body):
         return "best answer so far"
+    if "The orchestrator proposes this final answer" in body["messages"][-1]["content"]:
+        return json.dumps({"agree": True, "reason": "it is right"})   # the consensus votes
     if _system(body).startswith("You are the orchestrator"):
         if not any(m["role"] == "tool" for m in body["messages"]):
             return {"tool_calls": [_call("send_message", agent="planner", content="Plan **it**"),
@@ -531,7 +534,8 @@ def test_chat_view_shows_each_message_once_in_order_and_the_answer():
     with LoopbackServer(responder=chat_responder) as srv:
         flowmagic.configure(base_url=srv.base_url, model="m")
         o = asyncio.run(scenario())
-    assert o.answer == "Total: **42**" and len(o.transcript) == 6
+    # task, two sends, two replies, two confirms, two verdicts, the submission
+    assert o.answer == "Total: **42**" and len(o.transcript) == 10
     seqs = [m.seq for m in o.transcript]
     for view in [*views, ChatView(o)]:   # live from the start, joined mid-run, after the end
         assert view.shown == seqs
@@ -542,7 +546,7 @@ def test_chat_view_shows_each_message_once_in_order_and_the_answer():
         assert "Total: <strong>42</strong>" in answer.outputs[0]["data"]["text/html"]
         assert "submitted, ended by submit" in answer.outputs[0]["data"]["text/html"]
         assert view.stop_button.disabled
-        assert f"6 messages · {o.calls} calls" in view.totals.value
+        assert f"10 messages · {o.calls} calls" in view.totals.value
         assert f"${o.cost_usd:.4f}" in view.totals.value
         view.close()
     assert "**orchestrator → planner** · send · turn 1" in shown[1]

@@ -33,6 +33,7 @@ from ..errors import ConfigError, FlowError
 from .._internal.aio import refuse_in_loop, run_in_script
 from .._internal.text import cut as text_cut
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
+from .consensus import VOTE_SCHEMA, read_vote, refusal, vote_prompt
 from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, RunSettings, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
                        system_prompt, tool_specs)
@@ -84,8 +85,9 @@ class Orchestrator:
                  name: str = "orchestration", seed: int = 0, temperature: float | None = None,
                  max_tokens: int | None = None, reply_chars: int = 3000, protocol: str = "auto",
                  tool_rounds: int = 3, tool_timeout_s: float = 30.0, tools_top_n: int = 3,
-                 tool_similarity: Any = "auto", continuations: int = 2,
-                 replay: dict | None = None, on_event: Callable[[dict], None] | None = None):
+                 tool_similarity: Any = "auto", continuations: int = 2, consensus: bool = True,
+                 consensus_rounds: int = 2, replay: dict | None = None,
+                 on_event: Callable[[dict], None] | None = None):
         if not isinstance(task, str) or not task.strip():
             raise ConfigError("the task is empty; write what the agents should do")
         if protocol not in ("auto", "native", "action"):
@@ -116,11 +118,15 @@ class Orchestrator:
         if not isinstance(continuations, int) or isinstance(continuations, bool) or continuations < 0:
             raise ConfigError(f"continuations={continuations!r}: give a count of 0 or more")
         self.continuations = continuations
+        # CORAL: an answer is submitted once the agents who worked on it confirm it
+        self.consensus, self.consensus_rounds = bool(consensus), int(consensus_rounds)
+        self._refusals = 0
         self.tool_options = ToolOptions(tool_rounds, tool_timeout_s, tools_top_n, tool_similarity)
         settings = RunSettings(mode="orchestrate", model=model, endpoint=_where(endpoint),
                                budget_s=self._said_budget, max_turns=self._said_turns,
                                replayed=replay is not None, protocol=protocol,
-                               reply_chars=reply_chars, continuations=continuations, **self.opts)
+                               reply_chars=reply_chars, continuations=continuations,
+                               consensus=self.consensus, **self.opts)
         self.result = Orchestration(run_id or new_run_id(), self.task, self.agents, settings,
                                     name=name)
         self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
@@ -238,8 +244,7 @@ class Orchestrator:
             self._deadline = self._hard_deadline - min(_RESERVE_MAX, _RESERVE * self.budget_s)
         self._save()
         self._add(0, "user", "orchestrator", "task", self.task)
-        conv = [{"role": "system", "content": system_prompt(self.agents, self._said_turns, self._said_budget,
-                                                      self.protocol)},
+        conv = [{"role": "system", "content": self._system(self.protocol)},
                 {"role": "user", "content": f"The task:\n{self.task}" + self._unprompted(0)}]
         o.ended_by = "turns"
         turn = 0
@@ -288,13 +293,17 @@ class Orchestrator:
         except ToolsUnsupportedError as exc:
             if len(conv) == 2:   # nothing was said yet: start over in the JSON protocol
                 self.protocol = "action"
-                conv[0]["content"] = system_prompt(self.agents, self._said_turns, self._said_budget, "action")
+                conv[0]["content"] = self._system("action")
                 return await self._ask(conv, turn)
             self._add(turn, "flowmagic", "user", "error", f"the orchestrator's call failed: {exc}")
             return None, "error"
         except FlowError as exc:
             self._add(turn, "flowmagic", "user", "error", f"the orchestrator's call failed: {exc}")
             return None, "error"
+
+    def _system(self, protocol: str) -> str:
+        return system_prompt(self.agents, self._said_turns, self._said_budget, protocol,
+                             self.consensus)
 
     async def _turn(self, conv: list[dict], turn: int) -> str:
         o, script = self.result, self._scripted(turn)
@@ -316,6 +325,15 @@ class Orchestrator:
                        [("invalid", "you answered in text; call send_message or submit_answer",
                          None, None)])
         submit = next((a for a in actions if a[0] == "submit"), None)
+        if submit is not None and self.consensus:
+            against = await self._confirm(turn, submit[1], reply)
+            if against is None:
+                record["action"] = "stopped" if self._stopped.is_set() else "time"
+                return record["action"]
+            if against:
+                record["action"] = "refused"
+                self._feed(conv, reply, actions, [], [], turn, refused=refusal(against))
+                return "continue"
         if submit is not None:
             record["action"] = "submit"
             o.answer, o.status = submit[1], AnswerState.SUBMITTED
@@ -473,8 +491,47 @@ class Orchestrator:
             self._add(turn, agent, "orchestrator", "message", content)
         return "".join(f"\n\n[{agent}, unprompted]: {content}" for agent, content in notes)
 
+    async def _confirm(self, turn: int, answer: str, reply) -> list[tuple[str, str]] | None:
+        """Ask the agents who worked (all, when none did) whether they agree with `answer`:
+        [(agent, reason)] of those who did not confirm ([] when all did, or when the rounds
+        of refusal are used up); None when the budget or a stop cut the votes."""
+        voters = list(dict.fromkeys(agent for agent, _, _ in self._exchanges)) or list(self.by_name)
+        for i, name in enumerate(voters):
+            self._add(turn, "orchestrator", name, "confirm", answer, reply if i == 0 else None)
+        tasks = [asyncio.ensure_future(self._vote(name, answer, turn)) for name in voters]
+        if not await self._bounded(tasks):
+            return None
+        against = []
+        for name, task in zip(voters, tasks):
+            agrees, reason, text, got = task.result()
+            self._add(turn, name, "orchestrator", "verdict", text, got)
+            if not agrees:
+                against.append((name, reason))
+        if against and self._refusals >= self.consensus_rounds:
+            self.result.note = (f"submitted without consensus after {self._refusals} refused "
+                                f"submission(s): {', '.join(a for a, _ in against)} did not agree")
+            return []
+        self._refusals += bool(against)
+        return against
+
+    async def _vote(self, name: str, answer: str, turn: int) -> tuple:
+        agent = self.by_name[name]
+        messages = [{"role": "system", "content": f"{agent.role}\n\n{_WORKER_RULES}"},
+                    {"role": "user", "content": vote_prompt(self.task, answer)}]
+        self._emit("working", agent=name, turn=turn)
+        try:
+            got = await self.llm.complete_whole(
+                messages, continuations=self.continuations, schema=VOTE_SCHEMA,
+                model=agent.model or self.model, run_id=self.result.run_id, node_id=name,
+                purpose="consensus", **self.opts)
+        except FlowError as exc:
+            return False, f"no verdict ({exc})", f"(no verdict: {exc})", None
+        self._count(got)
+        agrees, reason = read_vote(got.data)
+        return agrees, reason, ("agree" if agrees else "disagree") + (f": {reason}" if reason else ""), got
+
     def _feed(self, conv: list[dict], reply, actions, sent: list[int], fed: list[tuple],
-              turn: int) -> None:
+              turn: int, refused: str | None = None) -> None:
         """Give the orchestrator the replies that arrived (in send order, so a replay asks
         the same), the messages written first, and who is still working."""
         def cut(text: str) -> str:
@@ -482,7 +539,7 @@ class Orchestrator:
         left = f"Turn {turn} of {self._said_turns} used." if self._said_turns else f"Turn {turn} used."
         parts = [f"[{agent}]: {cut(answer)}" for _, agent, _, answer in fed]
         busy = sorted({agent for _, agent, _, _ in self._inflight.values()})
-        news = ("Replies:\n\n" + "\n\n".join(parts)) if parts else "No new reply."
+        news = refused or (("Replies:\n\n" + "\n\n".join(parts)) if parts else "No new reply.")
         news += self._unprompted(turn)
         news += f"\n\nStill working: {', '.join(busy)}." if busy else "\n\nNo agent is working."
         if self.protocol == "native":
@@ -491,7 +548,10 @@ class Orchestrator:
             seqs = iter(sent)
             for kind, what, _, cid in actions:
                 text = (f"sent (message {next(seqs)}); the reply comes when it arrives"
-                        if kind == "send" else "waited" if kind == "wait" else f"Error: {what}")
+                        if kind == "send" and not refused else "waited" if kind == "wait"
+                        else "not submitted: see below" if kind == "submit"
+                        else "not sent: the turn ended with a submission" if kind == "send"
+                        else f"Error: {what}")
                 conv.append({"role": "tool", "tool_call_id": cid, "content": text})
             if not actions:
                 news += "\nCall send_message, wait_for_replies or submit_answer."

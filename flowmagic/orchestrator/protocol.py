@@ -31,9 +31,12 @@ __all__ = ["Agent", "Message", "Orchestration", "RunSettings", "ROLES", "DEFAULT
 
 # name -> (role prompt, what the orchestrator is told the agent does)
 ROLES: dict[str, tuple[str, str]] = {
+    # CORAL: the planner decomposes, the orchestrator alone assigns (a planner that names
+    # agents takes the orchestrator's one decision and often names agents that do not exist).
     "planner": ("You are the planner. Break the task you are given into a short numbered list of "
-                "concrete steps (at most 6) and say which kind of agent should do each step.",
-                "breaks a task into numbered steps and says who should do each"),
+                "concrete steps (at most 6), each saying only what must be done. Do not name, "
+                "assign or suggest agents, roles or people for the steps.",
+                "breaks a task into numbered steps; it names no agents: you decide who does each"),
     "analyst": ("You are the analyst. Reason carefully about the data, numbers and facts you are "
                 "given and state concrete findings.", "reasons about data, numbers and facts"),
     "coder": ("You are the coder. Write correct, complete Python code for what you are asked, in "
@@ -131,6 +134,7 @@ class RunSettings(BaseModel):
     protocol: str = "auto"           # the one used, once the run is saved
     reply_chars: int = 3000
     continuations: int = 0
+    consensus: bool = False          # a submission waited for the agents' agreement
     seed: int | None = 0
     temperature: int | float | None = None
     max_tokens: int | None = None
@@ -228,7 +232,8 @@ def action_schema(names: list[str]) -> dict:
          "required": ["action", "answer"]}]}
 
 
-def system_prompt(agents: list[Agent], max_turns: int | None, budget_s: float | None, protocol: str) -> str:
+def system_prompt(agents: list[Agent], max_turns: int | None, budget_s: float | None, protocol: str,
+                  consensus: bool = False) -> str:
     team = "\n".join(f"- {a.name}: {a.summary or a.role[:150]}" for a in agents)
     limits = f"at most {max_turns} turns" if max_turns else "a limited number of turns"
     if budget_s:
@@ -247,7 +252,10 @@ def system_prompt(agents: list[Agent], max_turns: int | None, budget_s: float | 
             "Good moves: ask the planner (if there is one) for a decomposition; send independent "
             "pieces to several agents in the same turn; act on a reply at once when it is enough "
             "for the next step; if a reply is weak, send a refined instruction or give the work "
-            f"to another agent. You have {limits}: submit as soon as the answer is good enough.\n{how}")
+            f"to another agent. You have {limits}: submit as soon as the answer is good enough.\n"
+            + ("Before an answer is submitted, the agents who worked on it are asked whether they "
+               "agree; one they do not confirm comes back to you with their reasons.\n"
+               if consensus else "") + how)
 
 
 def read_native_calls(reply, names: set[str]) -> list[tuple]:
