@@ -516,6 +516,36 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from .evaluate.study import STUDY_METRICS, correlation_study
+
+    study = correlation_study(args.scores, args.success, column=args.column,
+                              metrics=args.metric or STUDY_METRICS)
+    print(study.markdown())
+    if args.out:
+        Path(args.out).write_text(json.dumps(study.to_dict(), indent=2), encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _study_parser(sub) -> None:
+    st = sub.add_parser("study", help="correlate plan scores with task success: p-values, "
+                        "sequential vs parallel, regression",
+                        description="CARIAD's study on the output of flowmagic eval --out: "
+                        "Pearson and Spearman with p-values per plan metric, overall and by "
+                        "gold shape, and an OLS regression of success on the metrics.")
+    st.add_argument("scores", metavar="SCORES.csv|.json", help="what flowmagic eval --out wrote")
+    st.add_argument("--success", default="success", metavar="COLUMN|FILE",
+                    help="a column of SCORES, or a .csv/.json/.jsonl file of id and success "
+                    "(default: the column 'success')")
+    st.add_argument("--column", default="success", help="the success column in --success FILE")
+    st.add_argument("--metric", action="append", help="a plan metric to study (repeatable; "
+                    "default node_f1, edge_f1, ssi, label_similarity, ged, "
+                    "path_length_similarity, pred_complexity)")
+    st.add_argument("--out", metavar="FILE.json", help="write the study as JSON")
+    st.set_defaults(func=cmd_study)
+
+
 def _trials_parser(sub) -> None:
     tr = sub.add_parser("trials", help="N trials of a task or plan: with vs without updates, "
                         "masking rates, success rates and tables",
@@ -638,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.set_defaults(func=cmd_new)
     _eval_parser(sub)
     _trials_parser(sub)
+    _study_parser(sub)
     return parser
 
 
