@@ -154,13 +154,9 @@ def table(r: dict, threads: int) -> str:
 
 
 def write(text: str) -> None:
-    body = RESULTS.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in body:
-        body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip() + "\n\n## Distributed map (issue 16)\n\n" + block + "\n"
-    RESULTS.write_text(body)
+    from report import write_section
+
+    write_section(RESULTS, BEGIN, END, "Distributed map (issue 16)", text)
 
 
 def main() -> None:

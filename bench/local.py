@@ -137,13 +137,9 @@ def table(rows: list[dict]) -> str:
 
 
 def write(text: str) -> None:
-    body = RESULTS.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in body:
-        body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip() + "\n\n## A busy local server (issue 34)\n\n" + block + "\n"
-    RESULTS.write_text(body)
+    from report import write_section
+
+    write_section(RESULTS, BEGIN, END, "A busy local server (issue 34)", text)
 
 
 def main() -> None:

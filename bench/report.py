@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["machine", "write_results", "verdict"]
+__all__ = ["machine", "write_results", "write_section", "verdict"]
 
 
 def _version(package: str) -> str:
@@ -144,3 +144,15 @@ def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
     if "<!-- dask-map:begin -->" in old:
         lines += [old[old.index("## Distributed map"):].rstrip(), ""]
     path.write_text("\n".join(lines))
+
+
+def write_section(path: Path, begin: str, end: str, heading: str, text: str) -> None:
+    """Put `text` between the markers `begin` and `end` of `path` (a section measured apart
+    from `make bench`, which keeps it); the first time, at the end under `heading`."""
+    body = path.read_text()
+    block = f"{begin}\n{text}\n{end}"
+    if begin in body:
+        body = body[:body.index(begin)] + block + body[body.index(end) + len(end):]
+    else:
+        body = body.rstrip() + f"\n\n## {heading}\n\n" + block + "\n"
+    path.write_text(body)
