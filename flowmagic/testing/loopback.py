@@ -1,8 +1,9 @@
 """A loopback OpenAI-compatible HTTP server for tests and benchmarks.
 
 The replies themselves (default responder, schema examples, embeddings, usage, stream
-chunks) are built in `loopback_replies`, and the handle on a child-process server is in
-`loopback_spawn`; this module serves the replies with latency and faults.
+chunks) are built in `loopback_replies`, the handle on a child-process server is in
+`loopback_spawn`, the options and their command line in `loopback_options`, slots in
+`loopback_slots`; this module serves the replies with latency and faults.
 
 In-process::
 
@@ -51,7 +52,6 @@ abandoned work (``stats()["abandoned_s"]``).
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import hashlib
 import json
@@ -68,6 +68,7 @@ from ..errors import ConfigError
 from .loopback_replies import (embeddings_reply, normalise_reply, stream_chunks, usage_counts, default_responder,
                                embed_text, schema_example)
 from .loopback_asyncio import UNSERVED_FAULTS, Engine
+from .loopback_options import ENGINES, FAULT_KINDS, cli_args, parse_faults, parse_latency, parser
 from .loopback_slots import Slots, peer_closed
 from .loopback_spawn import SpawnedLoopback
 
@@ -81,16 +82,9 @@ __all__ = [
     "schema_example",
 ]
 
-FAULT_KINDS = ("429", "500", "hang", "truncated", "garbage", "length", "401", "trickle", "echo",
-               "stall")
 _STALL_AFTER = 3   # events a stalling stream sends before it stops
 _TRICKLE_PIECES = 20
 _SECRET_HEADERS = {"authorization", "api-key", "x-api-key"}
-# Options that survive a trip through the command line (callables cannot).
-_CLI_FLAGS = {"seed": "--seed", "fail_first": "--fail-first", "fail_kind": "--fail-kind",
-              "retry_after": "--retry-after", "hang_s": "--hang-s", "trickle_s": "--trickle-s", "dims": "--dims", "model": "--model",
-              "port": "--port", "engine": "--engine", "slots": "--slots", "stream_s": "--stream-s"}
-ENGINES = ("threads", "asyncio")
 
 
 def _unit(*parts: Any) -> float:
@@ -101,35 +95,6 @@ def _unit(*parts: Any) -> float:
 
 def _canon(body: Any) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _parse_latency(latency: Any) -> tuple[float, float] | Callable[[dict], float]:
-    if callable(latency):
-        return latency
-    try:
-        if isinstance(latency, str):
-            parts = [float(x) for x in latency.split(":")]
-            latency = parts[0] if len(parts) == 1 else parts
-        lo, hi = (latency, latency) if isinstance(latency, (int, float)) else latency
-        lo, hi = float(lo), float(hi)
-    except (TypeError, ValueError):
-        raise ConfigError(f"latency {latency!r} is not a number, a (lo, hi) pair or a callable") from None
-    if not 0 <= lo <= hi:
-        raise ConfigError(f"latency range ({lo}, {hi}) must satisfy 0 <= lo <= hi")
-    return lo, hi
-
-
-def _parse_faults(faults: Any) -> dict[str, float]:
-    if isinstance(faults, str):  # from the command line: JSON or "429=0.1,500=0.05"
-        faults = json.loads(faults) if faults.lstrip().startswith("{") else dict(
-            item.split("=", 1) for item in faults.split(",") if item.strip())
-    rates = {str(k).strip(): float(v) for k, v in (faults or {}).items()}
-    unknown = sorted(set(rates) - set(FAULT_KINDS))
-    if unknown:
-        raise ConfigError(f"unknown fault kinds {unknown}; use some of {list(FAULT_KINDS)}")
-    if any(not 0 <= r <= 1 for r in rates.values()) or sum(rates.values()) > 1 + 1e-9:
-        raise ConfigError(f"fault rates {rates} must each be in [0, 1] and sum to at most 1")
-    return rates
 
 
 
@@ -202,8 +167,8 @@ class LoopbackServer:
                  slots: int | None = None, stream_s: float = 0.0) -> None:
         self.responder = responder or default_responder
         self.embedder = embedder   # text -> vector for /embeddings (default: hashed bag of words)
-        self.latency = _parse_latency(latency)
-        self.faults = _parse_faults(faults)
+        self.latency = parse_latency(latency)
+        self.faults = parse_faults(faults)
         self.fail_kind = str(fail_kind)
         if self.fail_kind not in FAULT_KINDS:
             raise ConfigError(f"fail_kind {fail_kind!r} is not one of {list(FAULT_KINDS)}")
@@ -506,10 +471,12 @@ class LoopbackServer:
             self.in_flight += 1   # held: in the queue for a slot, or served
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             h.loopback_chat = True  # _settle() takes it out of flight
-        if not self.slots.take():
-            h.close_connection = True
-            return 0
-        h.loopback_t0 = h.loopback_slot = time.monotonic()   # its latency starts with its slot
+        if self.slots.count is not None:   # its latency starts with its slot, not its arrival
+            if not self.slots.take():
+                h.close_connection = True
+                return 0
+            h.loopback_t0 = time.monotonic()
+        h.loopback_slot = time.monotonic()
         fault = self._pick_fault(key, attempt)
         rec["attempt"], rec["fault"] = attempt, fault
         if fault:
@@ -597,61 +564,14 @@ class LoopbackServer:
     @classmethod
     def spawn(cls, *, startup_timeout: float = 20.0, **options: Any) -> SpawnedLoopback:
         """Run a server in a child process (same options, minus callables); returns its handle."""
-        argv = [sys.executable, "-m", "flowmagic.testing.loopback", *_cli_args(options), "--exit-on-stdin-eof"]
+        argv = [sys.executable, "-m", "flowmagic.testing.loopback", *cli_args(options), "--exit-on-stdin-eof"]
         return SpawnedLoopback(argv, startup_timeout)
-
-
-def _cli_args(options: dict) -> list[str]:
-    options = dict(options)
-    if callable(options.get("latency")) or options.pop("responder", None) is not None:
-        raise ConfigError("spawn() cannot send a callable latency or responder to another process; "
-                          "use an in-process LoopbackServer for those")
-    lo, hi = _parse_latency(options.pop("latency", 0.0))
-    args = ["--latency", f"{lo!r}:{hi!r}", "--faults", json.dumps(_parse_faults(options.pop("faults", None)))]
-    if options.pop("reject_json_schema", False):
-        args.append("--reject-json-schema")
-    unknown = sorted(set(options) - set(_CLI_FLAGS))
-    if unknown:
-        raise ConfigError(f"unknown loopback options {unknown}; known: {sorted(_CLI_FLAGS)}")
-    for name, value in options.items():
-        args += [_CLI_FLAGS[name], str(value)]
-    return args
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flowmagic.testing.loopback",
-                                description="Serve a loopback OpenAI-compatible API on 127.0.0.1; "
-                                            "prints the base URL as one line.")
-    p.add_argument("--latency", default="0", help="seconds: a number or lo:hi (default 0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--faults", default="",
-                   help="JSON or 429=0.1,500=0.05 (kinds: " + ", ".join(FAULT_KINDS) + ")")
-    p.add_argument("--fail-first", type=int, default=0, help="the first N attempts of each body get HTTP 500")
-    p.add_argument("--fail-kind", default="500", choices=FAULT_KINDS, help="the fault fail-first gives")
-    p.add_argument("--reject-json-schema", action="store_true",
-                   help="HTTP 500 on json_schema, like llama-cpp-python")
-    p.add_argument("--retry-after", type=float, default=0.05)
-    p.add_argument("--hang-s", type=float, default=30.0)
-    p.add_argument("--trickle-s", type=float, default=0.5, help="seconds between the pieces of a trickle")
-    p.add_argument("--dims", type=int, default=64)
-    p.add_argument("--model", default="loopback")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--engine", default="threads", choices=ENGINES,
-                   help="threads: one per connection, every fault; asyncio: one event loop, for many "
-                        "connections at once (no hang or trickle)")
-    p.add_argument("--slots", type=int, default=None,
-                   help="chat requests served at once; the others wait (default: no limit)")
-    p.add_argument("--stream-s", type=float, default=0.0, help="seconds between a stream's events")
-    p.add_argument("--lifetime", type=float, default=0,
-                   help="exit after this many seconds (0: until signalled)")
-    p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (used by spawn)")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     server = LoopbackServer(latency=args.latency, seed=args.seed, faults=args.faults or None,
                             fail_first=args.fail_first, fail_kind=args.fail_kind,
                             reject_json_schema=args.reject_json_schema,
