@@ -275,34 +275,12 @@ async def _trial(task: str, i: int, comp: Comparison, params: dict, *, llm, mode
                  seed: int, settings: dict, judge: bool, sandbox: str, max_tokens,
                  progress: Callable[[Arm], None] | None) -> None:
     from ..flow import aplan
-
     from ..store import home
 
-    where = home() / "baselines"
-    where.mkdir(exist_ok=True)
-    one = Arm("one call", i, folder=tempfile.mkdtemp(prefix=f"{comp.template}_{i}_", dir=where))
-    await _timed(one, _one_call(task, one, llm=llm, model=model, seed=seed + _SEEDS["one call"],
-                                max_tokens=max_tokens))
-    arms = [one]
-    started = time.perf_counter()
-    try:
-        base = await aplan(task, k=k, model=model, llm=llm, name=f"{comp.template}_plan_{i}",
-                           seed=seed, **settings)
-    except FlowError as exc:
-        base = None
-        for method in METHODS[1:]:
-            arms.append(Arm(method, i, error=f"planning failed: {' '.join(str(exc).split())[:240]}"))
-    comp.plan_time_s.append(time.perf_counter() - started)
-    if base is not None:
-        seq = Arm("sequential", i)
-        await _timed(seq, _run_plan(base, seq, f"{comp.template}_seq_{i}", **{
-            **settings, "concurrency": 1, "update": "off", "seed": seed + _SEEDS["sequential"]}))
-        fm = Arm("flowmagic", i)
-        await _timed(fm, _run_plan(base, fm, f"{comp.template}_flow_{i}", **{
-            "update": "after-completion", **settings, "seed": seed + _SEEDS["flowmagic"]}))
-        arms += [seq, fm]
     verdicts = _judge(llm, model, seed) if judge else None
-    for arm in arms:
+
+    async def finish(arm: Arm) -> None:
+        """Score what the method left, as soon as it is done (the progress line says so)."""
         if arm.folder:
             arm.scores = await score(comp.criteria, Path(arm.folder), params, judge=verdicts,
                                      sandbox=sandbox)
@@ -311,6 +289,28 @@ async def _trial(task: str, i: int, comp: Comparison, params: dict, *, llm, mode
         comp.arms.append(arm)
         if progress is not None:
             progress(arm)
+
+    where = home() / "baselines"
+    where.mkdir(exist_ok=True)
+    one = Arm("one call", i, folder=tempfile.mkdtemp(prefix=f"{comp.template}_{i}_", dir=where))
+    await finish(await _timed(one, _one_call(task, one, llm=llm, model=model,
+                                             seed=seed + _SEEDS["one call"], max_tokens=max_tokens)))
+    started = time.perf_counter()
+    try:
+        base = await aplan(task, k=k, model=model, llm=llm, name=f"{comp.template}_plan_{i}",
+                           seed=seed, **settings)
+    except FlowError as exc:
+        comp.plan_time_s.append(time.perf_counter() - started)
+        for method in METHODS[1:]:
+            await finish(Arm(method, i, error=f"planning failed: {' '.join(str(exc).split())[:240]}"))
+        return
+    comp.plan_time_s.append(time.perf_counter() - started)
+    runs = (("sequential", "seq", {"concurrency": 1, "update": "off"}),
+            ("flowmagic", "flow", {"update": settings.get("update", "after-completion")}))
+    for method, tag, own in runs:
+        arm = Arm(method, i)
+        await finish(await _timed(arm, _run_plan(base, arm, f"{comp.template}_{tag}_{i}", **{
+            **settings, **own, "seed": seed + _SEEDS[method]})))
 
 
 async def acompare(template: str, *, params: Any = None, n: int = 1, k: int = 1,
