@@ -433,8 +433,9 @@ def stepwise_responder(steps_by_seed, needs):
 
 
 def test_stepwise_plans_steps_then_dependencies_and_ends_in_one_deliverable():
-    steps = ["Load sales.csv with pandas", "Summarise each column of sales.csv",
-             "Plot two relationships in sales.csv", "Write three findings about sales"]
+    steps = ["Load sales.csv with pandas and list its columns",
+             "Summarise each column of sales.csv", "Plot two relationships in sales.csv",
+             "Write three findings about sales"]
     # The model links 2 and 3 to 1 but leaves 2 unused: the last step takes it in.
     needs = {"2": ["1"], "3": ["1"], "4": ["3"]}
     llm = fast_llm()
@@ -459,7 +460,7 @@ def test_stepwise_plans_steps_then_dependencies_and_ends_in_one_deliverable():
     wf = cand.workflow
     assert cand.ok and len(wf.nodes) == 4 and nx.is_weakly_connected(wf.graph)
     last = list(wf.nodes)[-1]
-    assert wf.nodes[list(wf.nodes)[0]].requirement == "Load sales.csv with pandas"
+    assert wf.nodes[list(wf.nodes)[0]].requirement == steps[0]
     assert metrics.sinks(wf) == [last] and len(wf.parents(last)) == 2
     assert any("now also uses" in w for w in cand.warnings)
     assert cand.tokens_out > 0 and cand.scores["topic_share"] == 1.0
@@ -497,7 +498,7 @@ def test_planning_stops_at_its_time_limit():
 
 
 def test_stepwise_keeps_the_steps_when_the_dependency_answer_is_unreadable():
-    steps = ["Load sales.csv", "Summarise sales.csv", "Write the sales findings"]
+    steps = ["Count the rows of sales.csv", "Summarise sales.csv", "Write the sales findings"]
     llm = fast_llm()
     with LoopbackServer(responder=stepwise_responder({0: steps}, None)) as server:
         server.responder = lambda body: ("1. " + "\n2. ".join(steps)

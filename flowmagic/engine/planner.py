@@ -23,7 +23,7 @@ from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
-from ..model.plan_checks import check_plan, same_task, topic_share
+from ..model.plan_checks import check_plan, data_task, loads_only, same_task, topic_share
 from .selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -47,6 +47,18 @@ _EXAMPLE = [("<first_id>", "<what this subtask produces for the task>", "<role>"
             ("<last_id>", "<the deliverable, made from the results above>", "<role>",
              ["<first_id>", "<second_id>"], 60)]
 EXAMPLE_TEXTS = tuple(r for _, r, _, _, _ in _EXAMPLE)
+# For a task on data: every subtask's code has the data at hand, and a chain of reloads
+# (load -> split -> train -> evaluate -> plot, for a question that asked for four numbers and
+# a plot) is what a small model plans without being told.
+DATA_RULES = (
+    "The task's data is at hand for every subtask's code (each table as a pandas DataFrame, "
+    "with pandas, numpy and matplotlib), so no subtask only loads or reads data.",
+    "Give each question the task asks its own subtask; questions that do not use each "
+    "other's results do not depend on each other, so they run in parallel. A task whose "
+    "answer is a few numbers needs few subtasks: one per question and a last one that "
+    "states the answer.",
+    "Add no step the task does not ask for: no train/test split, cleaning or tuning unless "
+    "the task asks for it.")
 # one call for the whole plan, or steps first then dependencies (see stepwise.py)
 METHODS = ("auto", "oneshot", "stepwise")
 # The embedded model's bound per candidate (K candidates: K x 300 s). A capped candidate
@@ -146,6 +158,8 @@ def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: in
         "independent subtasks can run in parallel.",
         instruction.format(size=_size(usual, max_subtasks)) if usual else instruction,
     ]
+    if data_task(task):
+        lines.extend(DATA_RULES)
     if max_subtasks:
         lines.append(f"Use at most {max_subtasks} subtasks.")
     if max_agents:
@@ -157,20 +171,38 @@ def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: in
 
 
 # ------------------------------------------------------------------------------ caps and scores
+def _bypass(wf: Workflow, node_id: str) -> None:
+    """Remove a subtask; graph surgery as in pruning, so order among the others survives."""
+    preds, succs = wf.parents(node_id), wf.children(node_id)
+    wf.graph.remove_node(node_id)
+    wf.graph.add_edges_from((p, s) for p in preds for s in succs if p != s)
+    del wf.nodes[node_id]
+
+
 def _cap_subtasks(wf: Workflow, cap: int) -> None:
     """Keep the first `cap` subtasks in plan order; dropped ones pass their dependencies on."""
     dropped = list(wf.nodes)[cap:]
     if not dropped:
         return
     for d in dropped:
-        # Graph surgery as in pruning, so order constraints among kept subtasks survive.
-        preds, succs = wf.parents(d), wf.children(d)
-        wf.graph.remove_node(d)
-        wf.graph.add_edges_from((p, s) for p in preds for s in succs if p != s)
-        del wf.nodes[d]
+        _bypass(wf, d)
     more = " ..." if len(dropped) > 5 else ""
     wf.warnings.append(f"kept the first {cap} of {cap + len(dropped)} subtasks (max_subtasks="
                        f"{cap}); dropped {', '.join(dropped[:5])}{more}")
+
+
+def _drop_loading(wf: Workflow) -> None:
+    """Remove the subtasks that only load data or import libraries (plan_checks.loads_only):
+    the session holds them before any subtask runs. Graph surgery, as in pruning; a plan
+    made of nothing else keeps its first subtask."""
+    dropped = [i for i, n in wf.nodes.items() if loads_only(n.requirement)]
+    if len(dropped) == len(wf.nodes):
+        dropped = dropped[1:]
+    for d in dropped:
+        _bypass(wf, d)
+    if dropped:
+        wf.warnings.append(f"left out {', '.join(dropped)}: a subtask that only loads data or "
+                           "imports libraries (the session holds them before any subtask runs)")
 
 
 def _cap_agents(wf: Workflow, cap: int) -> None:
@@ -247,6 +279,7 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         cand.error = _one_line(exc)
         return cand
     wf.warnings.extend(extra)
+    _drop_loading(wf)
     if topic_share([n.requirement for n in wf.nodes.values()], task) == 0.0:
         wf.warnings.append("no subtask shares a word with the task; check that the plan is "
                            "about it (a stronger model plans better)")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelOutputError, PlanError
-from ..model.plan_checks import subject_words, topic_share
+from ..model.plan_checks import data_task, subject_words, topic_share
 from ..model.graph import SLUG_MAX, slugify
 from ..model.plans import role_for
 from ..model.status import RunState, Status
@@ -60,7 +60,12 @@ _STEPS_SYSTEM = (
     f"{_LINES}, the steps in the order they are done, each one short sentence ({_SHORT}"
     f") that names what it works on (the file, data or topic of the task). {_LAST} "
     "what the task asks for.")
-_ECHOES = tuple(p.lower() for p in (_NAME_IT, _ABOUT, _LINES, _SHORT, _TEAM, _LAST))
+# For a task on data (plan_checks.data_task): every step's code has the data at hand.
+_LOADED, _PER_QUESTION = ("every step has the data at hand", "one step per question")
+_DATA_NOTE = (f" For a task on data: {_LOADED}, so no step only loads it; {_PER_QUESTION} "
+              "the task asks, and no step it does not ask for.")
+_ECHOES = tuple(p.lower() for p in (_NAME_IT, _ABOUT, _LINES, _SHORT, _TEAM, _LAST, _LOADED,
+                                    _PER_QUESTION))
 _TASK_LINE = re.compile(r"^\W*task\s*:", re.I)
 _NEEDS_SYSTEM = (
     "For each step of the plan below, give the numbers of the earlier steps whose results "
@@ -141,7 +146,8 @@ def steps_messages(task: str, examples: list[Example], lo: int, hi: int,
                    about: list[str] | None = None) -> list[dict]:
     """The question for the steps; what differs between tasks comes last, so the k
     candidates (and the next task) reuse the evaluated prompt prefix."""
-    messages = [{"role": "system", "content": _STEPS_SYSTEM.format(lo=lo, hi=hi)}]
+    system = _STEPS_SYSTEM.format(lo=lo, hi=hi) + (_DATA_NOTE if data_task(task) else "")
+    messages = [{"role": "system", "content": system}]
     for e in examples:
         messages += [{"role": "user", "content": f"Task: {e.task}"},
                      {"role": "assistant", "content": _numbered(e.steps)}]

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
-           "copied", "check_plan"]
+           "copied", "check_plan", "data_task", "loads_only"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -110,6 +110,35 @@ def copied(requirement: str, task: str, examples: Iterable[str]) -> bool:
         if foreign and _contains(mine, theirs):
             return True
     return False
+
+
+_DATA_TASK = re.compile(r"\.(?:csv|tsv|xlsx?|parquet|json|feather)\b|\bdata ?frames?\b|"
+                        r"\bdatasets?\b|\bdata\b|\btables?\b", re.IGNORECASE)
+_LOADS = re.compile(r"^\W*(?:first,?\s+)?(?:load|read|import|open|ingest|bring)\b", re.IGNORECASE)
+# A verb or noun of work beyond loading: a step holding one does more than load.
+_WORK = re.compile(
+    r"\b(?:describ|summar|count|comput|calculat|plot|chart|graph|draw|fit|train|test|split|clean|"
+    r"filter|merge|join|group|mean|median|average|sum\b|total|analy|explor|check|inspect|"
+    r"list|report|find|compar|transform|convert|encod|normali|scal|drop|remov|fill|imput|"
+    r"visuali|correl|regress|model|predict|estimat|select|sort|rank|aggregat|pivot|"
+    r"missing|statistic|distribut|outlier|valid|verif|pars)", re.IGNORECASE)
+_DATA_OBJECT = re.compile(r"\.(?:csv|tsv|xlsx?|parquet|json|feather)\b|\bdata|\btable|"
+                          r"\bfile|\blibrar|\bpandas\b|\bnumpy\b|\bmatplotlib\b|"
+                          r"\bpackages?\b|\bmodules?\b", re.IGNORECASE)
+
+
+def data_task(task: str) -> bool:
+    """Whether a task works on data (a table file, a dataset, a DataFrame)."""
+    return _DATA_TASK.search(task or "") is not None
+
+
+def loads_only(requirement: str) -> bool:
+    """Whether a subtask only loads data or imports libraries ("Load penguins.csv into a
+    pandas DataFrame"): the session holds the inputs and the usual libraries before any
+    subtask runs, so such a step is no subtask."""
+    text = requirement or ""
+    return (_LOADS.match(text) is not None and _DATA_OBJECT.search(text) is not None
+            and _WORK.search(text) is None)
 
 
 def topic_share(requirements: list[str], task: str) -> float:

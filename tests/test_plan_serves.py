@@ -1,0 +1,71 @@
+"""The plan serves the question (issue 29, item 4): no subtask that only loads data, a
+question per branch, no step the task did not ask for. What the planner is told, and what it
+leaves out of a plan, checked over real HTTP against a loopback model."""
+
+import json
+
+import pytest
+
+import flowmagic
+from flowmagic.engine import stepwise
+from flowmagic.engine.planner import DATA_RULES, plan_candidates, planning_messages
+from flowmagic.model.plan_checks import data_task, loads_only
+from flowmagic.testing.loopback import LoopbackServer
+
+from conftest import fast_llm, run
+
+MTCARS = ("Using mtcars.csv, fit an OLS regression of mpg on wt and hp, report the intercept, "
+          "both coefficients and R squared, and plot the residuals against the fitted values.")
+
+
+@pytest.mark.parametrize("requirement, only", [
+    ("Load penguins.csv into a pandas DataFrame", True),
+    ("Read the CSV file with pandas", True),
+    ("Import pandas, numpy and matplotlib", True),
+    ("First, load the dataset", True),
+    ("Load shop.csv with pandas and check the column types", False),
+    ("Load the data and split it into train and test sets", False),
+    ("Count the missing values in each column of penguins.csv", False),
+    ("Read the meeting notes and group them by theme", False),
+    ("Read the meeting notes", False),   # no data: a text step stays
+])
+def test_a_step_that_only_loads_data_is_told_apart(requirement, only):
+    assert loads_only(requirement) is only
+
+
+def test_a_data_task_is_told_its_data_is_loaded_and_to_plan_per_question():
+    system = planning_messages(MTCARS)[0]["content"]
+    assert data_task(MTCARS) and all(rule in system for rule in DATA_RULES)
+    assert "no train/test split" in system and "run in parallel" in system
+    tea = planning_messages("Write a short report on tea")[0]["content"]
+    assert not any(rule in tea for rule in DATA_RULES)
+    steps = stepwise.steps_messages(MTCARS, [], 3, 5)[0]["content"]
+    assert "every step has the data at hand, so no step only loads it" in steps
+    assert "data at hand" not in stepwise.steps_messages("How to make tea", [], 3, 5)[0]["content"]
+
+
+def test_a_step_saying_the_data_note_back_is_no_step():
+    steps = stepwise.clean_steps("1. Every step has the data at hand\n2. Fit the OLS regression\n"
+                                 "3. Plot the residuals", 5)
+    assert steps == ["Fit the OLS regression", "Plot the residuals"]
+
+
+def test_a_loading_subtask_is_left_out_of_a_plan_and_its_links_kept():
+    chain = {"subtasks": [
+        {"id": "load", "requirement": "Load mtcars.csv into a pandas DataFrame",
+         "agent": "coder", "depends_on": []},
+        {"id": "fit", "requirement": "Fit the OLS regression of mpg on wt and hp and print "
+         "the intercept, both coefficients and R squared", "agent": "analyst",
+         "depends_on": ["load"]},
+        {"id": "plot", "requirement": "Plot the residuals of the mpg regression against the "
+         "fitted values", "agent": "analyst", "depends_on": ["fit"]},
+        {"id": "answer", "requirement": "State the intercept, coefficients and R squared of "
+         "the mpg regression", "agent": "writer", "depends_on": ["fit", "plot"]}]}
+    llm = fast_llm()
+    with LoopbackServer(responder=lambda body: json.dumps(chain)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        [cand] = run(lambda: plan_candidates(MTCARS, k=1, llm=llm, method="oneshot"), llm)
+    wf = cand.workflow
+    assert list(wf.nodes) == ["fit", "plot", "answer"]
+    assert wf.edges() == [("fit", "plot"), ("fit", "answer"), ("plot", "answer")]
+    assert any("left out load: a subtask that only loads data" in w for w in cand.warnings)
