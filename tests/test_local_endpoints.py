@@ -164,3 +164,25 @@ def test_the_progress_line_says_how_many_are_ahead():
     assert progress._busy("b") == "b"
     assert "b waiting for the model (3 ahead)" in out.getvalue()
     assert out.getvalue().count("waiting for the model") == 1
+
+
+def test_the_panel_says_which_nodes_wait_for_the_model():
+    from flowmagic.jupyter.widgets import Panel
+
+    with LoopbackServer(slots=1, latency=0.05, stream_s=0.02) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        flow = Flow.from_dict(eight_wide(), task="summarise the notes", llm=llm,
+                              consolidate=False, concurrency=8)
+        panel = Panel(flow)
+        panel.show_output("w7")
+        said = []
+        flow.subscribe(lambda e: e["kind"] == "waiting" and said.append(
+            (panel.message.value, panel.output.outputs[0]["data"]["text/html"])))
+        run(flow.arun, llm)
+        panel.close()
+    lines = [line for line, _ in said if line]
+    assert any(line.startswith("waiting for the model: ") and "(1 ahead)" in line
+               for line in lines)
+    assert any("w7" in head and "waiting for the model (" in head for _, head in said)
+    assert "waiting for the model" not in panel.message.value   # all answered
