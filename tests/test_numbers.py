@@ -163,3 +163,32 @@ def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_marked
     nb = nbformat.read(str(flow.to_notebook(tmp_path / "nums.ipynb")), as_version=4)
     shown = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "numbers that trace to no executed output: 7.9" in shown
+
+
+def test_a_node_whose_numbers_still_do_not_trace_is_marked_for_its_children_and_the_panel():
+    def agent(body):
+        messages = body["messages"]
+        if "closing summary" in messages[0]["content"]:
+            return "Done."
+        if "Your subtask (stats)" in messages[-1]["content"]:
+            return STATS + f"\nThe mean of y is {INVENTED}."
+        return "Written."
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off", max_attempts=1)
+        flow.run()
+        sent = requests(server)
+    stats = flow.workflow.nodes["stats"]
+    assert stats.status == "done" and len(stats.attempts) == 2   # one extra, for the numbers
+    assert stats.attempts[-1]["untraced"] == [INVENTED]
+    mark = f"[numbers that trace to no executed output: {INVENTED}]"
+    assert stats.output.endswith(mark)
+    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    assert mark in report_prompt
+    from flowmagic.jupyter.widgets import Panel
+    panel = Panel(flow)
+    panel.node_picker.value = "stats"
+    panel._refresh()
+    assert mark in panel.node_info.value
+    panel.close()

@@ -193,8 +193,8 @@ def _cap_subtasks(wf: Workflow, cap: int) -> None:
 
 def _drop_loading(wf: Workflow) -> None:
     """Remove the subtasks that only load data or import libraries (plan_checks.loads_only):
-    the session holds them before any subtask runs. Graph surgery, as in pruning; a plan
-    made of nothing else keeps its first subtask."""
+    every subtask's code has them at hand, and a loading step is a model call that computes
+    nothing. Graph surgery, as in pruning; a plan made of nothing else keeps its first one."""
     dropped = [i for i, n in wf.nodes.items() if loads_only(n.requirement)]
     if len(dropped) == len(wf.nodes):
         dropped = dropped[1:]
@@ -202,7 +202,7 @@ def _drop_loading(wf: Workflow) -> None:
         _bypass(wf, d)
     if dropped:
         wf.warnings.append(f"left out {', '.join(dropped)}: a subtask that only loads data or "
-                           "imports libraries (the session holds them before any subtask runs)")
+                           "imports libraries (every subtask's code has them at hand)")
 
 
 def _cap_agents(wf: Workflow, cap: int) -> None:

@@ -491,7 +491,11 @@ class Panel:
             bits.append(f'<span style="color:{_RED}">{text_html(node.error)}</span>')
         if node.attempts:
             from ..engine.calls import calls_text, node_calls
+            from ..engine.numbers import untraced_mark
             bits.append(text_html(calls_text(node_calls(node, self.flow.update_log))))
+            loose = node.attempts[-1].get("untraced") if node.attempts[-1].get("passed") else None
+            if loose:
+                bits.append(f'<span style="color:{_RED}">{text_html(untraced_mark(loose))}</span>')
         return "<br>".join(bits)
 
     def _candidate_lines(self) -> list[str]:
