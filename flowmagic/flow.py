@@ -14,6 +14,7 @@ import secrets
 import sys
 import time
 import traceback
+import weakref
 from typing import Any, Callable
 
 from ._internal.aio import in_loop, run_in_script
@@ -103,6 +104,7 @@ class Flow:
         self.probe = None   # a flowmagic.ops.batch.Probe once attach_probe() was called
         self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
         self._workspace = None
+        self._session = None      # the sandboxed Python session of its code (see session())
         self._no_folder = False   # this run has no workspace folder yet (see _inputs)
         if inputs is not None:
             self.add_inputs(inputs)
@@ -272,12 +274,36 @@ class Flow:
                 return []
         return self.workspace.inputs
 
+    # -- the Python session (flowmagic.engine.session) -----------------------------------
+    def session(self):
+        """The flow's sandboxed Python session, where its nodes' code runs one cell at a time
+        (started when first needed; after a restart it runs the recorded cells again)."""
+        if self._session is None:
+            from .engine.session import Session, recorded_cells
+            me = weakref.ref(self)   # the session must not keep its flow alive
+
+            def history() -> list[dict]:
+                flow = me()
+                return recorded_cells(flow.workflow) if flow is not None else []
+
+            self._session = Session(self.workspace, sandbox=self.settings.sandbox,
+                                    history=history)
+            weakref.finalize(self, self._session.close)
+        return self._session
+
+    def close(self) -> None:
+        """End the flow's Python session and every process it started (a later code run
+        starts a new one, which first runs the recorded cells again)."""
+        if self._session is not None:
+            self._session.close()
+
     # -- running ----------------------------------------------------------------------
     def context(self) -> RunContext:
         """This flow's run as the engine sees it (the node runner, prompts, fingerprints)."""
         return RunContext(current_workflow=lambda: self.workflow, settings=self.settings,
                           llm=self.llm, store=self.store, run_id=self.run_id,
                           open_workspace=lambda: self.workspace, list_inputs=self._inputs,
+                          open_session=self.session,
                           emit=self.emit,
                           spend=self._spend, text_sink=self._text_sink, wait_sink=self._wait_sink,
                           offer_tools=self.atools_for, has_tools=self._has_tools,

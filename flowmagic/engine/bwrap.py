@@ -83,9 +83,11 @@ def site_dirs() -> list[str]:
 
 def command(*, python: str, share_dir: str, workdir: str, inputs: list[tuple[str, str]],
             extra_ro: list[str], tmp_mb: int, info_fd: int, env: dict[str, str],
-            ids: tuple[int, int] | None, seccomp_fd: int | None) -> list[str]:
+            ids: tuple[int, int] | None, seccomp_fd: int | None,
+            script: str = "sandbox_child.py") -> list[str]:
     """The bwrap argv; `ids` is (uid, gid) to drop to as root, None for a user namespace;
-    `seccomp_fd` a file holding the filter of `seccomp.program()`, if any.
+    `seccomp_fd` a file holding the filter of `seccomp.program()`, if any; `script` the
+    child script in the share dir that Python runs.
 
     `inputs` are (host path, path inside) pairs; everything else is bound at its own path.
     """
@@ -133,7 +135,7 @@ def command(*, python: str, share_dir: str, workdir: str, inputs: list[tuple[str
         argv += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={ids[0]}",
                  f"--regid={ids[1]}", "--clear-groups", "--inh-caps=-all",
                  "--bounding-set=-all", "--"]
-    return argv + [python, "-I", "-S", "-B", "-X", "utf8", f"{SHARE}/sandbox_child.py",
+    return argv + [python, "-I", "-S", "-B", "-X", "utf8", f"{SHARE}/{script}",
                    f"{SHARE}/config.json"]
 
 

@@ -41,6 +41,9 @@ class RunContext:
     list_inputs: Callable[[], list] | None = None
     # where a node hears its model call's place in a local server's queue (None: nowhere)
     wait_sink: Callable[[str], Callable[[int | None], None]] | None = None
+    # the flow's sandboxed Python session (flowmagic.engine.session), started when first
+    # needed; None: each code run gets an interpreter of its own
+    open_session: Callable[[], Any] | None = None
 
     @property
     def workflow(self):
@@ -49,6 +52,10 @@ class RunContext:
     @property
     def workspace(self):
         return self.open_workspace()
+
+    @property
+    def session(self):
+        return self.open_session() if self.open_session is not None else None
 
     @property
     def inputs(self) -> list:

@@ -54,12 +54,26 @@ class Execution:
     saved: list[str] = field(default_factory=list)     # deliverables saved from named blocks
     duration_s: float = 0.0
     starter: bool = False              # flowmagic's working start, not the model's code
+    # what the flow's session holds after this run, and where a failed one failed (see
+    # flowmagic.engine.session): [{"name", "type", "about", ...}], {"line", "text"} or None
+    names: list[dict] = field(default_factory=list)
+    error_line: dict | None = None
+    error_type: str = ""               # the exception's class name ("NameError")
+    timed_out: bool = False
+    seq: int | None = None             # its place in the session's order (None: no session)
+    kept: bool = False                 # the session kept what it defined (it ran well)
 
     def to_dict(self) -> dict:
         # asdict's generic deep copy costs more than the rest of a text node's bookkeeping;
-        # the fields are flat values and lists of names, so one level of copy is the same
-        return {name: list(value) if isinstance(value, list) else value
-                for name in _EXECUTION_FIELDS for value in (getattr(self, name),)}
+        # the fields are flat values, dicts of them and lists of those: two levels are enough
+        return {name: _copy(value) for name in _EXECUTION_FIELDS
+                for value in (getattr(self, name),)}
+
+
+def _copy(value):
+    if isinstance(value, list):
+        return [dict(v) if isinstance(v, dict) else v for v in value]
+    return dict(value) if isinstance(value, dict) else value
 
 
 _EXECUTION_FIELDS = tuple(f.name for f in fields(Execution))
@@ -166,22 +180,28 @@ def _clean_traceback(stderr: str) -> str:
 
 
 def execute(workspace, node_id: str, answer: str, *, mode: str = "auto", timeout: float = 60.0,
-            memory_mb: int = 2048, sandbox: str = "bwrap") -> Execution:
+            memory_mb: int = 2048, sandbox: str = "bwrap", session=None,
+            hold: bool = False) -> Execution:
     """Save the answer's named files, run its unnamed Python in the sandbox; see the module."""
     blocks, files = split_answer(answer)
     saved = [workspace.write(rel, content) for rel, content in files.items()]
     if not wants_execution(mode, blocks):
         return Execution(saved=saved)
     result = run_python(workspace, node_id, "\n\n".join(blocks), timeout=timeout,
-                        memory_mb=memory_mb, sandbox=sandbox)
+                        memory_mb=memory_mb, sandbox=sandbox, session=session, hold=hold)
     result.saved = saved
     return result
 
 
 def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
-               memory_mb: int = 2048, sandbox: str = "bwrap") -> Execution:
+               memory_mb: int = 2048, sandbox: str = "bwrap", session=None,
+               hold: bool = False) -> Execution:
     """Run `code` in the sandbox with the workspace as its working directory (SandboxError,
-    one line, when the sandbox cannot run here: the code is never run another way)."""
+    one line, when the sandbox cannot run here: the code is never run another way). Given
+    the flow's `session` (flowmagic.engine.session), it runs there as its next cell, on
+    the names earlier cells defined; else in a fresh interpreter of its own."""
+    if session is not None:
+        return _run_in_session(workspace, node_id, code, session, timeout, hold)
     result = Execution(code=code, ran=True)
     workspace.write(f".flowmagic/{node_id}.py", code)
     before = workspace.snapshot()
@@ -194,6 +214,30 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
     result.stderr = _clip(_clean_traceback(run.stderr))
     if not run.ok:
         result.error = _one_line_error(result.stderr, run.timed_out, timeout)
+    result.files = workspace.changed_since(before)
+    result.figures = [f for f in result.files if f.lower().endswith(".png")]
+    return result
+
+
+def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
+                    hold: bool) -> Execution:
+    result = Execution(code=code, ran=True)
+    before = workspace.snapshot()
+    cell = session.run(code, name=node_id, timeout=timeout, hold=hold)
+    result.duration_s = round(float(cell.get("duration_s") or 0.0), 3)
+    result.ok = bool(cell.get("ok"))
+    result.stdout = _clip(str(cell.get("stdout") or ""))
+    result.stderr = _clip(_clean_traceback(str(cell.get("stderr") or "")))
+    result.timed_out = bool(cell.get("timed_out"))
+    if not result.ok:   # the holder's own words (a timeout, a death), else the traceback's
+        result.error = (_one_line_error("", True, timeout) if result.timed_out else
+                        str(cell.get("error") or "")[:300]
+                        or _one_line_error(result.stderr, False, timeout))
+    result.names = [n for n in cell.get("names") or [] if isinstance(n, dict)]
+    line = cell.get("error_line")
+    result.error_line = line if isinstance(line, dict) else None
+    result.error_type = str(cell.get("error_type") or "")
+    result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
     result.files = workspace.changed_since(before)
     result.figures = [f for f in result.files if f.lower().endswith(".png")]
     return result

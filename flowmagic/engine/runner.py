@@ -158,8 +158,10 @@ class NodeRunner:
         `_may_execute` said so (None when the answer held nothing to save or run: a text
         node carries no record of code that never was)."""
         settings = self.ctx.settings
+        # a validator still has to judge the answer: its code's names wait for the verdict
         ex = await aexecute(self.ctx.workspace, node_id, answer, mode=settings.execute,
-                            timeout=float(settings.code_timeout), sandbox=settings.sandbox)
+                            timeout=float(settings.code_timeout), sandbox=settings.sandbox,
+                            session=self.ctx.session, hold=settings.validate_ != "none")
         return ex if ex.ran or ex.saved or not ex.ok else None
 
     def _code_feedback(self, node_id: str, record: dict, attempts: list[dict]) -> str:
@@ -186,6 +188,20 @@ class NodeRunner:
             pair for pair in output_lines(wf, node_id) if pair[0] != node_id]
         stated = stated_numbers(strip_claims(text), (wf.task or "", wf.nodes[node_id].requirement))
         return untraced(trace(stated, lines))
+    async def _settle(self, ex, record: dict, keep: bool) -> None:
+        """Keep (or discard) the names of an answer's code that ran well and waited for the
+        validator's verdict in the session."""
+        if ex is None or not ex.ok or ex.kept or ex.seq is None:
+            return
+        session = self.ctx.session
+        if session is None:
+            return
+        said = await asyncio.to_thread(session.settle, keep)
+        ex.kept = bool(said.get("kept"))
+        if isinstance(said.get("names"), list):   # discarded: the names held before it
+            ex.names = said["names"]
+        if isinstance(record.get("execution"), dict):
+            record["execution"].update(kept=ex.kept, names=ex.names)
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
@@ -222,7 +238,7 @@ class NodeRunner:
             ex = await asyncio.to_thread(run_python, self.ctx.workspace, node.id,
                                          self.ctx.workspace.example(),
                                          timeout=float(settings.code_timeout),
-                                         sandbox=settings.sandbox)
+                                         sandbox=settings.sandbox, session=self.ctx.session)
         finally:
             node.execution = None
         ex.starter = True
@@ -362,11 +378,14 @@ class NodeRunner:
                     record["execution"] = {**start.to_dict(), "saved": ex.saved if ex else []}
                 else:   # both ran: the export shows the start's cell (its figures) before the model's
                     record["execution"][WORKING_START] = start.to_dict()
+            keep = False   # the names of the answer's code, when they wait for the verdict
             try:
                 said = self._verdict_now(output, reply.finish_reason)
                 passed, feedback = (said if said is not None else
                                     await self._verdict(node, output, bool(ex and ex.ran), record))
+                keep = passed
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
+                keep = True
                 record.update(end=time.time(), passed=True,
                               feedback=f"validator unavailable: {exc}")
                 attempts.append(record)
@@ -378,6 +397,8 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break
+            finally:
+                await self._settle(ex, record, keep)
             loose = self._loose_numbers(node_id, text, record) if passed else []
             if loose and not sent_back:   # sent back once, naming them (even after the last attempt)
                 sent_back, kept, limit = True, ex, limit + (attempt + 1 == limit)

@@ -63,13 +63,16 @@ from ..llm.endpoints import scrub
 from ..settings import SANDBOXES, check_sandbox
 from . import bwrap, seccomp
 
-__all__ = ["SandboxResult", "SandboxStatus", "run_code", "arun_code", "sandbox_status",
+__all__ = ["SandboxResult", "SandboxStatus", "SandboxProcess", "run_code", "arun_code", "spawn",
+           "sandbox_status",
            "check_sandbox", "extract_code", "TESTS_FAILED", "SANDBOXES"]
 
 TESTS_FAILED = 97      # the child's exit status when the code ran but a test failed
 NONE_WARNING = ("flowmagic: sandbox='none': model-written code runs WITHOUT isolation, with "
                 "your rights over your files; install bubblewrap and use sandbox='bwrap'")
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CHILD = os.path.join(_HERE, "sandbox_child.py")
+_SESSION_CHILD = os.path.join(_HERE, "session_child.py")
 _HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}   # bwrap's own: no keys
 _MAX_ENTRIES = 50_000   # files looked at when listing what the code changed
 
@@ -270,22 +273,29 @@ def _seccomp_file(scratch: str) -> int | None:
 
 
 def _write_share(share: str, code: str, req: _Request, workdir: str,
-                 ids: tuple[int, int] | None, inside: bool) -> dict:
-    """The child script, the code, its tests and the config, in the read-only share dir."""
+                 ids: tuple[int, int] | None, inside: bool, session: bool = False) -> dict:
+    """The child script, the code, its tests and the config, in the read-only share dir
+    (for a session: both child scripts, and no code: cells come through its pipe)."""
     os.makedirs(share, mode=0o755)
     base = bwrap.SHARE if inside else share
-    for name, text in (("solution.py", code), ("tests.py", req.tests or "")):
+    for name, text in (() if session else (("solution.py", code), ("tests.py", req.tests or ""))):
         with open(os.path.join(share, name), "w", encoding="utf-8") as fh:
             fh.write(text)
     shutil.copyfile(_CHILD, os.path.join(share, "sandbox_child.py"))
+    if session:
+        shutil.copyfile(_SESSION_CHILD, os.path.join(share, "session_child.py"))
     uid, gid = ids or (os.getuid(), os.getgid())
     bwrap.passwd_files(share, uid, gid)
     config = {"workdir": workdir, "memory_mb": int(req.memory_mb),
-              "cpu_s": math.ceil(req.timeout) + 1, "file_limit_mb": int(req.file_limit_mb),
+              # a session's cells set their own CPU limit (session_child.py)
+              "cpu_s": None if session else math.ceil(req.timeout) + 1,
+              "file_limit_mb": int(req.file_limit_mb),
               "max_open_files": int(req.max_open_files),
               # outside a user namespace the count would include all of the user's processes
               "max_processes": int(req.max_processes) if inside else None,
               "site_dirs": bwrap.site_dirs() if req.site_packages else [],
+              "output_limit": int(req.output_limit),
+              "sweep": inside,   # a session may kill what its cells left: /proc is its own
               "solution": f"{base}/solution.py",
               "tests": f"{base}/tests.py" if req.tests and req.tests.strip() else ""}
     with open(os.path.join(share, "config.json"), "w", encoding="utf-8") as fh:
@@ -371,6 +381,36 @@ def _wait(proc: subprocess.Popen, info_fd: int | None, timeout: float) -> bool:
     return timed_out
 
 
+class _Launch:
+    """The command line of one sandbox, and the descriptors bwrap is handed (the caller
+    closes `info_r`, `info_w` and `filter_fd`)."""
+
+    def __init__(self, scratch: str, share: str, workdir: str, inputs: list, req: _Request,
+                 ids: tuple[int, int] | None, inside: bool, script: str = "sandbox_child.py"):
+        python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        self.info_r = self.info_w = self.filter_fd = None
+        if inside:
+            self.info_r, self.info_w = os.pipe()
+            self.filter_fd = _seccomp_file(scratch)
+            self.argv = bwrap.command(
+                python=python, share_dir=share, workdir=workdir, inputs=inputs,
+                extra_ro=bwrap.runtime_dirs(python) + (bwrap.site_dirs() if req.site_packages
+                                                       else []),
+                tmp_mb=max(int(req.memory_mb) // 2, 16), info_fd=self.info_w,
+                env=_child_env(True, bwrap.HOME), ids=ids, seccomp_fd=self.filter_fd,
+                script=script)
+            self.cwd, self.env = "/", _HOST_ENV
+            self.fds = ((self.info_w,) if self.filter_fd is None
+                        else (self.info_w, self.filter_fd))
+        else:
+            print(NONE_WARNING, file=sys.stderr)
+            home = os.path.join(scratch, "tmp", "home")
+            os.makedirs(home)
+            self.argv = [python, "-I", "-S", "-B", "-X", "utf8", os.path.join(share, script),
+                         os.path.join(share, "config.json")]
+            self.cwd, self.env, self.fds = workdir, _child_env(False, home), ()
+
+
 def _run(code: str, req: _Request, sandbox: str) -> SandboxResult:
     inside = sandbox == "bwrap"
     scratch = tempfile.mkdtemp(prefix="flowmagic-sandbox-")
@@ -390,25 +430,9 @@ def _run(code: str, req: _Request, sandbox: str) -> SandboxResult:
         share = os.path.join(scratch, "share")
         _write_share(share, code, req, workdir, ids, inside)
         before = _snapshot(workdir)
-        python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-        if inside:
-            info_r, info_w = os.pipe()
-            filter_fd = _seccomp_file(scratch)
-            argv = bwrap.command(
-                python=python, share_dir=share, workdir=workdir, inputs=inputs,
-                extra_ro=bwrap.runtime_dirs(python) + (bwrap.site_dirs() if req.site_packages
-                                                       else []),
-                tmp_mb=max(int(req.memory_mb) // 2, 16), info_fd=info_w,
-                env=_child_env(True, bwrap.HOME), ids=ids, seccomp_fd=filter_fd)
-            cwd, env = "/", _HOST_ENV
-            fds = (info_w,) if filter_fd is None else (info_w, filter_fd)
-        else:
-            print(NONE_WARNING, file=sys.stderr)
-            home = os.path.join(scratch, "tmp", "home")
-            os.makedirs(home)
-            argv = [python, "-I", "-S", "-B", "-X", "utf8", os.path.join(share, "sandbox_child.py"),
-                    os.path.join(share, "config.json")]
-            cwd, env, fds = workdir, _child_env(False, home), ()
+        launch = _Launch(scratch, share, workdir, inputs, req, ids, inside)
+        argv, cwd, env, fds = launch.argv, launch.cwd, launch.env, launch.fds
+        info_r, info_w, filter_fd = launch.info_r, launch.info_w, launch.filter_fd
         if ids is not None:
             bwrap.hand_over(workdir, ids)
             handed = True
@@ -475,6 +499,127 @@ def run_code(code: str, *, workdir: str | os.PathLike | None = None, inputs=(),
 async def arun_code(code: str, **kwargs) -> SandboxResult:
     """`run_code` in a worker thread, so an event loop keeps running meanwhile."""
     return await asyncio.to_thread(run_code, code, **kwargs)
+
+
+# ------------------------------------------------------------------------ long-lived
+class SandboxProcess:
+    """A long-lived interpreter in a sandbox (see `spawn`): `stdin` and `stdout` are its
+    pipes; `lend()` gives it the workdir while it runs code (as root), `kill()` ends all of
+    it. It dies with the thread that spawned it (bwrap's --die-with-parent)."""
+
+    def __init__(self, proc: subprocess.Popen, scratch: str, workdir: str,
+                 ids: tuple[int, int] | None, isolation: str, init_fd: int | None):
+        self.proc, self.scratch, self.workdir = proc, scratch, workdir
+        self.ids, self.isolation, self._init_fd = ids, isolation, init_fd
+        self.stdin, self.stdout = proc.stdin, proc.stdout
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def lend(self) -> "SandboxProcess":
+        """`with process.lend():` the workdir belongs to the sandbox's uid meanwhile (root)."""
+        return self
+
+    def __enter__(self):
+        if self.ids is not None:
+            bwrap.hand_over(self.workdir, self.ids)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.ids is not None:
+            bwrap.hand_back(self.workdir)
+
+    def errors(self, limit: int = 600) -> str:
+        """The end of what bwrap and the interpreter wrote on stderr (why it did not start)."""
+        try:
+            return _read_clipped(os.path.join(self.scratch, "stderr"), limit).strip()
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Kill every process of the sandbox and forget its files; safe to call twice."""
+        with self._lock:
+            if self.proc.returncode is None:
+                _kill_all(self.proc, self._init_fd)
+                self.proc.wait()
+            if self._init_fd is not None:
+                os.close(self._init_fd)
+                self._init_fd = None
+            for pipe in (self.stdin, self.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _await_init(info_r: int, proc: subprocess.Popen, seconds: float = 20.0) -> int | None:
+    """A pidfd of the sandbox's pid 1, once bwrap has said which it is (None if it did not)."""
+    info, deadline = bytearray(), time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([info_r], [], [], 0.05)[0]:
+            chunk = os.read(info_r, 4096)
+            if not chunk:
+                break
+            info.extend(chunk)
+            if info.rstrip().endswith(b"}"):
+                break
+    return _namespace_init(bytes(info), proc) if info else None
+
+
+def spawn(script: str, *, workdir: str | os.PathLike, inputs=(), memory_mb: int = 2048,
+          max_processes: int = 64, file_limit_mb: int = 64, max_open_files: int = 256,
+          output_limit: int = 20_000, site_packages: bool = True,
+          sandbox: str = "bwrap") -> SandboxProcess:
+    """Start `script` ("session_child.py", a child script of this folder) in a sandbox with
+    the same view and limits as `run_code`, except CPU time, which the script sets per piece
+    of work; it reads its config and talks over its stdin and stdout."""
+    check_sandbox(sandbox)
+    inside = sandbox == "bwrap"
+    if inside:
+        status = sandbox_status()
+        if not status.available:
+            raise SandboxError(status.reason)
+    workdir = os.path.abspath(os.fspath(workdir))
+    if not os.path.isdir(workdir):
+        raise SandboxError(f"workdir {workdir} is not a directory; create it first")
+    req = _Request(workdir=workdir, inputs=inputs, memory_mb=int(memory_mb),
+                   max_processes=int(max_processes), file_limit_mb=int(file_limit_mb),
+                   max_open_files=int(max_open_files), output_limit=int(output_limit),
+                   site_packages=bool(site_packages))
+    scratch = tempfile.mkdtemp(prefix="flowmagic-session-")
+    launch = None
+    try:
+        ids = bwrap.sandbox_ids(workdir) if inside and os.geteuid() == 0 else None
+        share = os.path.join(scratch, "share")
+        _write_share(share, "", req, workdir, ids, inside, session=True)
+        launch = _Launch(scratch, share, workdir, _inputs(req.inputs), req, ids, inside, script)
+        with open(os.path.join(scratch, "stderr"), "wb") as err:
+            try:
+                proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=err, start_new_session=True, pass_fds=launch.fds)
+            except OSError as exc:
+                raise SandboxError(f"could not start {launch.argv[0]} for the sandbox ({exc}); "
+                                   "check that it is installed") from None
+        if launch.info_w is not None:
+            os.close(launch.info_w)
+            launch.info_w = None
+        init_fd = _await_init(launch.info_r, proc) if launch.info_r is not None else None
+        return SandboxProcess(proc, scratch, workdir, ids, sandbox, init_fd)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    finally:
+        for fd in ((launch.info_r, launch.info_w, launch.filter_fd) if launch else ()):
+            if fd is not None:
+                os.close(fd)
 
 
 # ---------------------------------------------------------------------------- extraction

@@ -1,0 +1,310 @@
+"""One sandboxed Python session per flow, like a notebook's kernel.
+
+A flow's code cells run one at a time in one long-lived interpreter under bubblewrap
+(`sandbox.spawn("session_child.py")`, with the view and limits of `run_code`), in the order
+they are recorded, while the model calls that write them run in parallel. The first cell is
+the prelude: pandas as `pd`, numpy as `np`, matplotlib.pyplot as `plt` and every table input
+loaded as a DataFrame (named after its file, and `df` when there is one). What a cell
+defines, the later cells see, as in a notebook run top to bottom; the exported notebook keeps
+the same order, so each of its cells sees what the node's code saw.
+
+A cell runs in a fork of the interpreter that holds the names (session_child.py): a cell
+that fails, dies or times out is discarded with everything it changed, and the session goes on
+from the state before it; a timeout kills that cell only. A cell that ran well becomes the
+session. With `hold=True` the caller decides afterwards (`settle(keep)`) whether it does: a
+node whose answer a validator rejects leaves nothing behind either.
+
+`Session.run` returns the cell's record (`seq`, `kept`, `names`, `error_line`, ...). A
+session whose interpreter stopped answering is killed; the next `run` starts a new one and
+replays the prelude and the kept cells of the record (`history`) in their order first, which
+is also how a flow loaded in a new kernel (`flowmagic.load`) rebuilds its session.
+
+Every session is killed with its flow (`close`, or when the flow is collected), at exit, and
+with the kernel (bwrap's --die-with-parent, bound to a thread that lives as long as the
+process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import importlib.util
+import json
+import keyword
+import os
+import re
+import select
+import struct
+import threading
+import time
+import weakref
+from typing import Callable, Iterable
+
+from ..errors import SandboxError
+from ..llm.endpoints import scrub
+from . import sandbox as _sandbox
+
+__all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "LIBRARIES"]
+
+# (import name, what a user installs, how the prelude imports it or None)
+LIBRARIES = (("numpy", "numpy", "import numpy as np"), ("pandas", "pandas", "import pandas as pd"),
+             ("matplotlib", "matplotlib", "import matplotlib.pyplot as plt"),
+             ("scipy", "scipy", None), ("sklearn", "scikit-learn", None),
+             ("statsmodels", "statsmodels", None), ("seaborn", "seaborn", None),
+             ("pyarrow", "pyarrow", None))
+_GRACE_S = 15.0          # beyond a cell's timeout before the session counts as lost
+_START_S = 60.0          # for the interpreter to answer its first cell (the prelude)
+_REPLY_MAX = 32 << 20
+_live: "weakref.WeakSet[Session]" = weakref.WeakSet()
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def libraries() -> list[str]:
+    """The data libraries the sandbox can import (it sees this interpreter's site-packages),
+    by the names users install them under."""
+    return [pip for name, pip, _ in LIBRARIES if importlib.util.find_spec(name) is not None]
+
+
+def _identifier(stem: str) -> str:
+    name = re.sub(r"\W+", "_", stem.strip()).strip("_").lower() or "table"
+    if name[0].isdigit() or keyword.iskeyword(name) or name in ("pd", "np", "plt", "df"):
+        name = f"data_{name}"
+    return name
+
+
+def table_names(workspace) -> list[tuple[str, str, str]]:
+    """(variable, file, reader) of each table input the prelude loads, in order."""
+    out, used = [], set()
+    for entry in getattr(workspace, "inputs", []) if workspace is not None else []:
+        path = str(entry.path)
+        low = path.lower()
+        if entry.kind != "table" or not low.endswith((".csv", ".tsv", ".parquet", ".pq")):
+            continue
+        reader = ("read_parquet" if low.endswith((".parquet", ".pq")) else "read_csv")
+        stem = os.path.splitext(os.path.basename(path))[0]
+        name = _identifier(stem)
+        while name in used:
+            name += "_"
+        used.add(name)
+        out.append((name, path, reader))
+    return out
+
+
+def prelude(workspace, available: Iterable[str] | None = None) -> str:
+    """The session's first cell: the imports, and each table input read into a DataFrame."""
+    have = set(libraries() if available is None else available)
+    lines = [line for _, pip, line in LIBRARIES if line and pip in have]
+    tables = table_names(workspace) if "pandas" in have else []
+    for name, path, reader in tables:
+        sep = ", sep='\\t'" if path.lower().endswith(".tsv") else ""
+        lines.append(f"{name} = pd.{reader}({path!r}{sep})")
+    if len(tables) == 1:
+        lines.append(f"df = {tables[0][0]}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def recorded_cells(workflow) -> list[dict]:
+    """The code runs the session kept, from every node's record, in their order."""
+    from .execution import WORKING_START
+
+    found: dict[int, dict] = {}
+    for node in workflow.nodes.values():
+        runs = [node.execution] + [a.get("execution") for a in node.attempts]
+        for ex in list(runs):
+            if isinstance(ex, dict) and isinstance(ex.get(WORKING_START), dict):
+                runs.append(ex[WORKING_START])
+        for ex in runs:
+            if isinstance(ex, dict) and ex.get("kept") and isinstance(ex.get("seq"), int):
+                found.setdefault(ex["seq"], {**ex, "node": node.id})
+    return [found[k] for k in sorted(found)]
+
+
+def _spawn_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread that starts every session and lives as long as the process: bwrap's
+    --die-with-parent follows the thread that started it, not the process."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = concurrent.futures.ThreadPoolExecutor(1, "flowmagic-session")
+        return _spawner
+
+
+class SessionLost(Exception):
+    """The interpreter stopped answering or died (internal: the run says so, one line)."""
+
+
+class Session:
+    """The sandboxed interpreter of one flow; see the module docstring."""
+
+    def __init__(self, workspace, *, sandbox: str = "bwrap", memory_mb: int = 2048,
+                 history: Callable[[], list[dict]] | None = None, output_limit: int = 20_000):
+        self.workspace = workspace
+        self.sandbox, self.memory_mb, self.output_limit = sandbox, int(memory_mb), output_limit
+        self.history = history or (lambda: [])
+        self.seq = 1                 # the number of the next cell (0 is the prelude)
+        self.starts = 0              # interpreters started (1 + restarts)
+        self.prelude = ""
+        self.replayed: list[int] = []   # seqs of recorded cells run again at the last start
+        self._process: _sandbox.SandboxProcess | None = None
+        self._turn = threading.Lock()    # one cell at a time (a held cell keeps it)
+        self._state = threading.Lock()   # the process handle, for close()
+        self._held = False
+        _live.add(self)
+
+    # -- life ---------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.alive
+
+    @property
+    def pid(self) -> int | None:
+        """bwrap's process id on this machine (None when no interpreter runs)."""
+        return self._process.pid if self._process is not None else None
+
+    def close(self) -> None:
+        """Kill the interpreter and every process it started."""
+        with self._state:
+            process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at collection time
+            pass
+
+    def _start(self) -> None:
+        """A new interpreter: the prelude, then the recorded cells again, in their order."""
+        root = str(self.workspace.root)
+        process = _spawn_thread().submit(
+            _sandbox.spawn, "session_child.py", workdir=root, memory_mb=self.memory_mb,
+            output_limit=self.output_limit, site_packages=True, sandbox=self.sandbox).result()
+        self._process, self.starts = process, self.starts + 1
+        self.prelude = prelude(self.workspace)
+        cells = self.history()
+        self.seq = max([self.seq] + [c["seq"] + 1 for c in cells])
+        try:
+            with process.lend():
+                first = self._call({"op": "run", "code": self.prelude, "file": "prelude.py",
+                                    "timeout": _START_S}, _START_S)
+                if not first.get("ok"):
+                    raise SandboxError(f"the session's prelude failed ({one_error(first)}); "
+                                       "check that pandas reads the inputs (pip install "
+                                       "'flowmagic[data]')")
+                self.replayed = [self._replay(cell) for cell in cells]
+        except SessionLost as exc:
+            self.close()
+            raise SandboxError(f"the flow's Python session could not start: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _replay(self, cell: dict) -> int:
+        """Run a recorded cell again; its seq, negative when it no longer runs well."""
+        node = str(cell.get("node") or "cell")
+        done = self._call({"op": "run", "code": cell.get("code") or "", "file": f"{node}.py",
+                           "figures": f"{node}_figure", "timeout": 600.0}, 600.0 + _GRACE_S)
+        return cell["seq"] if done.get("ok") else -cell["seq"]
+
+    # -- the channel ---------------------------------------------------------------------
+    def _call(self, request: dict, seconds: float) -> dict:
+        process = self._process
+        if process is None or not process.alive:
+            raise SessionLost("the session's interpreter is not running")
+        body = json.dumps(request).encode("utf-8")
+        try:
+            process.stdin.write(struct.pack(">I", len(body)) + body)
+            process.stdin.flush()
+        except (OSError, ValueError):
+            raise SessionLost(self._why("stopped reading")) from None
+        head = self._read(4, seconds)
+        size = struct.unpack(">I", head)[0]
+        if size > _REPLY_MAX:
+            raise SessionLost("the session answered with more than 32 MB")
+        try:
+            reply = json.loads(self._read(size, seconds).decode("utf-8", "replace"))
+        except ValueError:
+            raise SessionLost("the session's answer was not JSON") from None
+        if not isinstance(reply, dict):
+            raise SessionLost("the session's answer was not a record")
+        return reply
+
+    def _read(self, size: int, seconds: float) -> bytes:
+        fd, data = self._process.stdout.fileno(), bytearray()
+        deadline = time.monotonic() + seconds
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SessionLost(f"the session did not answer within {seconds:.0f} s")
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                continue
+            chunk = os.read(fd, size - len(data))
+            if not chunk:
+                raise SessionLost(self._why("ended"))
+            data.extend(chunk)
+        return bytes(data)
+
+    def _why(self, what: str) -> str:
+        process = self._process
+        tail = process.errors() if process is not None else ""
+        return f"the session's interpreter {what}" + (f": {tail.splitlines()[-1]}" if tail else "")
+
+    # -- cells ---------------------------------------------------------------------------
+    def run(self, code: str, *, name: str = "cell", timeout: float = 60.0,
+            hold: bool = False) -> dict:
+        """Run one cell; its record (see the module docstring). With `hold`, a cell that ran
+        well waits for `settle(keep)` and the session runs nothing else meanwhile."""
+        self._turn.acquire()
+        try:
+            if self._held:
+                raise SandboxError("a held cell waits for settle(); settle it first")
+            if not self.alive:
+                self._process = None
+                self._start()
+            seq, self.seq = self.seq, self.seq + 1
+            request = {"op": "run", "code": code, "file": f"{name}.py",
+                       "figures": f"{name}_figure", "timeout": float(timeout), "hold": hold}
+            try:
+                with self._process.lend():
+                    reply = self._call(request, float(timeout) + _GRACE_S)
+            except SessionLost as exc:
+                self.close()
+                reply = {"ok": False, "error": f"{exc}; the next cell starts a new session "
+                         "and runs the recorded cells again", "names": [], "kept": False}
+            reply.update(seq=seq)
+            for key in ("stdout", "stderr", "error"):
+                if isinstance(reply.get(key), str):
+                    reply[key] = scrub(reply[key])
+            self._held = bool(hold and reply.get("ok"))
+            return reply
+        finally:
+            if not self._held:
+                self._turn.release()
+
+    def settle(self, keep: bool) -> dict:
+        """Keep or discard the held cell; {"kept": bool, "names"?: [...]}."""
+        if not self._held:
+            raise SandboxError("no cell is held")
+        try:
+            reply = self._call({"op": "keep" if keep else "drop"}, _GRACE_S)
+        except SessionLost as exc:
+            self.close()
+            reply = {"ok": False, "kept": False, "error": str(exc)}
+        finally:
+            self._held = False
+            self._turn.release()
+        return reply
+
+
+def one_error(reply: dict) -> str:
+    """The last line of a cell's error output, or its error."""
+    lines = [ln for ln in str(reply.get("stderr") or "").strip().splitlines() if ln.strip()]
+    return (reply.get("error") or (lines[-1].strip() if lines else "") or "no error output")[:300]
+
+
+@atexit.register
+def _close_all() -> None:
+    for session in list(_live):
+        session.close()

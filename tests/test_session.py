@@ -1,0 +1,322 @@
+"""One sandboxed Python session per flow: a node's code finds pd, np, plt and the inputs loaded,
+and what its ancestors' code defined; a failed or timed-out cell leaves nothing behind and
+does not end the session; no process of it outlives the flow.
+
+The models are loopback servers whose scripted answers are code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+
+import flowmagic
+from flowmagic.engine.session import Session, prelude
+from flowmagic.engine.workspace import Workspace
+from flowmagic.flow import Flow
+from flowmagic.ops.nbrun import TEMPLATES
+from flowmagic.testing.loopback import LoopbackServer
+
+CSV = TEMPLATES / "data" / "anscombe.csv"
+FRAME = pd.read_csv(CSV)
+
+
+def _node(body: dict) -> str | None:
+    found = re.search(r"Your subtask \((\w+)\)", body["messages"][-1]["content"])
+    return found.group(1) if found else None
+
+
+def _retry(body: dict) -> bool:
+    return "The code failed" in body["messages"][-1]["content"]
+
+
+def _fenced(code: str) -> str:
+    return f"Here is the code.\n\n```python\n{textwrap.dedent(code).strip()}\n```\n"
+
+
+def _flow(responder, plan: dict, **settings) -> Flow:
+    server = LoopbackServer(responder=responder).start()
+    flowmagic.configure(base_url=server.base_url, model="m")
+    settings.setdefault("starter", "off")
+    flow = Flow.from_dict(plan, name="s", inputs=[CSV], **settings)
+    flow._test_server = server
+    return flow
+
+
+@pytest.fixture
+def flows():
+    made: list[Flow] = []
+
+    def make(responder, plan, **settings):
+        made.append(_flow(responder, plan, **settings))
+        return made[-1]
+
+    yield make
+    for flow in made:
+        flow.close()
+        flow._test_server.stop()
+
+
+def _chain(*ids: str) -> dict:
+    return {"task": "Analyse anscombe.csv with pandas", "nodes": [
+        {"id": i, "requirement": f"Compute step {i} of the analysis with code.", "agent": "analyst"}
+        for i in ids], "edges": [[a, b] for a, b in zip(ids, ids[1:])]}
+
+
+def test_code_uses_pd_plt_and_the_inputs_dataframe_without_importing_or_loading(flows):
+    code = """
+        means = df.groupby('dataset')['y'].mean().round(4)
+        print(means.to_dict())
+        print(anscombe.shape, np.round(np.std(df['x']), 4))
+        plt.scatter(df['x'], df['y'])
+    """
+    flow = flows(lambda body: _fenced(code), _chain("stats"))
+    flow.run()
+    ex = flow.workflow.nodes["stats"].execution
+    assert flow.status == "done" and ex["ok"], ex
+    want = FRAME.groupby("dataset")["y"].mean().round(4).to_dict()
+    import numpy as np
+    assert ex["stdout"] == f"{want}\n{FRAME.shape} {np.round(np.std(FRAME['x']), 4)}\n"
+    assert ex["figures"] == ["stats_figure_1.png"]
+    names = {n["name"]: n for n in ex["names"]}
+    assert names["df"]["type"] == "DataFrame" and names["df"]["shape"] == list(FRAME.shape)
+    assert names["means"]["type"] == "Series" and names["pd"]["about"] == "pandas"
+
+
+def test_a_child_uses_what_its_parent_defined_without_reloading(flows):
+    codes = {"clean": """
+                 clean = df[df['x'] > 8].copy()
+                 clean['ratio'] = clean['y'] / clean['x']
+                 summary = {'rows': len(clean), 'mean_ratio': round(clean['ratio'].mean(), 6)}
+             """,
+             "report": "print(summary['rows'], summary['mean_ratio'], clean.shape)"}
+    flow = flows(lambda body: _fenced(codes[_node(body)]), _chain("clean", "report"))
+    flow.run()
+    assert flow.status == "done", flow.message
+    part = FRAME[FRAME["x"] > 8]
+    ratio = round((part["y"] / part["x"]).mean(), 6)
+    ex = flow.workflow.nodes["report"].execution
+    assert ex["stdout"] == f"{len(part)} {ratio} {(len(part), FRAME.shape[1] + 1)}\n"
+    assert ex["seq"] > flow.workflow.nodes["clean"].execution["seq"] and ex["kept"]
+
+
+def test_a_failed_attempt_that_mutated_a_dataframe_in_place_leaves_nothing(flows):
+    def answer(body):
+        if _retry(body):
+            return _fenced("print(df['y'].sum().round(4), 'x' in df.columns, len(df))")
+        return _fenced("""
+            df['y'] = 0
+            df.drop(columns=['x'], inplace=True)
+            df = df.head(3)
+            print(undefined_name)
+        """)
+
+    flow = flows(answer, _chain("fix"))
+    flow.run()
+    node = flow.workflow.nodes["fix"]
+    assert flow.status == "done", flow.message
+    first = node.attempts[0]["execution"]
+    assert not first["ok"] and first["error_type"] == "NameError" and not first["kept"]
+    assert first["error_line"] == {"line": 4, "text": "print(undefined_name)"}
+    assert node.execution["stdout"] == f"{FRAME['y'].sum().round(4)} True {len(FRAME)}\n"
+
+
+def test_a_timeout_in_one_cell_kills_that_cell_and_keeps_the_session(flows):
+    codes = {"setup": "total = int(df['x'].sum())",
+             "slow": "import time\ntotal = -1\ntime.sleep(60)"}
+
+    def answer(body):
+        node = _node(body)
+        if node == "slow" and _retry(body):
+            return _fenced("print(total)")
+        return _fenced(codes[node])
+
+    flow = flows(answer, _chain("setup", "slow"), code_timeout=2)
+    started = time.monotonic()
+    flow.run()
+    assert flow.status == "done", flow.message
+    node = flow.workflow.nodes["slow"]
+    assert node.attempts[0]["execution"]["timed_out"]
+    assert "did not finish within 2 s" in node.attempts[0]["execution"]["error"]
+    assert node.execution["stdout"] == f"{int(FRAME['x'].sum())}\n"
+    assert flow.session().starts == 1 and time.monotonic() - started < 40
+
+
+def test_a_rejected_answer_leaves_nothing_behind(flows):
+    """validate='llm': the code of an answer the judge rejects ran well, and is discarded."""
+    def answer(body):
+        text = body["messages"][-1]["content"]
+        if "strict reviewer" in body["messages"][0]["content"]:
+            return json.dumps({"verdict": "pass" if "second" in text else "fail",
+                               "feedback": "print the marker"})
+        if "print the marker" in text:
+            return _fenced("print('marker' in dir(), 'second')")
+        return _fenced("marker = 1\nprint('first')")
+
+    flow = flows(answer, _chain("judged"), validate="llm")
+    flow.run()
+    node = flow.workflow.nodes["judged"]
+    assert [a["execution"]["kept"] for a in node.attempts] == [False, True], node.attempts
+    assert node.execution["stdout"] == "False second\n"
+
+
+def test_prelude_names_every_table_and_df_for_one(tmp_path):
+    for name in ("sales.csv", "2024 data.tsv"):
+        (tmp_path / name).write_text("a,b\n1,2\n" if name.endswith("csv") else "a\tb\n1\t2\n")
+    ws = Workspace(tmp_path / "ws")
+    ws.add([tmp_path / "sales.csv"])
+    assert prelude(ws, ["pandas"]) == ("import pandas as pd\nsales = pd.read_csv('sales.csv')\n"
+                                       "df = sales\n")
+    ws.add([tmp_path / "2024 data.tsv"])
+    assert prelude(ws, ["numpy", "pandas"]).splitlines()[2:] == [
+        "sales = pd.read_csv('sales.csv')", "data_2024_data = pd.read_csv('2024_data.tsv', sep='\\t')"]
+
+
+# ------------------------------------------------------------------ no process outlives it
+def _tree(root: int) -> dict[int, str]:
+    """pid -> start time of `root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        starts[int(entry)] = fields[19]
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in starts:
+            out[pid] = starts[pid]
+            todo += children.get(pid, [])
+    return out
+
+
+def _survivors(tree: dict[int, str]) -> list[int]:
+    alive = []
+    for pid, start in tree.items():
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[19] == start:
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _wait_gone(tree: dict[int, str], seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while _survivors(tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _survivors(tree)
+
+
+def _cmdlines(tree: dict[int, str]) -> list[str]:
+    out = []
+    for pid in _survivors(tree):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                out.append(fh.read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return out
+
+
+DAEMON = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+          "'import time; time.sleep(300)'], start_new_session=True)\n")
+
+
+@pytest.mark.parametrize("ending", ["ok", "error", "timeout"])
+def test_what_a_cell_started_ends_with_the_cell_and_the_rest_with_close(tmp_path, ending):
+    session = Session(Workspace(tmp_path / "ws"))
+    tail = {"ok": "x = 1", "error": "x = 1 / 0", "timeout": "import time\ntime.sleep(30)"}
+    run = session.run(DAEMON + tail[ending], timeout=3)
+    assert run["ok"] == (ending == "ok") and run["timed_out"] == (ending == "timeout"), run
+    tree = _tree(session.pid)
+    assert not [c for c in _cmdlines(tree) if "sleep(300)" in c]   # the daemon is gone
+    assert session.run("print(x if 'x' in dir() else None)")["stdout"] == (
+        "1\n" if ending == "ok" else "None\n")
+    tree = _tree(session.pid)
+    assert len(tree) >= 3   # bwrap, the anchor, the holder
+    session.close()
+    assert _wait_gone(tree) == []
+
+
+_KERNEL = """
+import os, sys, time
+from flowmagic.engine.session import Session
+from flowmagic.engine.workspace import Workspace
+open(os.path.join({folder!r}, "t.csv"), "w").write("a,b\\n1,2\\n3,4\\n")
+ws = Workspace(os.path.join({folder!r}, "ws"))
+ws.add([os.path.join({folder!r}, "t.csv")])
+session = Session(ws)
+first = session.run("total = int(df['a'].sum())")
+slow = session.run("total = 0\\nimport time\\ntime.sleep(30)", timeout=1)
+after = session.run("print(total, df.shape)")
+print(json.dumps([first["ok"], slow["timed_out"], after["stdout"], os.getuid()]), flush=True)
+print(session.pid, flush=True)
+sys.stdin.readline()   # the test has seen the sandbox's processes
+if {mode!r} == "exit":
+    sys.exit(0)
+time.sleep(120)
+""".replace("import os,", "import json, os,")
+
+
+def _as(user: str, folder: str) -> tuple[list[str], dict]:
+    """The command prefix and environment of a kernel run by `user` (the unprivileged one
+    reads flowmagic and the packages from this checkout, through the system interpreter)."""
+    from conftest import ROOT
+    site = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(ROOT), *site])}
+    if user == "current":
+        return [sys.executable], env
+    os.chmod(folder, 0o777)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+            f"/usr/bin/python{version}"], env
+
+
+@pytest.mark.parametrize("user", ["current"] + (["unprivileged"] if os.geteuid() == 0 else []))
+@pytest.mark.parametrize("mode", ["exit", "killed"])
+def test_the_session_holds_and_no_process_survives_the_kernel(mode, user):
+    """As root (an unused uid inside) and as an unprivileged user (a user namespace): the
+    session keeps its names past a timeout, and nothing of it outlives its kernel, whether
+    the kernel exits (atexit) or is killed (bwrap dies with the thread that started it)."""
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="fm-session-kernel-")
+    try:
+        prefix, env = _as(user, folder)
+        script = _KERNEL.format(folder=folder, mode=mode)
+        proc = subprocess.Popen([*prefix, "-c", script], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd="/")
+        said = proc.stdout.readline()
+        assert said, proc.stderr.read()[-2000:]
+        first, timed_out, printed, uid = json.loads(said)
+        assert first and timed_out and printed == "4 (2, 2)\n"
+        assert (uid != 0) == (user == "unprivileged")
+        tree = _tree(int(proc.stdout.readline()))
+        assert len(tree) >= 3
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        if mode == "killed":
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+        assert _wait_gone(tree) == []
+    finally:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
