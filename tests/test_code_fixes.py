@@ -117,8 +117,11 @@ def test_a_key_error_retry_names_the_real_columns():
         flow.run()
         retry = node_prompts(server)[1]
     assert "The code failed: KeyError: 'Y'" in retry
-    assert ("'Y' is not a column of the data. The real columns are (anscombe.csv: dataset, x, y)"
-            " (did you mean 'y'?)") in retry
+    # the session's DataFrames (df, anscombe) are named beside the file's columns
+    hint = retry[retry.index("'Y' is not a column of the data. The real columns are ("):]
+    hint = hint[:hint.index("; use those names")]
+    assert "anscombe.csv: dataset, x, y" in hint and "df: dataset, x, y" in hint
+    assert hint.endswith(" (did you mean 'y'?)")
     assert flow.workflow.nodes["stats"].status == "done"
 
 

@@ -57,6 +57,7 @@ class Execution:
     # what the flow's session holds after this run, and where a failed one failed (see
     # flowmagic.engine.session): [{"name", "type", "about", ...}], {"line", "text"} or None
     names: list[dict] = field(default_factory=list)
+    defined: list[str] = field(default_factory=list)   # names this run made, rebound or changed
     error_line: dict | None = None
     error_type: str = ""               # the exception's class name ("NameError")
     timed_out: bool = False
@@ -234,6 +235,7 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
                         str(cell.get("error") or "")[:300]
                         or _one_line_error(result.stderr, False, timeout))
     result.names = [n for n in cell.get("names") or [] if isinstance(n, dict)]
+    result.defined = [n for n in cell.get("defined") or [] if isinstance(n, str)]
     line = cell.get("error_line")
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")

@@ -308,3 +308,44 @@ def one_error(reply: dict) -> str:
 def _close_all() -> None:
     for session in list(_live):
         session.close()
+
+
+# ------------------------------------------------------------------------- for prompts
+def _prelude_names(workspace, have: list[str]) -> list[dict]:
+    """The names the prelude defines, as the prompts list them before any cell has run."""
+    out = [{"name": line.split()[-1], "type": "module", "about": line.split()[1]}
+           for _, pip, line in LIBRARIES if line and pip in have]
+    if "pandas" not in have:
+        return out
+    tables = table_names(workspace)
+    entries = {str(i.path): i for i in getattr(workspace, "inputs", [])}
+    for name, path, _ in tables:
+        summary = str(getattr(entries.get(path), "summary", "") or "")
+        first = summary.splitlines()[0] if summary else ""
+        shape = re.match(r"(\d+) rows x (\d+) columns", first)
+        columns = [line.strip()[2:].rsplit(":", 1)[0] for line in summary.splitlines()[1:]
+                   if line.startswith("  - ")]
+        about = (f"{shape.group(0)}: " if shape else "") + ", ".join(columns[:60])
+        out.append({"name": name, "type": "DataFrame", "about": about or f"read from {path}",
+                    "columns": columns[:60]})
+    if len(tables) == 1:
+        out.append({**out[-1], "name": "df"})
+    return out
+
+
+def names_for(workflow, node_id: str, workspace, have: list[str] | None = None) -> list[dict]:
+    """The names a node's code finds in the session that the prelude or its ancestors' code
+    defined (or last changed), as the latest kept cell recorded them, each with `by`: the
+    node whose code defined it, or "prelude"."""
+    have = libraries() if have is None else list(have)
+    current = {n["name"]: {**n, "by": "prelude"} for n in _prelude_names(workspace, have)}
+    owner = {name: "prelude" for name in current}
+    for cell in recorded_cells(workflow):
+        for name in cell.get("defined") or []:
+            owner[name] = cell["node"]
+        names = [n for n in cell.get("names") or [] if isinstance(n, dict)]
+        if names:   # the session's names after this cell, as it described them
+            current = {n["name"]: n for n in names if isinstance(n.get("name"), str)}
+    allowed = {"prelude", *workflow.ancestors(node_id)}
+    return [{**info, "by": owner.get(name)} for name, info in current.items()
+            if owner.get(name) in allowed]

@@ -213,6 +213,7 @@ def _save_figures(prefix):
 def _run_in_fork(ns, req, limit):
     """In the cell's fork: run it, then the result as a dict."""
     source, filename = req["code"], req.get("file") or "cell.py"
+    before = {n["name"]: (id(ns.get(n["name"])), n["about"]) for n in _names(ns)}
     started = time.monotonic()
     result = {"ok": False, "error_type": "", "error_line": None, "figures": []}
     _quiet_show()
@@ -239,6 +240,8 @@ def _run_in_fork(ns, req, limit):
     result["stderr"] = _clip(f"{_OUT}/stderr", limit)
     if result["ok"]:
         result["names"] = _names(ns)
+        result["defined"] = [n["name"] for n in result["names"]   # new, rebound or changed
+                             if before.get(n["name"]) != (id(ns.get(n["name"])), n["about"])]
     return result
 
 
