@@ -320,3 +320,24 @@ def test_the_session_holds_and_no_process_survives_the_kernel(mode, user):
     finally:
         import shutil
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_flow_loaded_in_a_new_kernel_rebuilds_its_session_from_the_record(flows):
+    codes = {"clean": "kept = df[df['x'] > 8]['y'].round(3).tolist()",
+             "report": "print(len(kept), kept[0])"}
+    flow = flows(lambda body: _fenced(codes[_node(body)]), _chain("clean", "report"))
+    flow.run()
+    assert flow.status == "done", flow.message
+    printed = flow.workflow.nodes["report"].execution["stdout"]
+    flow.close()
+    again = flowmagic.load(flow.run_id)
+    try:
+        again.rerun("report")
+        session = again.session()
+        # both recorded cells ran again, in their order, before the rerun's own
+        assert session.replayed == [flow.workflow.nodes[n].execution["seq"]
+                                    for n in ("clean", "report")] and session.starts == 1
+        ex = again.workflow.nodes["report"].execution
+        assert ex["stdout"] == printed and ex["seq"] > flow.workflow.nodes["report"].execution["seq"]
+    finally:
+        again.close()
