@@ -154,9 +154,19 @@ ATTACKS: dict[str, str] = {
         "        try:\n            how()\n        except OSError as exc:\n            errors.append(repr(exc))\n"
         "raise SystemExit(' '.join(errors))"),
     # signal 0 only asks whether any process could be signalled: a broken sandbox must not
-    # get to kill every process of the machine while this test finds out
-    "signal every process": "import os\nos.kill(-1, 0)\nprint('ESC' 'APED: kill(-1) reaches processes')\n"
-                            "raise SystemExit('kill(-1) returned')",
+    # get to kill every process of the machine while this test finds out. In a flow's Python
+    # session the code can signal that session's own interpreters (its sandbox's, as it can
+    # signal itself): any other process it reaches is a way out.
+    "signal every process": (
+        "import os\nos.kill(-1, 0)\nreached = []\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+        "    try:\n        os.kill(int(pid), 0)\n"
+        "        line = open(f'/proc/{{pid}}/cmdline', 'rb').read()\n"
+        "    except OSError:\n        continue\n"
+        "    if line.split(b'\\0')[-2:-1] != [b'/run/flowmagic/config.json']:\n"
+        "        reached.append(line[:80])\n"
+        "if reached:\n    print('ESC' 'APED: kill(-1) reaches processes', reached)\n"
+        "raise SystemExit('kill(-1) reached only the session of this sandbox')"),
     # -- writes outside the workspace
     "write outside": (
         "import os\nerrors = []\nfor path in ({outside!r} + '/x', {host_tmp!r}, '/usr/x', {input_dir!r} + '/x',\n"
