@@ -9,6 +9,7 @@ an asyncio task on the kernel's loop and returns at once; in a script it blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import secrets
 import sys
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from ._internal.aio import in_loop, run_in_script
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
-from .errors import ConfigError, FlowError, NodeError
+from .errors import ConfigError, FlowError, NodeError, StoreError
 from .engine import numbers
 from .engine.execution import made_files
 from .engine.executor import Executor, Work
@@ -98,6 +99,10 @@ class Flow:
         self._pending: list[tuple] = []   # events not yet written (see emit)
         self._calls: list[tuple[dict, dict]] = []   # node calls' log rows not yet written
         self._flush_in: int | None = None   # turns to the scheduled write of node events
+        # what a failed write left (events, call rows): written first by the next one
+        self._held: tuple[list, list] = ([], [])
+        self._store_error: StoreError | None = None   # the store failed during this run
+        self._in_run = False   # a store failure stops the run instead of raising (see _flush)
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
@@ -169,8 +174,15 @@ class Flow:
             return False
         if self._flush_in is None or turns < self._flush_in:
             self._flush_in = turns
-            _after_turns(loop, turns, self._flush)
+            _after_turns(loop, turns, self._flush_scheduled)
         return True
+
+    def _flush_scheduled(self) -> None:
+        """`_flush` as a loop callback: it has no caller to raise to."""
+        try:
+            self._flush()
+        except StoreError as exc:
+            self._store_failed(exc)
 
     def _log_later(self, row: dict, record: dict) -> None:
         """A node call's log row (from the LLM door, `defer_log`), written by the next
@@ -183,11 +195,33 @@ class Flow:
             self._flush()
 
     def _flush(self) -> None:
+        """Write the pending node states, events and call rows in one commit (after what
+        an earlier failed write left), then tell the subscribers. When the store fails
+        (disk full, read-only, locked) everything stays here for the next write and the
+        subscribers are told anyway: during a run the run stops (`_store_failed`) and
+        nothing more is tried until the next run, otherwise the StoreError is raised."""
         self._flush_in = None
         pending, self._pending = self._pending, []
         calls, self._calls = self._calls, []
-        if not pending and not calls:
+        held_events, held_calls = self._held
+        if not (pending or calls or held_events or held_calls):
             return
+        try:
+            if self._in_run and self._store_error is not None:
+                # (a locked store would stall the loop 5 s a try; a full disk stays full)
+                raise self._store_error
+            self._write(held_events + pending, held_calls + calls)
+            self._held = ([], [])
+        except StoreError as exc:
+            self._held = (held_events + pending, held_calls + calls)
+            self._announce(pending)
+            if not self._in_run:
+                raise
+            self._store_failed(exc)
+            return
+        self._announce(pending)
+
+    def _write(self, pending: list[tuple], calls: list[tuple[dict, dict]]) -> None:
         nodes = self.workflow.nodes
         # A node that starts for the first time keeps its stored state (pending, as planned)
         # until it ends: its "started" event says it began, and load() turns a running node
@@ -200,11 +234,31 @@ class Flow:
             self.run_id, [vars(nodes[n]) for n in changed],
             [(kind, n, data) for kind, n, data, _ in pending if kind not in _PASSING],
             calls=[row for row, _ in calls], logged=lambda ids: _name_calls(calls, ids))
+
+    def _announce(self, pending: list[tuple]) -> None:
         for kind, node_id, data, event in pending:
             if kind == "text":   # what partial_output() says is what subscribers were told
                 self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
             for callback in list(self._subscribers):
                 callback(event)
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """A write failed during the run: nothing new starts; the nodes running finish and
+        are held with the rest; the run ends in error with one line (see `arun`)."""
+        self._store_error = exc
+        if self._executor is not None:
+            self._executor.pause()
+
+    def _unstored(self) -> str:
+        """What the run's end says about a store that failed: what is held, and what to do."""
+        held = list(dict.fromkeys(n for kind, n, _, _ in self._held[0]
+                                  if kind in ("finished", "failed") and n))
+        if not held:
+            return f"{self._store_error}; the run stopped, with every finished node stored"
+        names = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        return (f"{self._store_error}; the run stopped with {len(held)} finished node"
+                f"{'s' if len(held) != 1 else ''} ({names}) held in this session only, not in "
+                "the store: run() again saves them first (flow.to_notebook(path) has them now)")
 
     def _text_sink(self, node_id: str):
         self._partial[node_id] = ""
@@ -335,11 +389,15 @@ class Flow:
 
         self._executor = self.executor()
         self.status, self.message, self._capped = RunState.RUNNING, None, False
-        self.store.set_run_status(self.run_id, RunState.RUNNING)
+        self._store_error, self._in_run = None, True
         state = RunState.STOPPED
         try:
-            while True:
+            self.store.set_run_status(self.run_id, RunState.RUNNING)
+            self._flush()   # what a failed write held in an earlier run, before anything starts
+            while self._store_error is None:
                 state = await self._executor.run(step=step, only=only)
+                if self._store_error is not None:
+                    break
                 if state == RunState.BUDGET:
                     self.message = self._executor.stop_reason
                 elif (self.message or "").startswith("pausing"):
@@ -353,11 +411,31 @@ class Flow:
                 if not (state == RunState.DONE and not step and only is None
                         and self.counts().get(Status.PENDING)):
                     break
+        except StoreError as exc:   # a write of its own (the run's status, a tool call, an update)
+            self._store_error = exc
         finally:
+            state = self._end_run(state)
+        return state
+
+    def _end_run(self, state: str) -> str:
+        """Store and announce how the run ended. A store that failed during it makes the end
+        an error, said in one line (also on stderr): a run whose results are not all stored
+        is never reported done."""
+        try:
             self._executor = None
+            self._flush()   # the run's last node events (a failure lands in _store_error)
+            if self._store_error is None:
+                try:
+                    self.store.set_run_status(self.run_id, state, self.result)
+                except StoreError as exc:
+                    self._store_error = exc
+            if self._store_error is not None:   # (the store still says "running")
+                state, self.message = RunState.ERROR, self._unstored()
+                print(f"flowmagic: {self.message}", file=sys.stderr)
             self.status = state
-            self.store.set_run_status(self.run_id, self.status, self.result)
             self.emit("run", None, {"state": self.status, "message": self.message})
+        finally:
+            self._in_run = False
         return state
 
     async def astep(self) -> str:
@@ -385,7 +463,8 @@ class Flow:
         exc = task.exception()
         self.status = RunState.ERROR
         self.message = str(exc) if isinstance(exc, FlowError) else f"{type(exc).__name__}: {exc}"
-        self.emit("error", None, {"message": self.message})
+        with contextlib.suppress(StoreError):   # told anyway; the store's own line is below
+            self.emit("error", None, {"message": self.message})
         if isinstance(exc, FlowError):
             print(f"flowmagic: {exc}", file=sys.stderr)
         else:   # a bug in flowmagic: keep its traceback

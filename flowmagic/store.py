@@ -436,7 +436,7 @@ class Store:
         low = text.lower()
         if "full" in low:
             msg = (f"the disk holding the store {self.path} is full ({text}); free some space "
-                   "and run again (everything finished before is in the store)")
+                   "and run again")
         elif self.read_only or any(k in low for k in ("readonly", "read-only")):
             msg = (f"the store at {self.path} is read-only, so flowmagic can show what it holds "
                    f"but cannot {doing}; make it writable or {_FIX_HOME}")
