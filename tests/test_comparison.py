@@ -183,3 +183,24 @@ def test_trials_with_neither_a_task_nor_a_task_template_or_with_both_is_one_line
     assert "needs a TASK or PLAN.json" in capsys.readouterr().err
     assert cli.main(["trials", "do it", "--template", "gobang"]) == 1
     assert "give no TASK" in capsys.readouterr().err
+
+
+def test_the_table_as_a_dataframe_means_over_trials_and_not_checkable_in_no_mean():
+    from flowmagic.ops.comparison import Arm, Comparison
+    from flowmagic.ops.criteria import Score
+
+    def arm(method, trial, compiles, pages, time_s):
+        return Arm(method, trial, [Score("compiles", compiles, "not checkable" if compiles is None
+                                         else "program"), Score("page count", pages, "program")],
+                   time_s=time_s, calls=2, tokens=100)
+
+    comp = Comparison("beamer_slides", "t", ["beamer.compiles", "beamer.page_count"], [
+        arm("one call", 0, None, 0.0, 1.0), arm("one call", 1, None, 1.0, 3.0),
+        arm("flowmagic", 0, None, 1.0, 5.0), arm("flowmagic", 1, None, 1.0, 7.0)])
+    frame = comp.to_frame()
+    assert list(frame.index) == ["one call", "flowmagic"]
+    assert frame.loc["one call", "page count"] == 0.5 and frame.loc["flowmagic", "success"] == 1.0
+    assert frame.loc["one call", "compiles"] is None or frame["compiles"].isna().all()
+    assert frame.loc["flowmagic", "time_s"] == 6.0
+    assert comp.how() == {"compiles": "not checkable", "page count": "program"}
+    assert "| one call | n/c | 0.50 | 0.50 |" in comp.success_table()
