@@ -204,3 +204,21 @@ def test_the_table_as_a_dataframe_means_over_trials_and_not_checkable_in_no_mean
     assert frame.loc["flowmagic", "time_s"] == 6.0
     assert comp.how() == {"compiles": "not checkable", "page count": "program"}
     assert "| one call | n/c | 0.50 | 0.50 |" in comp.success_table()
+
+
+def test_a_link_to_a_schedule_is_not_a_schedule(tmp_path):
+    import asyncio
+
+    from flowmagic.ops.criteria import score
+
+    (tmp_path / "index.html").write_text(
+        "<html><body><nav><a href='#schedule'>Schedule</a> <a href='venue.html'>Venue</a></nav>"
+        "<p>Doors 09:00, close 18:00</p></body></html>")
+    (got,) = asyncio.run(score(["website.schedule_venue"], tmp_path, {}))
+    assert got.value == 0.0 and "missing: schedule, venue" in got.note
+    (tmp_path / "venue.html").write_text("<html><body><h1>Venue</h1></body></html>")
+    (tmp_path / "index.html").write_text(
+        "<html><body><section id='schedule'><p>09:00 Opening</p><p>10:30 Talks</p></section>"
+        "</body></html>")
+    (got,) = asyncio.run(score(["website.schedule_venue"], tmp_path, {}))
+    assert got.value == 1.0, got.note

@@ -76,16 +76,17 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.text: list[str] = []
-        self.labels: list[str] = []     # ids, classes, hrefs and headings: where parts are named
+        self.labels: list[str] = []     # ids, classes and headings: where a part is named (a
+        # link to a part that is not there names nothing)
         self.iframes: list[str] = []
         self._heading = False
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        self.labels += [str(attrs.get(k) or "") for k in ("id", "class", "href", "name")]
+        self.labels += [str(attrs.get(k) or "") for k in ("id", "class", "name")]
         if tag == "iframe":
             self.iframes.append(str(attrs.get("src") or ""))
-        self._heading = tag in ("h1", "h2", "h3", "h4", "nav", "title", "a")
+        self._heading = tag in ("h1", "h2", "h3", "h4", "h5", "h6", "caption", "legend")
 
     def handle_endtag(self, tag):
         self._heading = False
