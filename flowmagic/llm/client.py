@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
+from . import discovery
 from . import endpoints as _endpoints
 from . import queue as _queue
 from . import transport as _transport
@@ -764,7 +765,8 @@ class LLM:
         client = await self._client(endpoint)
         try:
             page = await client.models.list()
-            ids = [m.id for m in page.data]
+            # a listed id is untrusted: only a model name of the safe alphabet is used
+            ids = discovery.model_ids(endpoint.base_url, [m.id for m in page.data])
         except Exception as exc:  # any failure here means: tell the user to name one
             raise ConfigError(
                 f"no model named for {endpoint.base_url} and listing its models failed "

@@ -8,6 +8,11 @@ speech models left out; then an instruct/chat name, then the larger size in the 
 
 FLOWMAGIC_DISCOVER=0 turns it off (the test suite does, so a developer's Ollama cannot
 change a test); FLOWMAGIC_DISCOVER_PORTS="11434,8080" or "9000=vLLM" picks the ports.
+
+What a server lists is untrusted: anyone on the machine can bind one of these ports. An id
+that is not a model name of the safe alphabet (`model.names`: no line break, brace, quote,
+control character, at most 200 characters) is dropped, and one line per server says so, so
+it never reaches a configuration cell, a magic line, the store or the panel.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import threading
 import urllib.request
 from dataclasses import dataclass, field
 
+from ..model.names import is_model_name, model_name_problem
+
 __all__ = ["Server", "PORTS", "ports", "scan", "found", "chosen", "best_chat_model", "enabled",
-           "forget", "list_models", "chat_models"]
+           "forget", "list_models", "model_ids", "chat_models"]
 
 PORTS: tuple[tuple[int, str], ...] = ((11434, "Ollama"), (1234, "LM Studio"),
                                       (8080, "llama.cpp"), (8000, "vLLM"))
@@ -32,6 +39,8 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([bm])\b", re.I)
 _lock = threading.Lock()
 _cache: list | None = None
 _announced = False
+_refused: set[str] = set()   # base URLs whose bad ids were reported
+_refused_lock = threading.Lock()   # not _lock: found() holds that while it scans
 
 
 @dataclass
@@ -108,7 +117,24 @@ def list_models(base_url: str, timeout: float, api_key: str = "") -> list[str] |
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
         return None
-    return [str(m["id"]) for m in items if isinstance(m, dict) and m.get("id")]
+    ids = [m["id"] for m in items if isinstance(m, dict) and m.get("id")]
+    ids = [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in ids]
+    return model_ids(base_url, ids)
+
+
+def model_ids(base_url: str, ids: list) -> list[str]:
+    """The ids that are model names; the others dropped with one line (once per server)."""
+    good = [i for i in ids if is_model_name(i)]
+    if len(good) < len(ids):
+        with _refused_lock:
+            first = base_url not in _refused
+            _refused.add(base_url)
+        if first:
+            bad = next(i for i in ids if not is_model_name(i))
+            print(f"flowmagic: ignored {len(ids) - len(good)} of the {len(ids)} model ids "
+                  f"{base_url} lists, which are not model names ({model_name_problem(bad)}); "
+                  "a server you do not know may be listening on that port", flush=True)
+    return good
 
 
 def scan(connect_timeout: float = 0.2, http_timeout: float = 0.8) -> list[Server]:
@@ -152,3 +178,5 @@ def forget() -> None:
     global _cache, _announced
     with _lock:
         _cache, _announced = None, False
+    with _refused_lock:
+        _refused.clear()
