@@ -27,27 +27,36 @@ from conftest import fast_llm, run
 
 def payloads(marker):
     """Every way a value could break out, each touching `marker` if it runs."""
-    code = f"__import__('os').system('touch {marker}')"
+    code = f'__import__("os").system("touch {marker}")'
     return [f"{{{code}}}", f"$(touch {marker})", f"x\n{code}", f"x\r{code}", f"x\u2028{code}",
             f"x\x85{code}", f"x\x00{code}", f'"""\n{code}\n"""', f"'\n{code}\n'",
             f"x\n%%bash\ntouch {marker}", f"x\n!touch {marker}", f"$({code})"]
 
 
-def hostile_responder(marker):
+def hostile_responder(marker, same_plan=False):
+    """Candidate 0 names a hostile model (and, unless `same_plan`, forges state in a plan
+    of its own); candidate 1 has hostile ids, roles and requirements. With `same_plan` the
+    two are the same plan but for the model, so the old code chose candidate 0."""
     bad = payloads(marker)
     text = " | ".join(bad)
+
+    def plan(model=None):
+        return {"task": text, "subtasks": [
+            {"id": p, "requirement": f"Write about green tea {p}", "agent": p,
+             "depends_on": [bad[i - 1]] if i else [], **({"model": model} if model and not i else {})}
+            for i, p in enumerate(bad[:4])]}
 
     def respond(body):
         system = body["messages"][0]["content"]
         if system.startswith("You plan work"):
+            if body.get("seed") == 0 and same_plan:
+                return json.dumps(plan(bad[0]))
             if body.get("seed") == 0:   # model names and state: refused by the gate
                 return json.dumps({"task": text, "subtasks": [
                     {"id": "a", "requirement": "Boil water", "agent": "cook", "model": bad[0]},
                     {"id": "b", "requirement": "Steep", "agent": "cook", "status": "done",
                      "output": bad[2], "depends_on": ["a"]}]})
-            return json.dumps({"task": text, "subtasks": [
-                {"id": p, "requirement": f"Write about green tea {p}", "agent": p,
-                 "depends_on": [bad[i - 1]] if i else []} for i, p in enumerate(bad[:4])]})
+            return json.dumps(plan())
         if system.startswith("You are the global updater"):
             return json.dumps({"rationale": text, "action": "update", "subtasks": [
                 {"id": bad[5], "requirement": f"Serve the green tea {bad[6]}", "agent": bad[7],
@@ -217,3 +226,24 @@ def test_comments_and_literals_hold_any_value_on_one_line(value):
                                    "cheap:qwen2.5:3b"])
 def test_magic_words_pass_safe_names_unchanged(value):
     assert magic_word(value, "a name") == value
+
+
+def test_flowmagic_run_task_replays_its_own_export_and_runs_nothing_else(served, tmp_path,
+                                                                         capsys):
+    """`flowmagic run TASK` executes the notebook it exported, in a kernel, by itself (text
+    nodes here, so the model name would stand on their %%flow_node lines)."""
+    from flowmagic import cli
+
+    marker = tmp_path / "PWNED"
+    served(hostile_responder(marker, same_plan=True))
+    out_dir = tmp_path / "out"
+    code = cli.main(["run", "Write a short guide to green tea", "--k", "2", "--out",
+                     str(out_dir), "--max-tokens", "200", "--set", "execute=off"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert not marker.exists()
+    assert "0 model calls" in out.split("replayed")[1]
+    (notebook,) = out_dir.glob("*.ipynb")
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        first = cell.source.splitlines()[0] if cell.cell_type == "code" else ""
+        assert not (first.startswith("%%") and set(first) & set("{}$'\"()"))

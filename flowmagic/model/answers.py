@@ -20,9 +20,9 @@ run the store saved are the user's own and are not read here.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from ..errors import PlanError
 from .._internal.text import short_repr
@@ -64,47 +64,32 @@ def _agent_name(value: str) -> str:
     return value
 
 
-def _model_name(value: str | None) -> str | None:
-    problem = value is not None and model_name_problem(value)
+def _model_name(value: str) -> str:
+    problem = model_name_problem(value)
     if problem:
         raise ValueError(problem)
     return value
 
 
+def _estimate(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("an estimate is a number of seconds, 0 or more")
+    return value
+
+
+Id = Annotated[str, AfterValidator(_slug)]
+Text = Annotated[str, AfterValidator(_text)]
+Role = Annotated[str, AfterValidator(_agent_name)]
+ModelName = Annotated[str, AfterValidator(_model_name)]
+
+
 class PlannedSubtask(_Strict):
     """A subtask as a model's plan may give it, after repair."""
-    id: str
-    requirement: str
-    agent: str
-    model: str | None = None
-    estimate_s: float | int | None = None
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _slug(value)
-
-    @field_validator("requirement")
-    @classmethod
-    def _requirement(cls, value: str) -> str:
-        return _text(value)
-
-    @field_validator("agent")
-    @classmethod
-    def _agent(cls, value: str) -> str:
-        return _agent_name(value)
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        return _model_name(value)
-
-    @field_validator("estimate_s")
-    @classmethod
-    def _estimate(cls, value: float | None) -> float | None:
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError("an estimate is a number of seconds, 0 or more")
-        return value
+    id: Id
+    requirement: Text
+    agent: Role
+    model: ModelName | None = None
+    estimate_s: Annotated[float | int, AfterValidator(_estimate)] | None = None
 
 
 class UpdateSubtask(_Strict):
@@ -126,12 +111,7 @@ class UpdateAnswer(_Strict):
 
 class RefineAnswer(_Strict):
     """A refine_instruction repair's answer: the rewritten requirement."""
-    requirement: str
-
-    @field_validator("requirement")
-    @classmethod
-    def _requirement(cls, value: str) -> str:
-        return _text(value)
+    requirement: Text
 
 
 class AgentAnswer(_Strict):
@@ -143,32 +123,12 @@ class AgentAnswer(_Strict):
 class NotebookNode(_Strict):
     """A node as an exported notebook's `%%flow_plan` cell gives it (the cell can be edited,
     so it is read like a model's answer: the names safe, no state but a prune)."""
-    id: str
-    requirement: str
-    agent: str
-    model: str | None = None
-    downgraded_from: str | None = None
+    id: Id
+    requirement: Text
+    agent: Role
+    model: ModelName | None = None
+    downgraded_from: ModelName | None = None
     status: Literal["pruned"] | None = None
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _slug(value)
-
-    @field_validator("requirement")
-    @classmethod
-    def _requirement(cls, value: str) -> str:
-        return _text(value)
-
-    @field_validator("agent")
-    @classmethod
-    def _agent(cls, value: str) -> str:
-        return _agent_name(value)
-
-    @field_validator("model", "downgraded_from")
-    @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        return _model_name(value)
 
 
 class NotebookPlan(BaseModel):
@@ -177,17 +137,7 @@ class NotebookPlan(BaseModel):
     task: str = ""
     settings: dict[str, Any] = {}
     nodes: list[NotebookNode]
-    edges: list[list[str]] = []
-
-    @field_validator("edges")
-    @classmethod
-    def _edges(cls, edges: list[list[str]]) -> list[list[str]]:
-        for edge in edges:
-            if len(edge) != 2:
-                raise ValueError(f"an edge is [parent, child], not {short_repr(edge, 40)}")
-            for end in edge:
-                _slug(end)
-        return edges
+    edges: list[tuple[Id, Id]] = []
 
 
 def _one_line(exc: ValidationError, what: str) -> str:
@@ -241,7 +191,7 @@ def update_from_answer(answer: Any) -> dict:
 def plan_from_notebook(plan: Any) -> dict:
     """The body of a `%%flow_plan` cell, checked by `NotebookPlan`, or one `PlanError`."""
     try:
-        return NotebookPlan.model_validate(plan).model_dump(exclude_none=True)
+        return NotebookPlan.model_validate(plan).model_dump(mode="json", exclude_none=True)
     except ValidationError as exc:
         raise PlanError(_one_line(exc, "the %%flow_plan cell").replace(
             "this answer was refused", "fix the cell or export the flow again")) from None
