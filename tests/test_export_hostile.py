@@ -247,3 +247,31 @@ def test_flowmagic_run_task_replays_its_own_export_and_runs_nothing_else(served,
     for cell in nbformat.read(notebook, as_version=4).cells:
         first = cell.source.splitlines()[0] if cell.cell_type == "code" else ""
         assert not (first.startswith("%%") and set(first) & set("{}$'\"()"))
+
+
+def test_an_edited_records_files_folder_never_leaves_the_notebooks_folder(tmp_path, monkeypatch):
+    """`--execute` runs a code cell in the sandbox in the record's files folder, which an
+    edit (with its signature computed again) could point anywhere the user can write."""
+    from flowmagic.ops.replay import record_signature
+
+    code = "open('planted.txt', 'w').write('x')\nprint('ran')"
+    with LoopbackServer(responder=lambda body: f"```python\n{code}\n```") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict({"nodes": [{"id": "a", "requirement": "Write a file"}]},
+                              task="tea", name="tea")
+        flow.run()
+    nb_dir, outside = tmp_path / "nb", tmp_path / "outside"
+    nb_dir.mkdir(), outside.mkdir()
+    nb = build(flow, files_dir="tea_files")
+    (nb_dir / "tea_files").mkdir()
+    cell = next(c for c in nb.cells if c.source.startswith("%%flow_record"))
+    head, _, body = cell.source.partition("\n")
+    record = json.loads(body)
+    record["files_dir"] = "../outside"
+    record["signature"] = record_signature(record)
+    cell.source = f"{head}\n{json.dumps(record)}"
+    monkeypatch.setenv("FLOWMAGIC_EXECUTE_CODE", "1")
+    done = execute(nb, nb_dir)
+    assert not (outside / "planted.txt").exists()
+    (_, name, value), *_ = errors(done)
+    assert name == "UsageError" and "'../outside' is not a folder name next to the notebook" in value

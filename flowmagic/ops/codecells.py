@@ -26,6 +26,7 @@ from typing import Any
 
 from .celltext import magic_line
 from .._internal import outputs
+from .._internal.text import short_repr
 from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
 from ..model import status as transition
@@ -179,7 +180,13 @@ def _execute(flow, node_id: str, code: str, record: dict) -> dict:
     from ..engine.execution import run_python
     from ..engine.workspace import Workspace
 
-    folder = Path.cwd() / (record.get("files_dir") or f"{flow.name}_files")
+    where = record.get("files_dir") or f"{flow.name}_files"
+    # the record is notebook text anyone can edit: its folder must be one next to the notebook
+    if (not isinstance(where, str) or where in (".", "..")
+            or any(c in where for c in "/\\\0") or Path(where).is_absolute()):
+        raise ConfigError(f"the record's files folder {short_repr(where, 60)} is not a folder "
+                          "name next to the notebook; export the flow again")
+    folder = Path.cwd() / where
     if not folder.is_dir():
         raise ConfigError(f"the run's files are not next to the notebook ({folder} is missing); "
                           "export the flow again, or copy that folder back")
