@@ -243,6 +243,8 @@ async def _one_call(task: str, arm: Arm, *, llm, model, seed: int, max_tokens) -
     arm.calls = 1 + reply.continuations
     arm.tokens = reply.input_tokens + reply.output_tokens
     arm.cost_usd = reply.cost_usd
+    if reply.cut:   # scored as it is: what a cut file passes, it passes
+        arm.error = f"the answer was still cut after {reply.continuations} continuation(s)"
     # named files are saved; nothing is run (mode "off")
     await asyncio.to_thread(execute, Workspace(arm.folder), "one_call", reply.text, mode="off")
 
