@@ -199,7 +199,7 @@ class Comparison:
             if arm.error:
                 notes.append(f"{arm.method} (trial {arm.trial}) failed: {arm.error}")
         return "\n\n".join([f"{self.template}: {len({a.trial for a in self.arms})} trial(s)",
-                            self.success_table(), self.time_table(), " ".join(notes)])
+                            self.success_table(), self.time_table(), "\n".join(notes)])
 
     text = markdown
 
