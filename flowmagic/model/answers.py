@@ -93,10 +93,11 @@ class PlannedSubtask(_Strict):
 
 
 class UpdateSubtask(_Strict):
-    """One entry of an update's "subtasks", in the updater's own words."""
-    id: str | None = None
-    requirement: str | None = None
-    agent: str | None = None
+    """One entry of an update's "subtasks", as `merge.read_update` read it (a missing id is
+    made from the requirement by `merge`; a dependency may name a node by its text)."""
+    id: Id | None = None
+    requirement: Text | None = None
+    agent: Role | None = None
     depends_on: list[str] | None = None
     rerun: bool = False
 
