@@ -693,11 +693,12 @@ class Flow:
                                         "Do not rewrite or repeat the results whole: they are "
                                         "kept as they are."}]
         reply = await self._summary(messages)
-        loose = numbers.result_untraced(wf, reply.text)
+        data = self.settings.execute != "off" and bool(self._inputs())
+        loose = numbers.result_untraced(wf, reply.text, data)
         if loose:   # back once, naming them; what still does not trace is marked
             reply = await self._summary([*messages, {"role": "assistant", "content": reply.text},
                                          {"role": "user", "content": numbers.summary_feedback(loose)}])
-            loose = numbers.result_untraced(wf, reply.text)
+            loose = numbers.result_untraced(wf, reply.text, data)
         self.result = reply.text + (f"\n\n{numbers.untraced_mark(loose)}" if loose else "")
         made = [f for n in active for f in made_files(n.execution)]
         if made:   # the deliverables are files: listed as they are, never rewritten

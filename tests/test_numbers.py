@@ -192,3 +192,27 @@ def test_a_node_whose_numbers_still_do_not_trace_is_marked_for_its_children_and_
     panel._refresh()
     assert mark in panel.node_info.value
     panel.close()
+
+
+def test_a_number_stated_without_any_code_on_a_data_task_goes_back_asking_for_code():
+    plan = {"task": "Explore anscombe.csv: report the mean of y.",
+            "nodes": [{"id": "stats", "requirement": "Report the mean of y.", "agent": "analyst"}],
+            "edges": []}
+
+    def agent(body):
+        messages = body["messages"]
+        if "closing summary" in messages[0]["content"]:
+            return f"The mean of y is {TRUE_MEAN}."
+        if "computes and prints each number" in messages[-1]["content"]:
+            return ("```python\nimport pandas as pd\n"
+                    "print(round(pd.read_csv('anscombe.csv')['y'].mean(), 4))\n```")
+        return "@mean_y[29.70]"   # what the bench model answered: no code, an invented number
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="nocode", inputs=[CSV], starter="off")
+        flow.run()
+    first, second = flow.workflow.nodes["stats"].attempts
+    assert first["untraced"] == ["29.70"] and "computes and prints" in first["feedback"]
+    assert second["execution"]["stdout"].strip() == str(TRUE_MEAN) and second["passed"]
+    assert list(flow.trace_numbers()["node"]) == ["stats"]

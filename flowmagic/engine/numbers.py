@@ -195,9 +195,10 @@ def result_trace(workflow, text: str) -> list[Traced]:
     return trace_text(strip_claims(text), workflow, None, given)
 
 
-def result_untraced(workflow, text: str) -> list[str]:
-    """The result's numbers that trace nowhere; [] when no code ran (nothing to trace to)."""
-    if not any((n.execution or {}).get("ran") for n in workflow.nodes.values()):
+def result_untraced(workflow, text: str, has_inputs: bool = False) -> list[str]:
+    """The result's numbers that trace nowhere; [] when no code ran and the run has no
+    inputs (a text-only flow has nothing to trace to)."""
+    if not has_inputs and not any((n.execution or {}).get("ran") for n in workflow.nodes.values()):
         return []
     return untraced(result_trace(workflow, text))
 
@@ -243,14 +244,21 @@ def summary_feedback(numbers: list[str]) -> str:
             "printed outputs (rounding is fine) or leave it out.")
 
 
-def numbers_feedback(numbers: list[str]) -> str:
-    """Why an answer goes back once for its numbers, and what to write instead."""
-    return (f"These numbers in your answer appear in no output of code that ran: "
+def numbers_feedback(numbers: list[str], code_ran: bool = True) -> str:
+    """Why an answer goes back once for its numbers, and what to write instead (with no
+    code of its own run, the answer must compute them with code)."""
+    head = (f"These numbers in your answer appear in no output of code that ran: "
             f"{', '.join(numbers)}. Every number you state must be copied from a printed "
-            "output (your code's is shown below, earlier subtasks' are in their results; "
-            "rounding is fine), never computed in your head or guessed. Write your answer "
-            "again without code (your code ran and its output is kept): state only numbers "
-            "those outputs hold, or leave the number out.")
+            "output (")
+    if code_ran:
+        return head + ("your code's is shown below, earlier subtasks' are in their results; "
+                       "rounding is fine), never computed in your head or guessed. Write your "
+                       "answer again without code (your code ran and its output is kept): "
+                       "state only numbers those outputs hold, or leave the number out.")
+    return head + ("earlier subtasks' are in their results; rounding is fine), never computed "
+                   "in your head or guessed. Write Python code in a ```python block that "
+                   "computes and prints each number you need; its printed output is what "
+                   "counts.")
 
 
 # -------------------------------------------------------------------- the model's own claims

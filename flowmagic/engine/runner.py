@@ -174,7 +174,8 @@ class NodeRunner:
 
     def _loose_numbers(self, node_id: str, text: str, record: dict) -> list[str]:
         """The numbers the answer's text states that no executed output of the node or of
-        its ancestors holds (engine/numbers.py); [] when no code ran there (nothing to trace to)."""
+        its ancestors holds (engine/numbers.py); [] when neither code ran there nor the run
+        has inputs (a text-only flow has nothing to trace to)."""
         ctx = self.ctx
         if ctx.settings.execute == "off":
             return []
@@ -182,7 +183,7 @@ class NodeRunner:
         own = record.get("execution") or {}
         runs = [own] + [wf.nodes[a].execution or {} for a in wf.ancestors(node_id)
                         if wf.nodes[a].status == Status.DONE]
-        if not any(r.get("ran") for r in runs):
+        if not any(r.get("ran") for r in runs) and not ctx.inputs:
             return []
         lines = [(node_id, line) for line in printed_lines(own)] + [
             pair for pair in output_lines(wf, node_id) if pair[0] != node_id]
@@ -403,7 +404,7 @@ class NodeRunner:
             if loose and not sent_back:   # sent back once, naming them (even after the last attempt)
                 sent_back, kept, limit = True, ex, limit + (attempt + 1 == limit)
                 record.update(end=time.time(), passed=False, untraced=loose,
-                              feedback=numbers_feedback(loose))
+                              feedback=numbers_feedback(loose, bool(ex and ex.ran)))
                 attempts.append(record)
                 continue
             if loose:   # still: marked where the output is read
