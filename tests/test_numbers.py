@@ -71,6 +71,12 @@ def test_an_output_block_written_by_the_model_is_left_out_and_marked():
     assert "The code computes the mean." in stripped
     prose = "Result: the team wrote 4 pages.\nOutput: a report of 1200 words."
     assert strip_claims(prose) == prose   # no code, nothing predicted
+    # prose before the code, and a deliverable kept whole (its comments are the file's)
+    later = ("Here is the analysis.\n\n```python\nprint(2 + 2)  # 4\n```\n\nThis prints:\n4\n\n"
+             "```python board.py\nSIZE = 15  # a 15x15 board\n```\n")
+    stripped = strip_claims(later)
+    assert "print(2 + 2)\n```" in stripped and "This prints" not in stripped
+    assert "SIZE = 15  # a 15x15 board" in stripped and stripped.count(CLAIM_MARK) == 1
 
 
 # -------------------------------------------------------------------- in a flow (loopback)

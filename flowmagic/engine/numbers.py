@@ -271,7 +271,10 @@ _CLAIM_HEAD = re.compile(
     re.IGNORECASE)
 _OUTPUT_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(output|stdout|console|text|plaintext|"
                            r"txt|)?[ \t]*$", re.IGNORECASE)
-_PY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(python|py|python3)\b", re.IGNORECASE)
+# a Python fence with no file name: the code that runs (a named one is a deliverable, kept whole)
+_PY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(python|py|python3)[ \t]*$",
+                       re.IGNORECASE | re.MULTILINE)
+_BARE_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*$", re.MULTILINE)
 _COMMENT_NUMBER = re.compile(r"(?:^|\s+)#[^\n'\"]*\d[^\n'\"]*$")
 
 
@@ -290,7 +293,7 @@ def strip_claims(text: str) -> str:
     "Output:" heading and the block or lines after it, a fence labelled output/console,
     number-bearing comments in Python blocks), each replaced by CLAIM_MARK. Only for an
     answer that holds Python: without code there is no output to predict."""
-    if not isinstance(text, str) or not _PY_FENCE.search(text) and "```\n" not in text:
+    if not isinstance(text, str) or not (_PY_FENCE.search(text) or _BARE_FENCE.search(text)):
         return text
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
