@@ -108,16 +108,22 @@ def _worker_env(home: Path) -> dict:
 
 def _spawn(argv: list[str], env: dict, timeout: float) -> tuple[str, str, bool]:
     """(stdout, stderr, timed_out) of the worker; at the limit its whole process group is
-    killed (the sandbox's processes die with it)."""
+    killed (the sandbox's processes die with it). A worker killed from outside stops the
+    run: that is someone stopping the benchmark, not an answer, and is not recorded."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-        return out, err, False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return out, err, True
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    if proc.returncode in (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT):
+        raise SystemExit(f"the worker was stopped by signal {-proc.returncode}; not recorded")
+    return out, err, False
 
 
 def run_one(q: dabench.Question, system: str, *, data: Path, base_url: str, model: str,

@@ -194,3 +194,36 @@ def test_a_cut_run_resumes_where_it_stopped(tmp_path):
     assert refused.returncode != 0 and "--resume" in refused.stderr
     assert [r["id"] for r in rows][0] == first[0]["id"] and len(rows) == 3
     assert len({_question_of(c["body"]).id for c in calls}) == 2     # only the two it lacked
+
+
+def test_a_worker_stopped_from_outside_records_no_answer(tmp_path):
+    """Someone stopping the benchmark is not a wrong answer: the old harness wrote a row
+    "the worker failed: no output" for the question it was on."""
+    import os
+    import signal
+    import time
+
+    data = tmp_path / "data"
+    (data / "tables").mkdir(parents=True)
+    (data / "tables" / "t.csv").write_text("x\n1\n2\n")
+    (data / "questions.jsonl").write_text(json.dumps(
+        {"id": 1, "question": "What is the mean of x?", "constraints": "", "format": "@mean[v]",
+         "file_name": "t.csv", "level": "easy"}) + "\n")
+    (data / "labels.jsonl").write_text(json.dumps({"id": 1, "common_answers": [["mean", "1.5"]]}) + "\n")
+    out = tmp_path / "results.jsonl"
+    with LoopbackServer(latency=60.0, model="m") as server:
+        harness = subprocess.Popen(
+            [sys.executable, str(BENCH / "analysis.py"), "--data", str(data), "--systems",
+             "baseline", "--base-url", server.base_url, "--model", "m", "--out", str(out),
+             "--work", str(tmp_path / "work")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not server.stats()["requests"]:
+            time.sleep(0.1)   # the worker is waiting for its answer
+        worker = subprocess.run(["pgrep", "-f", f"analysis_worker.py baseline 1 --data {data}"],
+                                capture_output=True, text=True).stdout.split()
+        assert len(worker) == 1
+        os.kill(int(worker[0]), signal.SIGTERM)
+        _, err = harness.communicate(timeout=60)
+    assert harness.returncode != 0 and "not recorded" in err
+    assert not out.exists() or out.read_text() == ""
