@@ -17,6 +17,7 @@ __all__ = [
     "BudgetError",
     "StoreError",
     "SandboxError",
+    "WorkspaceError",
     "write_error",
 ]
 
@@ -63,6 +64,11 @@ class StoreError(FlowError):
 
 class SandboxError(FlowError):
     """Generated code could not be run in the sandbox."""
+
+
+class WorkspaceError(FlowError):
+    """A file name that leaves the workspace or that the file system refuses, or a file
+    flowmagic will not read there (a symlink, a FIFO, a socket, a device, too big)."""
 
 
 def write_error(path, exc: OSError) -> ConfigError:

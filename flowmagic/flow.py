@@ -299,9 +299,8 @@ class Flow:
         """The folder of this run's inputs and files (made when first needed)."""
         if self._workspace is None:
             from .engine.workspace import Workspace
-            workdir = self.settings.workdir
-            self._workspace = (Workspace(workdir) if workdir else
-                               Workspace.for_run(self.store.path.parent, self.run_id))
+            self._workspace = Workspace.for_run(self.store.path.parent, self.run_id,
+                                                self.settings.workdir)
         return self._workspace
 
     def add_inputs(self, inputs: Any) -> list:
@@ -960,9 +959,8 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     if inputs is not None:
         from .engine.workspace import Workspace
         store_home = llm.store.path.parent
-        workspace = (Workspace(settings.workdir) if settings.workdir
-                     else Workspace.for_run(store_home, run_id))
-        workspace.add(inputs)
+        workspace = Workspace.for_run(store_home, run_id, settings.workdir)
+        await asyncio.to_thread(workspace.add, inputs)   # the inputs are read off the loop
         context = workspace.describe()
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,

@@ -16,7 +16,7 @@ def ws(tmp_path):
     csv = tmp_path / "user" / "sales.csv"
     csv.parent.mkdir()
     csv.write_text(SALES)
-    ws = Workspace(tmp_path / "ws")
+    ws = Workspace(tmp_path / "ws", record=tmp_path / "inputs.json")
     ws.add([csv])
     return ws
 
@@ -28,9 +28,9 @@ def test_split_answer_tells_deliverables_from_analysis_code():
               '```latex title="slides.tex"\n\\documentclass{beamer}\n```\n'
               "```python ../../etc/passwd.py\nx = 1\n```\n")
     code, files = split_answer(answer)
-    assert code == ["print(1)\n", "x = 1\n"]      # a path leaving the workspace is not a file name
+    assert code == ["print(1)\n"]   # a block with a file name is never code, even a bad name
     assert files == {"gobang.py": "BOARD = 15\n", "index.html": "<html></html>\n",
-                     "slides.tex": "\\documentclass{beamer}\n"}
+                     "slides.tex": "\\documentclass{beamer}\n", "../../etc/passwd.py": "x = 1\n"}
 
 
 def test_inputs_are_described_with_schema_and_rows(ws, tmp_path):
@@ -41,7 +41,7 @@ def test_inputs_are_described_with_schema_and_rows(ws, tmp_path):
     assert "df.csv (table)" in text and "b: " in text and "1 missing" in text
     assert "threshold.json (value)" in text and "0.5" in text
     assert pd.read_csv(ws.root / "df.csv").equals(frame)
-    assert Workspace(ws.root).describe() == text          # a resumed run says the same
+    assert Workspace(ws.root, record=ws.record).describe() == text   # a resumed run says the same
     with pytest.raises(ConfigError, match="does not exist"):
         ws.add(["no-such.csv"])
 

@@ -29,8 +29,10 @@ import stat
 import sys
 import threading
 
+from . import confined
+
 __all__ = ["command", "runtime_dirs", "site_dirs", "sandbox_ids", "hand_over", "hand_back",
-           "SHARE", "HOME", "is_within", "walk"]
+           "SHARE", "HOME", "is_within"]
 
 SHARE = "/run/flowmagic"   # where the child script, the code and its config are seen inside
 HOME = "/tmp/home"         # the code's (empty) home, on the private /tmp
@@ -185,21 +187,6 @@ _handover_lock = threading.Lock()
 _handed: dict[str, dict] = {}   # workdir -> {"count", "owners" by inode, "default"}
 
 
-def walk(root: str):
-    """Every path under `root` (itself first), never following symlinks."""
-    yield root
-    stack = [root]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            yield entry.path
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-
-
 def hand_over(workdir: str, ids: tuple[int, int]) -> None:
     """Give the workdir's files to the sandbox uid (once while runs on it overlap)."""
     with _handover_lock:
@@ -208,11 +195,14 @@ def hand_over(workdir: str, ids: tuple[int, int]) -> None:
             entry["count"] += 1
             return
         top = os.lstat(workdir)
-        owners = {}
-        for path in walk(workdir):
-            st = os.lstat(path)
-            owners[st.st_ino] = (st.st_uid, st.st_gid)
-            os.chown(path, *ids, follow_symlinks=False)
+        owners = {top.st_ino: (top.st_uid, top.st_gid)}
+        os.chown(workdir, *ids, follow_symlinks=False)
+        for item in confined.walk(workdir):
+            owners[item.stat.st_ino] = (item.stat.st_uid, item.stat.st_gid)
+            try:
+                os.chown(item.name, *ids, dir_fd=item.dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
         _handed[workdir] = {"count": 1, "owners": owners, "default": (top.st_uid, top.st_gid)}
 
 
@@ -225,12 +215,13 @@ def hand_back(workdir: str) -> None:
         if entry["count"]:
             return
         del _handed[workdir]
-        for path in walk(workdir):
+        owners, default = entry["owners"], entry["default"]
+        top = os.lstat(workdir)
+        os.chown(workdir, *owners.get(top.st_ino, default), follow_symlinks=False)
+        for item in confined.walk(workdir):
+            st = item.stat
             try:
-                st = os.lstat(path)
-                os.chown(path, *entry["owners"].get(st.st_ino, entry["default"]),
+                os.chown(item.name, *owners.get(st.st_ino, default), dir_fd=item.dir_fd,
                          follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
             except OSError:
                 continue

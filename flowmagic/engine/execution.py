@@ -20,9 +20,10 @@ import functools
 import re
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import PurePosixPath
 
 from .._internal.text import keep_ends
+from ..errors import WorkspaceError
+from . import confined
 from .sandbox import extract_code, run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
@@ -33,11 +34,12 @@ EXECUTE_MODES = ("auto", "off")
 # holding the working start's own run (its code, outputs and figures), so neither is lost.
 WORKING_START = "working_start"
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)$")
-_FILE_NAME = re.compile(r"^[\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8}$")
+_FILE_NAME = re.compile(r"^/?[\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8}$")
 _NAMED_ABOVE = re.compile(r"^\s*(?:#+\s*|\*\*|`|(?:file(?:name)?|path)\s*:\s*)*"
                           r"`?([\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8})`?(?:\*\*)?\s*:?\s*$",
                           re.IGNORECASE)
 _OUT_CHARS = 6000   # of stdout / stderr kept in a node's report
+_FILES_KEPT = 200   # of the files a run of code wrote, named in its record (the rest counted)
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Execution:
     files: list[str] = field(default_factory=list)     # written or changed by the code
     figures: list[str] = field(default_factory=list)   # PNGs among them
     saved: list[str] = field(default_factory=list)     # deliverables saved from named blocks
+    renamed: dict = field(default_factory=dict)        # name asked -> name saved (one was taken)
+    more_files: int = 0                # written or changed beyond those `files` lists
     duration_s: float = 0.0
     starter: bool = False              # flowmagic's working start, not the model's code
     # what the flow's session holds after this run, and where a failed one failed (see
@@ -83,20 +87,24 @@ _EXECUTION_FIELDS = tuple(f.name for f in fields(Execution))
 def _fence_name(info: str) -> str | None:
     """The file a fence's info string names: `python gobang.py`, `html title="index.html"`."""
     for word in info.replace("=", " ").replace('"', " ").replace("'", " ").split():
-        if _FILE_NAME.match(word) and not word.startswith("."):
-            return word
+        if _FILE_NAME.match(word) and not set(word) <= {"."}:
+            return word   # (a bad name, "../x.py", is still a name: refused, never run)
     return None
 
 
-def _safe_rel(name: str) -> str | None:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or any(p.startswith(".") for p in path.parts):
-        return None
-    return str(path)
+def _deliverable_name(name: str) -> str:
+    """The name a deliverable is saved under, or WorkspaceError (one line): relative, inside
+    the workspace, no hidden part (those are flowmagic's own), within the file system's limits."""
+    rel = "/".join(confined.parts(name))
+    if any(p.startswith(".") for p in rel.split("/")):
+        raise WorkspaceError(f"file name {name[:80]!r} starts a part with '.', which is kept "
+                             "for flowmagic's own files; give a plain name")
+    return rel
 
 
 def split_answer(text: str) -> tuple[list[str], dict[str, str]]:
-    """(unnamed Python blocks to run, {file name: content} of named blocks), in order."""
+    """(unnamed Python blocks to run, {file name: content} of named blocks), in order. The
+    names are as the answer wrote them: `execute` refuses the bad ones."""
     if not isinstance(text, str):
         return [], {}
     lines, files, unnamed_parts, i = text.splitlines(), {}, [], 0
@@ -118,9 +126,8 @@ def split_answer(text: str) -> tuple[list[str], dict[str, str]]:
         above = next((lines[j] for j in range(start - 1, max(start - 3, -1), -1)
                       if lines[j].strip()), "")
         named = _fence_name(info) or (m2.group(1) if (m2 := _NAMED_ABOVE.match(above)) else None)
-        rel = _safe_rel(named) if named else None
-        if rel:
-            files[rel] = "\n".join(body) + "\n"
+        if named:   # a deliverable, never code to run, even when its name is refused later
+            files[named] = "\n".join(body) + "\n"
         else:
             unnamed_parts.append("\n".join(lines[start:i]) + ("" if closed else "\n"))
     return extract_code("\n".join(unnamed_parts)), files
@@ -183,14 +190,25 @@ def _clean_traceback(stderr: str) -> str:
 def execute(workspace, node_id: str, answer: str, *, mode: str = "auto", timeout: float = 60.0,
             memory_mb: int = 2048, sandbox: str = "bwrap", session=None,
             hold: bool = False) -> Execution:
-    """Save the answer's named files, run its unnamed Python in the sandbox; see the module."""
+    """Save the answer's named files, run its unnamed Python in the sandbox; see the module.
+    A file name that cannot be saved (it leaves the workspace, it is too long or too deep)
+    is the node's failure in one line: nothing of the answer runs."""
     blocks, files = split_answer(answer)
-    saved = [workspace.write(rel, content) for rel, content in files.items()]
+    saved, renamed = [], {}
+    try:
+        names = {_deliverable_name(name): content for name, content in files.items()}
+        for rel, content in names.items():
+            got = workspace.save(rel, content)
+            saved.append(got)
+            if got != rel:
+                renamed[rel] = got
+    except WorkspaceError as exc:
+        return Execution(ok=False, error=str(exc), saved=saved, renamed=renamed)
     if not wants_execution(mode, blocks):
-        return Execution(saved=saved)
+        return Execution(saved=saved, renamed=renamed)
     result = run_python(workspace, node_id, "\n\n".join(blocks), timeout=timeout,
                         memory_mb=memory_mb, sandbox=sandbox, session=session, hold=hold)
-    result.saved = saved
+    result.saved, result.renamed = saved, renamed
     return result
 
 
@@ -205,7 +223,6 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
         return _run_in_session(workspace, node_id, code, session, timeout, hold)
     result = Execution(code=code, ran=True)
     workspace.write(f".flowmagic/{node_id}.py", code)
-    before = workspace.snapshot()
     started = time.monotonic()
     run = run_code(_program(code, node_id), workdir=str(workspace.root), timeout=timeout,
                    memory_mb=memory_mb, site_packages=True, file_limit_mb=64, sandbox=sandbox)
@@ -215,7 +232,9 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
     result.stderr = _clip(_clean_traceback(run.stderr))
     if not run.ok:
         result.error = _one_line_error(result.stderr, run.timed_out, timeout)
-    result.files = workspace.changed_since(before)
+    # every entry was checked (sandbox._changes); the listed files are at most _FILES_KEPT
+    changed = [f for f in run.files if not any(p.startswith((".", "__")) for p in f.split("/"))]
+    result.files, result.more_files = changed[:_FILES_KEPT], max(0, len(changed) - _FILES_KEPT)
     result.figures = [f for f in result.files if f.lower().endswith(".png")]
     return result
 
@@ -240,7 +259,8 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")
     result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
-    result.files = workspace.changed_since(before)
+    changed = workspace.changed_since(before)   # every entry checked; at most _FILES_KEPT named
+    result.files, result.more_files = changed[:_FILES_KEPT], max(0, len(changed) - _FILES_KEPT)
     result.figures = [f for f in result.files if f.lower().endswith(".png")]
     return result
 
@@ -272,6 +292,11 @@ def report(ex: dict | Execution | None) -> str:
     parts = []
     if ex.get("saved"):
         parts.append("Files saved from this answer: " + ", ".join(ex["saved"]))
+    for asked, got in (ex.get("renamed") or {}).items():
+        parts.append(f"{asked} is an input or a file that was already there, so it was saved "
+                     f"as {got} instead")
+    if not ex.get("ran") and not ex.get("ok", True) and ex.get("error"):
+        parts.append(f"Nothing of this answer ran: {ex['error']}")
     if ex.get("ran"):
         status = "ran without error" if ex.get("ok") else f"failed: {ex.get('error')}"
         if ex.get("starter"):
@@ -284,7 +309,8 @@ def report(ex: dict | Execution | None) -> str:
             parts.append("Error output:\n" + ex["stderr"].rstrip())
         written = [f for f in ex.get("files", []) if f not in ex.get("figures", [])]
         if written:
-            parts.append("Files it wrote: " + ", ".join(written))
+            parts.append("Files it wrote: " + ", ".join(written)
+                         + (f" and {ex['more_files']} more" if ex.get("more_files") else ""))
         if ex.get("figures"):
             parts.append("Figures it drew (PNG files): " + ", ".join(ex["figures"]))
     return "\n\n".join(parts)

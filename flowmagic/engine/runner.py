@@ -15,7 +15,7 @@ import re
 import time
 from functools import partial
 
-from ..errors import EndpointError, FlowError, SandboxError
+from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
 from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, has_fence,
                         instructions, made_files, report, run_python)
@@ -298,7 +298,7 @@ class NodeRunner:
         outcome = Outcome(ok=False)
         try:
             start = await self._starter(node) if self._wants_starter(node) else None
-        except SandboxError as exc:   # code must run and cannot here: the model won't fix that
+        except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
             outcome.error, outcome.attempts = str(exc), [{"start": time.time(), "end": time.time(),
                                                           "attempt": history + 1, "passed": False,
                                                           "error": str(exc)}]
@@ -360,6 +360,10 @@ class NodeRunner:
                 attempts.append(record)
                 outcome.error = str(exc)
                 break
+            except WorkspaceError as exc:   # what another node left in the workspace: this node only
+                record.update(end=time.time(), passed=False, feedback=f"The workspace refused: {exc}")
+                attempts.append(record)
+                continue
             if ex is None and kept is not None:   # the text of an answer sent back for its numbers
                 ex = kept
             output = strip_claims(text)   # the model's guesses at its output are no result
@@ -368,6 +372,11 @@ class NodeRunner:
                 if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
                     record.update(end=time.time(), passed=False,
                                   feedback=self._code_feedback(node_id, record, attempts))
+                    attempts.append(record)
+                    continue
+                if not ex.ok:   # a file name that cannot be saved: nothing of the answer ran
+                    record.update(end=time.time(), passed=False,
+                                  feedback=f"A file of the answer was not saved: {ex.error}")
                     attempts.append(record)
                     continue
                 said = report(record["execution"])

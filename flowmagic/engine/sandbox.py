@@ -61,7 +61,7 @@ from ..extract import FENCE_LINE
 from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
 from ..settings import SANDBOXES, check_sandbox
-from . import bwrap, seccomp
+from . import bwrap, confined, seccomp
 
 __all__ = ["SandboxResult", "SandboxStatus", "SandboxProcess", "run_code", "arun_code", "spawn",
            "sandbox_status",
@@ -74,7 +74,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHILD = os.path.join(_HERE, "sandbox_child.py")
 _SESSION_CHILD = os.path.join(_HERE, "session_child.py")
 _HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}   # bwrap's own: no keys
-_MAX_ENTRIES = 50_000   # files looked at when listing what the code changed
 
 
 @dataclass
@@ -150,39 +149,63 @@ def _number(name: str, value: object, low: float) -> float:
 
 
 def _snapshot(root: str) -> dict[str, tuple]:
-    """relative path -> (type, size, mtime, inode) of what is under `root` (no symlink followed)."""
-    seen: dict[str, tuple] = {}
-    for path in bwrap.walk(root):
-        if path == root:
-            continue
-        if len(seen) >= _MAX_ENTRIES:
-            break
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        seen[os.path.relpath(path, root)] = (stat.S_IFMT(st.st_mode), st.st_size,
-                                             st.st_mtime_ns, st.st_ino)
-    return seen
+    """relative path -> (type, size, mtime, inode, mode) of everything under `root`: every
+    entry, however many and however deep, no symlink followed (engine.confined.walk)."""
+    return {e.rel: (stat.S_IFMT(e.stat.st_mode), e.stat.st_size, e.stat.st_mtime_ns,
+                    e.stat.st_ino, stat.S_IMODE(e.stat.st_mode)) for e in confined.walk(root)}
+
+
+def _points_out(entry: confined.Entry, root: str, real_root: str) -> bool:
+    path = os.path.join(root, entry.rel)
+    try:
+        return not bwrap.is_within(os.path.realpath(path, strict=True), real_root)
+    except (OSError, RecursionError, ValueError):   # dangling, a loop, too long: not kept either
+        return True
+
+
+def _set_mode(entry: confined.Entry, mode: int) -> None:
+    """chmod the entry itself, through a descriptor checked to be it (never a link)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(entry.name, flags, dir_fd=entry.dir_fd)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_ino == entry.stat.st_ino:
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _changes(root: str, before: dict[str, tuple]) -> tuple[list[str], list[str]]:
-    """(files created or changed, symlinks pointing out of root that were deleted)."""
+    """(files created or changed, symlinks pointing out of root that were deleted), after
+    the modes are put back: what was there gets the mode it had, a new file loses its
+    executable and set-id bits (nothing the code wrote is left ready to run)."""
     files, removed = [], []
     real_root = os.path.realpath(root)
-    for rel, info in sorted(_snapshot(root).items()):
-        if before.get(rel) == info:
+    modes = {info[3]: info[4] for info in before.values()}
+    for entry in confined.walk(root):
+        kind, mode = stat.S_IFMT(entry.stat.st_mode), stat.S_IMODE(entry.stat.st_mode)
+        old = modes.get(entry.stat.st_ino)
+        if kind in (stat.S_IFREG, stat.S_IFDIR) and old is not None and old != mode:
+            _set_mode(entry, old)
+        elif kind == stat.S_IFREG and old is None and mode & 0o7111:
+            _set_mode(entry, mode & ~0o7111)
+        info = before.get(entry.rel)
+        if info is not None and info[:4] == (kind, entry.stat.st_size, entry.stat.st_mtime_ns,
+                                             entry.stat.st_ino):
             continue
-        path = os.path.join(root, rel)
-        if info[0] == stat.S_IFREG:
-            files.append(rel)
-        elif info[0] == stat.S_IFLNK and not bwrap.is_within(os.path.realpath(path), real_root):
+        if kind == stat.S_IFREG:
+            files.append(entry.rel)
+        elif kind == stat.S_IFLNK and _points_out(entry, root, real_root):
             try:
-                os.unlink(path)
-                removed.append(rel)
+                os.unlink(entry.name, dir_fd=entry.dir_fd)
+                removed.append(entry.rel)
             except OSError:
                 pass
-    return files, removed
+    return sorted(files), sorted(removed)
 
 
 # ------------------------------------------------------------------------------ status
@@ -468,7 +491,7 @@ def _run(code: str, req: _Request, sandbox: str) -> SandboxResult:
         for fd in (info_r, info_w, filter_fd):
             if fd is not None:
                 os.close(fd)
-        shutil.rmtree(scratch, ignore_errors=True)
+        confined.remove_tree(scratch)   # (the code may have left a tree 10,000 deep)
 
 
 def run_code(code: str, *, workdir: str | os.PathLike | None = None, inputs=(),

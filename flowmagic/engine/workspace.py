@@ -5,29 +5,45 @@ Each run gets one (`<home>/runs/<run id>/workspace`, or the `workdir=` the user 
 Inputs are declared by the user: files (copied in, so the run never changes the
 original), DataFrames and Series (saved as CSV, which every agent's pandas reads), and
 other values (JSON when they can be, else their repr as text). `describe()` is what the
-prompts show about them: name, kind, shape, columns with dtypes and a few rows. The
-description is kept in `.flowmagic/inputs.json` inside the workspace, so a resumed run
-(`flowmagic.load`) tells its agents the same. Files and folders starting with "." are
-flowmagic's own (and matplotlib's caches) and are never listed as results.
+prompts show about them: name, kind, shape, columns with dtypes and a few rows.
+
+Model-written code can write in the workspace, so flowmagic trusts nothing it finds there:
+every host-side read and write goes through `engine.confined` (no symlink followed, regular
+files only, bounded reads, every entry walked), and the record of the inputs
+(`record`, `<home>/runs/<run id>/inputs.json`) is kept outside the folder the code can
+write. A record found inside the workspace (`.flowmagic/inputs.json`, from an older
+flowmagic) is used only for entries that name a regular file in it, and their
+descriptions are made again from the files. An input, or a file the user already had, is
+never replaced by flowmagic: a deliverable or an input of the same name gets a new one.
+Files and folders starting with "." are flowmagic's own (and matplotlib's caches) and are
+never listed as results.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
-import shutil
+import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkspaceError
+from . import confined
 
-__all__ = ["Workspace", "InputFile", "MANIFEST"]
+__all__ = ["Workspace", "InputFile", "MANIFEST", "RECORD"]
 
-MANIFEST = ".flowmagic/inputs.json"
+MANIFEST = ".flowmagic/inputs.json"   # where an older flowmagic kept the record (untrusted)
+RECORD = "inputs.json"                # the record, beside the workspace of a run
 _ROWS = 5                 # rows shown to the agents
 _SCHEMA_ROWS = 2000       # rows read to find a CSV's dtypes
+_HEAD_BYTES = 4 << 20     # of a table read to find its schema (never the whole file)
+_COLUMNS = 60             # columns a description lists (the rest are counted)
 _MAX_VALUE_CHARS = 2000   # of a value's text shown in a prompt
+_RECORD_BYTES = 8 << 20   # a record larger than this is not one flowmagic wrote
+_KINDS = ("table", "file", "value")
 
 
 @dataclass
@@ -38,7 +54,7 @@ class InputFile:
     kind: str                 # "table" (CSV), "file" or "value"
     summary: str = ""         # shape, columns and dtypes, a few rows (or the value's text)
     source: str | None = None  # where a copied file came from
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # "example": the working start of a table
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,75 +62,144 @@ class InputFile:
 
 def _safe_name(name: str) -> str:
     keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)).strip("._")
-    return keep or "input"
+    return keep[:200] or "input"
 
 
-def _table_summary(frame: Any, rows_total: int | None = None) -> str:
-    """Shape, one line per column (dtype, missing values) and the first rows."""
+def _table_summary(frame: Any, rows_total: int | None = None, columns_total: int | None = None) -> str:
+    """Shape, one line per column (dtype, missing values; at most `_COLUMNS`), the first rows."""
     import pandas as pd
 
     rows = rows_total if rows_total is not None else len(frame)
-    lines = [f"{rows} rows x {frame.shape[1]} columns"]
-    for col in frame.columns:
+    width = columns_total if columns_total is not None else frame.shape[1]
+    lines = [f"{rows} rows x {width} columns"]
+    for col in list(frame.columns)[:_COLUMNS]:
         missing = int(frame[col].isna().sum())
         lines.append(f"  - {col!s}: {frame[col].dtype}" + (f", {missing} missing in the first "
                                                            f"{len(frame)} rows" if missing else ""))
+    if width > _COLUMNS:
+        lines.append(f"  ... and {width - _COLUMNS} more columns (not listed)")
     with pd.option_context("display.width", 120, "display.max_columns", 30):
-        lines.append(f"first {min(_ROWS, len(frame))} rows:\n{frame.head(_ROWS).to_string()}")
+        shown = frame.iloc[:_ROWS, :_COLUMNS]
+        lines.append(f"first {min(_ROWS, len(frame))} rows:\n{shown.to_string()}")
     return "\n".join(lines)
 
 
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as fh:
+def _count_lines(root: Path, rel: str) -> int:
+    with confined.opened(root, rel) as fh:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
 
 
-def _file_summary(path: Path) -> tuple[str, str]:
-    """(kind, summary) of a file: tables get their schema, text files their first lines."""
-    size = path.stat().st_size
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv"):
-        try:
-            import pandas as pd
+def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int]:
+    """(the first rows of a table, its number of columns), from at most `_HEAD_BYTES` of it
+    and at most `_COLUMNS` + 1 of its columns: a table 300,000 columns wide or a file that
+    is not a table costs the same as a small one."""
+    import pandas as pd
 
-            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", nrows=_SCHEMA_ROWS)
-            return "table", _table_summary(frame, max(0, _count_lines(path) - 1))
+    head, size = confined.read_head(root, rel, _HEAD_BYTES)
+    if size > len(head):   # only whole lines
+        head = head[: head.rfind(b"\n") + 1]
+    first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if not first.strip():
+        raise ValueError("no header line in the first 4 MB")
+    width = len(next(csv.reader([first], delimiter=sep)))
+    frame = pd.read_csv(io.BytesIO(head), sep=sep, nrows=_SCHEMA_ROWS,
+                        usecols=range(min(width, _COLUMNS + 1)) if width > _COLUMNS else None)
+    return frame, width
+
+
+def _file_summary(root: Path, rel: str) -> tuple[str, str, str]:
+    """(kind, summary, working start) of a file of the workspace: tables get their schema,
+    text files their first lines."""
+    size = confined.file_stat(root, rel).st_size
+    suffix = PurePosixPath(rel).suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        sep = "\t" if suffix == ".tsv" else ","
+        try:
+            frame, width = _head_frame(root, rel, sep)
+            summary = _table_summary(frame, max(0, _count_lines(root, rel) - 1), width)
+            return "table", summary, _starter(rel, sep, frame)
         except Exception as exc:  # noqa: BLE001 - a bad CSV is still an input; say why it has no schema
-            return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {exc})"
+            why = " ".join(str(exc).split())[:200]
+            return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {why})", ""
     if suffix in (".parquet", ".pq"):
-        return "table", f"{size} bytes (Parquet: read it with pandas.read_parquet)"
+        return "table", f"{size} bytes (Parquet: read it with pandas.read_parquet)", ""
+    head, _ = confined.read_head(root, rel, 600)
     try:
-        with open(path, encoding="utf-8") as fh:
-            head = fh.read(600)
-        return "file", f"{size} bytes, text; it starts:\n{head}"
-    except (UnicodeDecodeError, OSError):
-        return "file", f"{size} bytes, binary"
+        return "file", f"{size} bytes, text; it starts:\n{head.decode('utf-8')}", ""
+    except UnicodeDecodeError:
+        return "file", f"{size} bytes, binary", ""
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "__"))
 
 
 class Workspace:
-    """The folder of one run; see the module docstring."""
+    """The folder of one run; see the module docstring. `record` is the file (outside the
+    folder) where the inputs are recorded; None keeps them in memory only."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, *, record: str | os.PathLike | None = None):
         self.root = Path(root).expanduser().resolve()
+        self.record = Path(record) if record is not None else None
         try:
             (self.root / ".flowmagic").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot make the workspace {self.root} ({exc}); "
                               "give workdir= a writable folder") from None
-        self.inputs: list[InputFile] = []
-        manifest = self.root / MANIFEST
-        if manifest.exists():
-            try:
-                self.inputs = [InputFile(**d) for d in json.loads(manifest.read_text("utf-8"))]
-            except (ValueError, TypeError):
-                self.inputs = []
+        self.inputs: list[InputFile] = self._load()
+        self.user_files: set[str] = set()   # files the user had here before the run
+        self._example: str | None = None
 
     @classmethod
-    def for_run(cls, home: str | os.PathLike, run_id: str) -> "Workspace":
-        return cls(Path(home) / "runs" / run_id / "workspace")
+    def for_run(cls, home: str | os.PathLike, run_id: str,
+                workdir: str | os.PathLike | None = None) -> "Workspace":
+        run = Path(home) / "runs" / run_id
+        return cls(workdir or run / "workspace", record=run / RECORD)
 
     def __repr__(self) -> str:
-        return f"<Workspace {self.root}: {len(self.inputs)} input(s), {len(self.files())} file(s)>"
+        return f"<Workspace {self.root}: {len(self.inputs)} input(s)>"
+
+    # -- the record of the inputs --------------------------------------------------------------
+    def _load(self) -> list[InputFile]:
+        if self.record is not None and self.record.is_file():
+            try:
+                with open(self.record, "rb") as fh:
+                    return self._checked(json.loads(fh.read(_RECORD_BYTES)), trusted=True)
+            except (OSError, ValueError):
+                return []
+        try:   # an older flowmagic's record, inside the folder the code could write
+            data = json.loads(confined.read_bytes(self.root, MANIFEST, limit=_RECORD_BYTES))
+        except (WorkspaceError, ValueError):
+            return []
+        return self._checked(data, trusted=False)
+
+    def _checked(self, data: Any, *, trusted: bool) -> list[InputFile]:
+        """The entries that name a regular file of the workspace; an untrusted record's
+        descriptions are made again from the files."""
+        out = []
+        for d in data if isinstance(data, list) else []:
+            try:
+                entry = InputFile(**d)
+                confined.parts(entry.path)
+            except (TypeError, WorkspaceError):
+                continue
+            if entry.kind not in _KINDS or confined.file_stat(self.root, entry.path) is None:
+                continue
+            if not trusted:
+                kind, summary, example = _file_summary(self.root, entry.path)
+                entry = InputFile(str(entry.name)[:200], entry.path, kind, summary, None,
+                                  {"example": example} if example else {})
+            out.append(entry)
+        return out
+
+    def _save(self) -> None:
+        if self.record is None:
+            return
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps([i.to_dict() for i in self.inputs], indent=1,
+                                  ensure_ascii=False), "utf-8")
+        os.replace(tmp, self.record)
 
     # -- inputs ------------------------------------------------------------------------------
     def add(self, inputs: Any) -> list[InputFile]:
@@ -142,7 +227,22 @@ class Workspace:
         else:
             raise ConfigError(f"inputs takes paths or a {{name: value}} dict, not {type(inputs).__name__}")
         self._save()
+        self._example = None
         return added
+
+    def _target(self, wanted: str, source: str | None = None) -> str:
+        """A new name for an input: `wanted`, unless something else is there already (an
+        input of another source, a deliverable, a file of the user's): then a free variant,
+        and one line says so."""
+        same = next((i for i in self.inputs if i.path == wanted), None)
+        if same is not None and (source is None or same.source == source):
+            return wanted   # the same input declared again
+        if not confined.exists(self.root, wanted):
+            return wanted
+        new = self.free_name(wanted)
+        print(f"flowmagic: {wanted} is already in the workspace; this input is {new}",
+              file=sys.stderr)
+        return new
 
     def _replace(self, entry: InputFile) -> InputFile:
         self.inputs = [i for i in self.inputs if i.path != entry.path] + [entry]
@@ -153,39 +253,43 @@ class Workspace:
         if not src.is_file():
             raise ConfigError(f"input file {src} does not exist; check the path "
                               "(it is read relative to the notebook's folder)")
-        target = self.root / _safe_name(name or src.name)
-        if src.resolve() != target.resolve():
-            shutil.copy2(src, target)   # a copy: the run never changes the user's original
-        kind, summary = _file_summary(target)
-        return self._replace(InputFile(target.name, target.name, kind, summary, str(src.resolve())))
+        source = str(src.resolve())
+        rel = self._target(_safe_name(name or src.name), source)
+        if source != str(self.root / rel):
+            try:   # a copy: the run never changes the user's original
+                with open(src, "rb") as fh:
+                    confined.write_stream(self.root, rel, fh)
+            except OSError as exc:
+                raise ConfigError(f"cannot copy the input {src} ({exc.strerror})") from None
+        kind, summary, example = _file_summary(self.root, rel)
+        return self._replace(InputFile(rel, rel, kind, summary, source,
+                                       {"example": example} if example else {}))
 
     def add_value(self, name: str, value: Any) -> InputFile:
         """A value from the user's namespace: DataFrames and Series as CSV, else JSON or text."""
         kind = type(value).__module__.split(".")[0] + "." + type(value).__name__
         if kind in ("pandas.DataFrame", "pandas.Series"):
             frame = value.to_frame() if kind == "pandas.Series" else value
-            target = self.root / f"{_safe_name(name)}.csv"
+            rel = self._target(f"{_safe_name(name)}.csv")
             index = not _plain_index(frame)
-            frame.to_csv(target, index=index)
+            confined.write_bytes(self.root, rel, frame.to_csv(index=index).encode("utf-8"))
             summary = (f"the DataFrame `{name}` from the notebook, saved as CSV"
                        + (" with its index as the first column" if index else "")
-                       + f"; load it with pandas.read_csv({target.name!r})\n" + _table_summary(frame))
-            return self._replace(InputFile(name, target.name, "table", summary))
+                       + f"; load it with pandas.read_csv({rel!r})\n" + _table_summary(frame))
+            example = _starter(rel, ",", _head_frame(self.root, rel, ",")[0])
+            return self._replace(InputFile(name, rel, "table", summary, None, {"example": example}))
         try:
             text = json.dumps(value, ensure_ascii=False, indent=1)
-            target = self.root / f"{_safe_name(name)}.json"
+            rel = f"{_safe_name(name)}.json"
         except (TypeError, ValueError):
             text = value if isinstance(value, str) else repr(value)
-            target = self.root / f"{_safe_name(name)}.txt"
-        target.write_text(text, encoding="utf-8")
+            rel = f"{_safe_name(name)}.txt"
+        rel = self._target(rel)
+        confined.write_bytes(self.root, rel, text.encode("utf-8"))
         shown = text if len(text) <= _MAX_VALUE_CHARS else (
             text[:_MAX_VALUE_CHARS] + f"\n[cut here: {len(text) - _MAX_VALUE_CHARS} more characters in the file]")
-        return self._replace(InputFile(name, target.name, "value",
+        return self._replace(InputFile(name, rel, "value",
                                        f"the value `{name}` ({type(value).__name__}):\n{shown}"))
-
-    def _save(self) -> None:
-        (self.root / MANIFEST).write_text(
-            json.dumps([i.to_dict() for i in self.inputs], indent=1, ensure_ascii=False), "utf-8")
 
     def describe(self) -> str:
         """What the prompts say about the inputs ('' when there are none)."""
@@ -202,23 +306,18 @@ class Workspace:
 
         Small models (the embedded SmolLM2-135M) write code that rarely runs; given a start
         that runs, they adapt it, and what they print and draw is still computed from the
-        data in the sandbox. The names come from the file itself, never from a model."""
-        table = next((i for i in self.inputs if i.kind == "table"
-                      and i.path.lower().endswith((".csv", ".tsv"))), None)
-        if table is None:
-            return ""
-        try:
-            import pandas as pd
-
-            sep = "\t" if table.path.lower().endswith(".tsv") else ","
-            frame = pd.read_csv(self.root / table.path, sep=sep, nrows=_SCHEMA_ROWS)
-        except Exception:  # noqa: BLE001 - no schema, no example; the description says why
-            return ""
-        return _starter(table.path, sep, frame)
+        data in the sandbox. The names come from the file itself, never from a model. It is
+        made when the input is added (a prompt never reads the file again)."""
+        if self._example is None:
+            table = next((i for i in self.inputs if i.kind == "table"
+                          and i.path.lower().endswith((".csv", ".tsv"))), None)
+            self._example = (table.extra or {}).get("example", "") if table else ""
+        return self._example
 
     def columns(self) -> dict[str, list[str]]:
         """{file: its column names} of every table input, read from the file's header (what
-        a retry names on a KeyError: the real columns, never a model's idea of them)."""
+        a retry names on a KeyError: the real columns, never a model's idea of them); at
+        most `_HEAD_BYTES` of each file are read, through the door."""
         out = {}
         for table in self.inputs:
             if table.kind != "table" or not table.path.lower().endswith((".csv", ".tsv")):
@@ -227,51 +326,84 @@ class Workspace:
                 import pandas as pd
 
                 sep = "\t" if table.path.lower().endswith(".tsv") else ","
-                out[table.path] = [str(c) for c in pd.read_csv(self.root / table.path, sep=sep,
+                head, _ = confined.read_head(self.root, table.path, _HEAD_BYTES)
+                first = head.split(b"\n", 1)[0] + b"\n"
+                out[table.path] = [str(c) for c in pd.read_csv(io.BytesIO(first), sep=sep,
                                                                nrows=0).columns]
             except Exception:  # noqa: BLE001 - an unreadable table has no columns to name
                 continue
         return out
 
     # -- files -------------------------------------------------------------------------------
+    def inputs_paths(self) -> list[str]:
+        return [i.path for i in self.inputs]
+
     def files(self) -> list[str]:
-        """Every file in the workspace (relative paths, sorted), flowmagic's own hidden ones left out."""
-        out = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
-            rel = Path(dirpath).relative_to(self.root)
-            out += [str(rel / f) if str(rel) != "." else f for f in filenames if not f.startswith(".")]
-        return sorted(out)
+        """Every regular file in the workspace (relative paths, sorted), flowmagic's own hidden
+        ones left out; symlinks, FIFOs and the like are never listed."""
+        return sorted(self.snapshot())
 
-    def snapshot(self) -> dict[str, tuple[int, int]]:
-        out = {}
-        for rel in self.files():
-            st = (self.root / rel).stat()
-            out[rel] = (st.st_size, st.st_mtime_ns)
-        return out
+    def snapshot(self) -> dict[str, tuple[int, int, int]]:
+        """{relative path: (size, mtime, inode)} of every listed file, every folder walked."""
+        return {e.rel: (e.stat.st_size, e.stat.st_mtime_ns, e.stat.st_ino)
+                for e in confined.walk(self.root, prune=_hidden)
+                if e.stat.st_mode & 0o170000 == 0o100000
+                and not any(_hidden(p) for p in e.rel.split("/"))}
 
-    def changed_since(self, before: dict[str, tuple[int, int]]) -> list[str]:
-        now = self.snapshot()
-        return [rel for rel, sig in now.items() if before.get(rel) != sig]
+    def changed_since(self, before: dict[str, tuple[int, int, int]]) -> list[str]:
+        """The listed files made or changed since `before` (a `snapshot`), sorted."""
+        return [rel for rel, sig in sorted(self.snapshot().items()) if before.get(rel) != sig]
 
-    def write(self, rel: str, text: str) -> str:
-        """Write a text file inside the workspace; a path that leaves it is refused."""
-        target = (self.root / rel).resolve()
-        if self.root not in target.parents:
-            raise ConfigError(f"file name {rel!r} leaves the workspace")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-        return str(target.relative_to(self.root))
+    def write(self, rel: str, text: str | bytes) -> str:
+        """Write a file of flowmagic's own (replacing one of that name) inside the workspace;
+        a name that leaves it, or a way through a symlink, is WorkspaceError (one line)."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        confined.write_bytes(self.root, rel, data)
+        return "/".join(confined.parts(rel))
+
+    def save(self, rel: str, text: str) -> str:
+        """Save a deliverable; returns the name it got. An input, a file the user had in the
+        folder (`user_files`) or anything there that is not a regular file is never replaced:
+        the deliverable gets a free variant of the name (the caller says so). A file of this
+        run (an earlier deliverable, what code wrote) is replaced."""
+        rel = "/".join(confined.parts(rel))
+        if (rel in self.inputs_paths() or rel in self.user_files
+                or (confined.exists(self.root, rel) and confined.file_stat(self.root, rel) is None)):
+            rel = self.free_name(rel)
+        self.write(rel, text)
+        return rel
+
+    def free_name(self, rel: str) -> str:
+        """`rel`, or `stem-2.ext`, `stem-3.ext`, ...: the first that names nothing yet."""
+        path = PurePosixPath(rel)
+        n = 2
+        while (rel in self.inputs_paths() or rel in self.user_files
+               or confined.exists(self.root, rel)):
+            rel = str(path.with_name(f"{path.stem}-{n}{path.suffix}"))
+            n += 1
+        return rel
+
+    def read_bytes(self, rel: str, limit: int) -> bytes:
+        """The bytes of a regular file of the workspace (WorkspaceError: a link, a FIFO, a
+        folder, over `limit` bytes, a name that leaves the workspace)."""
+        return confined.read_bytes(self.root, rel, limit=limit)
+
+    def read_text(self, rel: str, limit: int) -> str:
+        return self.read_bytes(rel, limit).decode("utf-8", "replace")
 
     def copy_to(self, folder: str | os.PathLike) -> list[Path]:
-        """Copy every listed file to `folder` (kept relative); returns the new paths."""
+        """Copy every listed file to `folder` (kept relative; no executable bit, no link
+        followed on either side); returns the new paths."""
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
         out = []
         for rel in self.files():
-            dest = folder / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(self.root / rel, dest)
-            out.append(dest)
+            try:
+                with confined.opened(self.root, rel) as fh:
+                    confined.write_stream(folder, rel, fh)
+            except WorkspaceError:   # changed into something else since it was listed
+                continue
+            out.append(folder / rel)
         return out
 
 

@@ -36,6 +36,7 @@ __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs
            "handle_flow_code", "files_dir_for"]
 
 EXECUTE_ENV = "FLOWMAGIC_EXECUTE_CODE"
+FIGURE_BYTES = 8 << 20   # of one figure embedded in a notebook or shown in the panel
 
 
 def code_run(node_or_record, *, start: bool = False) -> dict | None:
@@ -70,12 +71,19 @@ def code_line(flow, name: str, node_id: str) -> str:
 
 
 def figure_data(folder: Path | None, names: list[str]) -> dict[str, str]:
-    """{figure name: base64 PNG} for the figures found in `folder`."""
+    """{figure name: base64 PNG} for the figures found in `folder`: regular files reached
+    without following a link (engine.confined), each at most FIGURE_BYTES; any other is
+    left out."""
+    from ..engine import confined
+    from ..errors import WorkspaceError
+
     out = {}
-    for fig in names:
-        path = (folder / fig) if folder is not None else None
-        if path is not None and path.is_file():
-            out[fig] = base64.b64encode(path.read_bytes()).decode("ascii")
+    for fig in names if folder is not None else ():
+        try:
+            data = confined.read_bytes(folder, str(fig), limit=FIGURE_BYTES)
+        except WorkspaceError:
+            continue
+        out[fig] = base64.b64encode(data).decode("ascii")
     return out
 
 
