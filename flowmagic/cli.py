@@ -204,8 +204,14 @@ def _summary(flow, seconds: float) -> str:
     failed = f", {counts[Status.FAILED]} failed" if counts.get(Status.FAILED) else ""
     return (f"{flow.name}: {flow.status}; {counts.get(Status.DONE, 0)}/{flow.total()} nodes done{failed}; "
             f"{seconds:.1f} s; {total['calls'] - total['cached']} model calls "
-            f"(+{total['cached']} from the cache); tokens {total['input_tokens']:,} in, "
+            f"(+{total['cached']} from the cache); tokens {total['input_tokens']:,} in"
+            f"{_prompt_cached(total)}, "
             f"{total['output_tokens']:,} out; ${total['cost_usd']:.4f}")
+
+
+def _prompt_cached(total: dict) -> str:
+    n = total.get("cached_tokens") or 0
+    return f" ({n:,} from the endpoint's prompt cache)" if n else ""
 
 
 # ----------------------------------------------------------------------------- commands

@@ -805,9 +805,12 @@ class Flow:
         return sum(1 for n in self.workflow.nodes.values() if n.status != Status.PRUNED)
 
     def cost(self) -> dict:
-        """Tokens and USD of this run so far, by node and in total (planning and checks too)."""
+        """Tokens and USD of this run so far, by node and in total (planning and checks too).
+        `cached` counts calls answered by flowmagic's response cache; `cached_tokens` the
+        input tokens the endpoint served from its own prompt cache (priced at its cached rate)."""
         rows = self.store.usage(self.run_id)
-        total = {"calls": 0, "cached": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+        total = {"calls": 0, "cached": 0, "input_tokens": 0, "cached_tokens": 0,
+                 "output_tokens": 0, "cost_usd": 0.0,
                  "unpriced": 0}   # calls whose model has no known price: their USD is unknown
         for row in rows:
             for key in total:

@@ -244,8 +244,16 @@ def m004_run_state(db: sqlite3.Connection) -> None:
     )
 
 
+def m005_cached_tokens(db: sqlite3.Connection) -> None:
+    """The input tokens of a call that its endpoint served from its prompt cache (OpenAI's
+    `prompt_tokens_details.cached_tokens`, a local server's reused prefix): they are billed
+    at a cached rate, and evaluated / sent is how much of the prompt the server computed."""
+    db.execute("ALTER TABLE calls ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_tools,
-                                                           m003_map_inputs, m004_run_state]
+                                                           m003_map_inputs, m004_run_state,
+                                                           m005_cached_tokens]
 # A run's row as `runs` holds it, with its status, last change and result from its
 # `run_state` row when it has one (a run saved by an older flowmagic has none).
 _RUNS = ("SELECT r.id, r.name, r.task, r.created, COALESCE(s.updated, r.updated) AS updated,"
@@ -565,11 +573,12 @@ class Store:
     # -- calls and cache ----------------------------------------------------
     _CALL_SQL = ("INSERT INTO calls (ts, endpoint, model, messages, params, response,"
                  " input_tokens, output_tokens, latency_s, cost_usd, cache_key, cached, error,"
-                 " run_id, node_id, purpose) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+                 " run_id, node_id, purpose, cached_tokens)"
+                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 
     def log_call(self, *, endpoint: str, model: str, messages: Any, params: dict,
                  response: Any = None, input_tokens: int = 0, output_tokens: int = 0,
-                 latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
+                 cached_tokens: int = 0, latency_s: float = 0.0, cost_usd: float = 0.0, cache_key: str | None = None,
                  cached: bool = False, error: str | None = None, run_id: str | None = None,
                  node_id: str | None = None, purpose: str | None = None,
                  cache_payload: dict | None = None, messages_json: str | None = None,
@@ -578,7 +587,8 @@ class Store:
         `messages_json` and `params_json` are those already dumped, saving a second dump."""
         return self.log_calls([dict(
             endpoint=endpoint, model=model, messages=messages, params=params, response=response,
-            input_tokens=input_tokens, output_tokens=output_tokens, latency_s=latency_s,
+            input_tokens=input_tokens, output_tokens=output_tokens,
+            cached_tokens=cached_tokens, latency_s=latency_s,
             cost_usd=cost_usd, cache_key=cache_key, cached=cached, error=error, run_id=run_id,
             node_id=node_id, purpose=purpose, cache_payload=cache_payload,
             messages_json=messages_json, params_json=params_json)])[0]
@@ -604,7 +614,8 @@ class Store:
                          c.get("input_tokens", 0),
                          c.get("output_tokens", 0), c.get("latency_s", 0.0),
                          c.get("cost_usd", 0.0), c.get("cache_key"), int(c.get("cached", False)),
-                         c.get("error"), c.get("run_id"), c.get("node_id"), c.get("purpose")))
+                         c.get("error"), c.get("run_id"), c.get("node_id"), c.get("purpose"),
+                         c.get("cached_tokens") or 0))
             payload = c.get("cache_payload")
             if payload is not None and c.get("cache_key") is not None:
                 caches.append((c["cache_key"], text if payload is response else _dumps(payload),
@@ -647,7 +658,7 @@ class Store:
         return self._query(
             "SELECT purpose, node_id, model, COUNT(*) AS calls, SUM(cached) AS cached,"
             " SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,"
-            " SUM(cost_usd) AS cost_usd,"
+            " SUM(cached_tokens) AS cached_tokens, SUM(cost_usd) AS cost_usd,"
             " SUM(cost_usd IS NULL AND cached = 0) AS unpriced"
             " FROM calls WHERE run_id = ? AND error IS NULL"
             " GROUP BY purpose, node_id, model ORDER BY MIN(id)", (run_id,))

@@ -35,11 +35,13 @@ def flowmagic_home(tmp_path, monkeypatch):
     endpoints.reset()
     discovery.forget()
     catalog.forget()
-    prices = dict(endpoints.PRICES)
+    prices, cached_prices = dict(endpoints.PRICES), dict(endpoints.CACHED_PRICES)
     yield home
     endpoints.reset()
     endpoints.PRICES.clear()
     endpoints.PRICES.update(prices)
+    endpoints.CACHED_PRICES.clear()
+    endpoints.CACHED_PRICES.update(cached_prices)
 
 
 @pytest.fixture

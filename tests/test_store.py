@@ -18,7 +18,7 @@ from flowmagic.store import Store
 COLUMNS = {
     "calls": ["id", "ts", "endpoint", "model", "messages", "params", "response", "input_tokens",
               "output_tokens", "latency_s", "cost_usd", "cache_key", "cached", "error", "run_id",
-              "node_id", "purpose"],
+              "node_id", "purpose", "cached_tokens"],
     "cache": ["key", "payload", "created"],
     "runs": ["id", "name", "task", "created", "updated", "status", "workflow", "candidates",
              "settings", "result"],
@@ -39,7 +39,8 @@ def test_schema_is_exact_and_migrations_recorded(tmp_path):
     for table, columns in COLUMNS.items():
         assert store.columns(table) == columns
     names = [r[0] for r in sqlite3.connect(tmp_path / "s.db").execute("SELECT name FROM _migrations")]
-    assert names == ["m001_initial", "m002_tools", "m003_map_inputs", "m004_run_state"]
+    assert names == ["m001_initial", "m002_tools", "m003_map_inputs", "m004_run_state",
+                     "m005_cached_tokens"]
     assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     Store(tmp_path / "s.db")  # opening again applies nothing twice
 

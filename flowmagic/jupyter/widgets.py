@@ -447,7 +447,9 @@ class Panel:
         from ..view.render import usd
 
         total = self.flow.cost()["total"]
-        line = (f"tokens {_fmt_int(total['input_tokens'])} in · "
+        reused = (f" ({_fmt_int(total['cached_tokens'])} from the prompt cache)"
+                  if total["cached_tokens"] else "")
+        line = (f"tokens {_fmt_int(total['input_tokens'])} in{reused} · "
                 f"{_fmt_int(total['output_tokens'])} out · "
                 f"{usd(total['cost_usd'], total['unpriced'], 4)} "
                 f"({total['calls']} calls, {total['cached']} cached)")

@@ -40,7 +40,7 @@ from . import endpoints as _endpoints
 from . import queue as _queue
 from . import transport as _transport
 from .progress import NoProgress, follow
-from .endpoints import Endpoint, configure, price_of, scrub
+from .endpoints import Endpoint, cached_price_of, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
 from .._internal.jsontext import encoder
@@ -79,6 +79,7 @@ class Reply:
     continuations: int = 0   # extra calls that continued an answer cut at the token limit
     cut: bool = False        # still at the token limit after the last continuation
     priced: bool = True      # False: the model has no known price, cost_usd 0.0 is not "free"
+    cached_tokens: int = 0   # input tokens the endpoint served from its prompt cache
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,13 +193,26 @@ def _chars(messages: list[dict]) -> int:
                for m in messages for k, v in m.items() if k != "role" and v)
 
 
-def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int) -> float | None:
+def _cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int,
+          cached_in: int = 0) -> float | None:
     """USD of a call, or None when the model has no known price (logged as unknown, never
-    as free: configure(prices=...) gives it one)."""
+    as free: configure(prices=...) gives it one). `cached_in` of the input tokens are paid
+    at the model's cached-input rate."""
     price = price_of(model, local=endpoint.local)
     if not price:
         return None
-    return (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+    cached_rate = cached_price_of(model, local=endpoint.local) if cached_in else 0.0
+    return ((tokens_in - cached_in) * price[0] + cached_in * cached_rate
+            + tokens_out * price[1]) / 1_000_000
+
+
+def _cached_count(value: Any, tokens_in: int, by_size: bool) -> int:
+    """The cached input tokens an endpoint reported when they could be true: a whole number
+    from 0 to the call's input tokens as reported. Else 0: a call priced by its size, or a
+    count that would price more tokens at the cached rate than were sent, is paid in full."""
+    if by_size or type(value) is not int or not 0 <= value <= tokens_in:
+        return 0
+    return value
 
 
 def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
@@ -555,13 +569,14 @@ class LLM:
                                     latency_s=time.perf_counter() - started)
                 raise
             latency = time.perf_counter() - started
-            text, finish, tokens_in, tokens_out, tool_calls = raw
+            text, finish, tokens_in, tokens_out, tool_calls, cached_in = raw
             # an endpoint echoing the key: not kept, not passed on
             text = scrub(_valid_unicode(text))
             answer_chars = len(text) + (len(json.dumps(tool_calls)) if tool_calls else 0)
             tokens_in, tokens_out, by_size = self._usage(
                 endpoint, model_name, (tokens_in, tokens_out), (_chars(messages), answer_chars))
-            cost = _cost(endpoint, model_name, tokens_in, tokens_out)
+            cached_in = _cached_count(cached_in, tokens_in, by_size)
+            cost = _cost(endpoint, model_name, tokens_in, tokens_out, cached_in)
             data, error = None, None
             if schema is not None:
                 try:
@@ -578,12 +593,14 @@ class LLM:
             # A replay must meet the same answer, an unusable one included, not call again.
             cached = (payload if error is None else {**payload, "error": error}) if cache else None
             log.update(response=payload, input_tokens=tokens_in, output_tokens=tokens_out,
-                       latency_s=latency, cost_usd=cost, error=error, cache_payload=cached)
+                       cached_tokens=cached_in, latency_s=latency, cost_usd=cost, error=error,
+                       cache_payload=cached)
             call_id = await self._log(state, defer_log, log)
             if error is not None:
                 raise _output_error(error, call_id, tokens_in, tokens_out, cost or 0.0, text)
             return Reply(text, data, model_id, tokens_in, tokens_out, latency, cost or 0.0, False,
-                         call_id, finish, key, tool_calls or None, priced=cost is not None)
+                         call_id, finish, key, tool_calls or None, priced=cost is not None,
+                         cached_tokens=cached_in)
         finally:
             state["active"] -= 1
 
@@ -625,7 +642,8 @@ class LLM:
                           total.output_tokens + reply.output_tokens,
                           total.latency_s + reply.latency_s, total.cost_usd + reply.cost_usd,
                           total.cached and reply.cached, reply.call_id, reply.finish_reason,
-                          reply.cache_key, None, n, priced=total.priced and reply.priced)
+                          reply.cache_key, None, n, priced=total.priced and reply.priced,
+                          cached_tokens=total.cached_tokens + reply.cached_tokens)
         total.cut = total.finish_reason == "length"
         if schema is not None:
             try:
@@ -906,8 +924,9 @@ class LLM:
         return kwargs
 
     async def _send(self, client, kwargs: dict, on_text,
-                    whole: float | None = None) -> tuple[str, str | None, Any, Any, list]:
-        """The reply as (text, finish reason, input tokens, output tokens, tool calls), from
+                    whole: float | None = None) -> tuple[str, str | None, Any, Any, list, Any]:
+        """The reply as (text, finish reason, input tokens, output tokens, tool calls, cached
+        input tokens), from
         the JSON as it came (no pydantic models); a malformed body raises ValueError.
         Without `on_text`, `whole` bounds the whole answer (the caller bounds a stream).
 
@@ -927,7 +946,7 @@ class LLM:
         return reader.answer()
 
     async def _send_local(self, endpoint: Endpoint, state: dict, client, kwargs: dict,
-                          on_text, on_wait) -> tuple[str, str | None, Any, Any, list]:
+                          on_text, on_wait) -> tuple[str, str | None, Any, Any, list, Any]:
         """The answer of a local server (see the module docstring): a place in our queue for
         it, then the streamed answer, timed on its progress."""
         import openai
@@ -992,13 +1011,13 @@ class _StreamReader:
     """A streamed chat completion, joined from its chunks: the text by hand, passed on to
     `on_text` as it comes, the tool calls by `_ToolCallPieces`."""
 
-    __slots__ = ("on_text", "parts", "finish", "tokens_in", "tokens_out", "calls")
+    __slots__ = ("on_text", "parts", "finish", "tokens_in", "tokens_out", "cached", "calls")
 
     def __init__(self, on_text):
         self.on_text = on_text
         self.parts: list[str] = []
         # the usage as reported, None when the stream has none (`LLM._usage` checks it)
-        self.finish, self.tokens_in, self.tokens_out = None, None, None
+        self.finish, self.tokens_in, self.tokens_out, self.cached = None, None, None, None
         self.calls: _ToolCallPieces | None = None
 
     def take(self, chunk: Any) -> None:
@@ -1006,7 +1025,7 @@ class _StreamReader:
             raise ValueError("a streamed event is not a chat completion chunk")
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.tokens_in, self.tokens_out = _tokens(usage)
+            self.tokens_in, self.tokens_out, self.cached = _tokens(usage, chunk)
         choices = chunk.get("choices") or []
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
             raise ValueError("a streamed event is not a chat completion chunk")
@@ -1021,10 +1040,11 @@ class _StreamReader:
                 self.calls.add(chunk, choice, delta["tool_calls"])
             self.finish = choice.get("finish_reason") or self.finish
 
-    def answer(self) -> tuple[str, str | None, Any, Any, list]:
-        """(text, finish reason, input tokens, output tokens, tool calls)."""
+    def answer(self) -> tuple[str, str | None, Any, Any, list, Any]:
+        """(text, finish reason, input tokens, output tokens, tool calls, cached input
+        tokens)."""
         return ("".join(self.parts), self.finish, self.tokens_in, self.tokens_out,
-                self.calls.calls() if self.calls else [])
+                self.calls.calls() if self.calls else [], self.cached)
 
 
 class _ToolCallPieces:
@@ -1063,14 +1083,23 @@ def _sdk_chunk(kind, chunk: dict):
         return kind.construct(**chunk)
 
 
-def _tokens(usage: Any) -> tuple[Any, Any]:
-    """The usage counts as reported (None when missing); `LLM._usage` checks them."""
+def _tokens(usage: Any, body: dict) -> tuple[Any, Any, Any]:
+    """The usage counts as reported (None when missing): prompt, completion and cached
+    prompt tokens; `LLM._usage` checks them. Cached ones as OpenAI (and vLLM) report them,
+    `prompt_tokens_details.cached_tokens`, or as DeepSeek (`prompt_cache_hit_tokens`) and
+    llama.cpp's own server (`timings.cache_n`, beside the usage) do."""
     if not isinstance(usage, dict):
-        return None, None
-    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+        return None, None, None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = usage.get("prompt_cache_hit_tokens")
+    if cached is None and isinstance(body.get("timings"), dict):
+        cached = body["timings"].get("cache_n")
+    return usage.get("prompt_tokens"), usage.get("completion_tokens"), cached
 
 
-def _completion(body: Any) -> tuple[str, str | None, Any, Any, list]:
+def _completion(body: Any) -> tuple[str, str | None, Any, Any, list, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
         raise ValueError("the body is not a chat completion")
     choice = body["choices"][0]
@@ -1079,8 +1108,9 @@ def _completion(body: Any) -> tuple[str, str | None, Any, Any, list]:
               "function": {"name": c["function"].get("name"),
                            "arguments": c["function"].get("arguments") or ""}}
              for c in message.get("tool_calls") or [] if isinstance(c.get("function"), dict)]
-    return (message.get("content") or "", choice.get("finish_reason"),
-            *_tokens(body.get("usage")), calls)
+    tokens_in, tokens_out, cached = _tokens(body.get("usage"), body)
+    return (message.get("content") or "", choice.get("finish_reason"), tokens_in, tokens_out,
+            calls, cached)
 
 
 async def _close_with_loop(llm: LLM, loop: asyncio.AbstractEventLoop):

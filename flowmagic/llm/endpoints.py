@@ -35,8 +35,10 @@ __all__ = [
     "embedding_model",
     "endpoints",
     "price_of",
+    "cached_price_of",
     "set_prices",
     "PRICES",
+    "CACHED_PRICES",
     "LOCAL_MODEL",
     "api_keys",
     "scrub",
@@ -66,6 +68,25 @@ PRICES: dict[str, tuple[float, float]] = {
     "text-embedding-3-small": (0.02, 0.0),
     "text-embedding-3-large": (0.13, 0.0),
     LOCAL_MODEL: (0.0, 0.0),
+}
+# USD per million input tokens the endpoint reports as served from its prompt cache
+# (`usage.prompt_tokens_details.cached_tokens`), for the same keys as PRICES; a model
+# without an entry here pays its input price for them.
+CACHED_PRICES: dict[str, float] = {
+    "gpt-4o-mini": 0.075,
+    "gpt-4o": 1.25,
+    "gpt-4.1-nano": 0.025,
+    "gpt-4.1-mini": 0.10,
+    "gpt-4.1": 0.50,
+    "gpt-5-nano": 0.005,
+    "gpt-5-mini": 0.025,
+    "gpt-5": 0.125,
+    "o3-mini": 0.55,
+    "o4-mini": 0.275,
+    "o3": 0.50,
+    "deepseek-chat": 0.07,
+    "deepseek-reasoner": 0.14,
+    LOCAL_MODEL: 0.0,
 }
 
 
@@ -326,19 +347,43 @@ def check_model(model: str | None, *, say=print) -> None:
     catalog.warn(endpoint, name, catalog.check_endpoint_model(endpoint, name), say)
 
 
-def set_prices(prices: dict[str, tuple[float, float]]) -> None:
-    """Add or change prices: {model name or prefix: (USD per 1M input, per 1M output)}."""
+def set_prices(prices: dict[str, tuple[float, ...]]) -> None:
+    """Add or change prices: {model name or prefix: (USD per 1M input, per 1M output)}, or
+    (input, output, cached input) for an endpoint that bills its prompt cache's tokens
+    at a rate of their own."""
     for name, pair in prices.items():
-        if len(pair) != 2 or any(not isinstance(p, (int, float)) or not 0 <= p < float("inf")
-                                 for p in pair):
-            raise ConfigError(f"price for {name!r} must be (input, output) USD per million tokens")
+        if len(pair) not in (2, 3) or any(not isinstance(p, (int, float)) or isinstance(p, bool)
+                                          or not 0 <= p < float("inf") for p in pair):
+            raise ConfigError(f"price for {name!r} must be (input, output) or (input, output, "
+                              "cached input) USD per million tokens")
         PRICES[name] = (float(pair[0]), float(pair[1]))
+        if len(pair) == 3:
+            CACHED_PRICES[name] = float(pair[2])
+        else:   # a new input price: an old cached rate would no longer be its share
+            CACHED_PRICES.pop(name, None)
 
 
 def price_of(model: str | None, *, local: bool = False) -> tuple[float, float] | None:
     """(input, output) USD per million tokens, or None when the model is not priced."""
     if local:
         return (0.0, 0.0)
+    best = _price_key(model)
+    return PRICES[best] if best else None
+
+
+def cached_price_of(model: str | None, *, local: bool = False) -> float | None:
+    """USD per million cached input tokens: the cached rate of the price table's entry
+    that prices `model`, or its input price when that entry has none (None: unpriced)."""
+    if local:
+        return 0.0
+    best = _price_key(model)
+    if not best:
+        return None
+    return CACHED_PRICES.get(best, PRICES[best][0])
+
+
+def _price_key(model: str | None) -> str | None:
+    """The price table's key for `model`: its longest matching prefix."""
     if not model:
         return None
     name = model.rsplit("/", 1)[-1].lower()
@@ -350,8 +395,7 @@ def price_of(model: str | None, *, local: bool = False) -> tuple[float, float] |
     if name not in matches:
         matches[name] = max((k for k in known if name.startswith(k.lower())), key=len,
                             default=None)
-    best = matches[name]
-    return PRICES[best] if best else None
+    return matches[name]
 
 
 # (the price table's keys, {lower-case model name: its longest matching key}) - one scan

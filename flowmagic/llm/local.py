@@ -44,6 +44,7 @@ _proc: subprocess.Popen | None = None
 _url: str | None = None
 _noticed = False
 _checked: dict[tuple, str] = {}   # (path, size, mtime) -> sha256, once per process
+_CACHE_MB = 512   # ~23 KB a token on SmolLM2: some 10-40 prompts of a flow
 
 
 def model_path() -> Path:
@@ -97,6 +98,19 @@ def _threads() -> int:
     return int(raw)
 
 
+def _prompt_cache() -> list[str]:
+    """The server's prompt cache: states saved after each answer, the one sharing the
+    longest prefix with a new prompt loaded before it (llama-cpp-python's RAM cache), so
+    calls of a flow that take turns (node, repair, node) each find their shared start
+    evaluated. FLOWMAGIC_LOCAL_CACHE_MB sizes it (0: off)."""
+    raw = os.environ.get("FLOWMAGIC_LOCAL_CACHE_MB", str(_CACHE_MB))
+    if not raw.isdigit():
+        raise ConfigError(f"FLOWMAGIC_LOCAL_CACHE_MB={raw!r} must be a whole number of MB >= 0")
+    if int(raw) == 0:
+        return []
+    return ["--cache", "True", "--cache_type", "ram", "--cache_size", str(int(raw) << 20)]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -136,7 +150,7 @@ def ensure_server(timeout: float = 90.0) -> str:
                "--model_alias", "smollm2-135m-instruct",
                # A stream is never cut for a request that comes meanwhile: flowmagic queues
                # its own, and a cut answer would be asked again (llm.queue, llm.client).
-               "--interrupt_requests", "False"]
+               "--interrupt_requests", "False", *_prompt_cache()]
         env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
         _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  stdin=subprocess.DEVNULL, start_new_session=True)

@@ -125,6 +125,7 @@ class _Runner:
         endpoints.restore({name: dataclasses.replace(e, api_key=keys.get(name, ""))
                            for name, e in spec["endpoints"].items()})
         endpoints.PRICES.update(spec["prices"])
+        endpoints.CACHED_PRICES.update(spec.get("cached_prices") or {})
         self.path = os.path.join(_folder(), f"flowmagic-{tag}.db")
         self.store = Store(self.path)
         llm = LLM(self.store, rpm=None, concurrency=spec["llm_concurrency"])

@@ -241,7 +241,8 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
         "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
         "tools": flow.chosen_tools,
         "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
-        "prices": dict(endpoints.PRICES), "llm_concurrency": flow.llm.concurrency,
+        "prices": dict(endpoints.PRICES), "cached_prices": dict(endpoints.CACHED_PRICES),
+        "llm_concurrency": flow.llm.concurrency,
         "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s,
         "concurrency": concurrency})
 

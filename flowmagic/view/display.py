@@ -131,13 +131,14 @@ def cost_report(flow) -> Report:
 
     cost = flow.cost()
     rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
-             r["input_tokens"] or 0, r["output_tokens"] or 0, usd(r["cost_usd"], r["unpriced"])]
+             r["input_tokens"] or 0, r["cached_tokens"] or 0, r["output_tokens"] or 0,
+             usd(r["cost_usd"], r["unpriced"])]
             for r in cost["rows"]]
     t = cost["total"]
-    rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"],
+    rows.append(["total", "", "", t["calls"], t["cached"], t["input_tokens"], t["cached_tokens"],
                  t["output_tokens"], usd(t["cost_usd"], t["unpriced"])])
     text, page = table(["purpose", "node", "model", "calls", "cached", "tokens in",
-                        "tokens out", "USD"], rows)
+                        "of them prompt-cached", "tokens out", "USD"], rows)
     unpriced = sorted({r["model"] for r in cost["rows"] if r["unpriced"]})
     if unpriced:
         note = (f"unknown: no price is known for {', '.join(unpriced)}; give one with "
