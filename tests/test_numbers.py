@@ -2,8 +2,8 @@
 
 import pytest
 
-from flowmagic.engine.numbers import (CLAIM_MARK, stated_numbers, strip_claims, trace,
-                                      untraced)
+from flowmagic.engine.numbers import (CLAIM_MARK, NOT_RUN, stated_numbers, strip_claims, trace,
+                                      untraced, without_code)
 
 OUT = [("stats", "species"),
        ("stats", "Adelie       3700.662252"),
@@ -77,6 +77,10 @@ def test_an_output_block_written_by_the_model_is_left_out_and_marked():
     stripped = strip_claims(later)
     assert "print(2 + 2)\n```" in stripped and "This prints" not in stripped
     assert "SIZE = 15  # a 15x15 board" in stripped and stripped.count(CLAIM_MARK) == 1
+    page = "```python\nx = 1\n```\n```html index.html\n<p>\nResult:\n</p>\n```\n"
+    assert strip_claims(page) == page   # a deliverable's own lines are not claims
+    assert without_code(later) == ("Here is the analysis.\n\n" + NOT_RUN + "\n\nThis prints:\n4\n\n"
+                                   "```python board.py\nSIZE = 15  # a 15x15 board\n```")
 
 
 # -------------------------------------------------------------------- in a flow (loopback)
@@ -222,3 +226,52 @@ def test_a_number_stated_without_any_code_on_a_data_task_goes_back_asking_for_co
     assert first["untraced"] == ["29.70"] and "computes and prints" in first["feedback"]
     assert second["execution"]["stdout"].strip() == str(TRUE_MEAN) and second["passed"]
     assert list(flow.trace_numbers()["node"]) == ["stats"]
+
+
+def test_a_code_answers_own_output_block_is_left_out_even_when_its_code_ran_and_code_sent_again_is_not_run():
+    def agent(body):
+        messages = body["messages"]
+        if "closing summary" in messages[0]["content"]:
+            return "Done."
+        prompt = messages[-1]["content"]
+        if "Your subtask (stats)" in prompt and "appear in no output" in prompt:
+            return ("```python\ndf['y'] = df['y'] * 2\nprint('mean of y', df['y'].mean())\n```\n"
+                    f"The mean of y is {TRUE_MEAN}.")
+        if "Your subtask (stats)" in prompt:
+            return (STATS.replace(INVENTED, "7.5") + "\nIts mean is 7.5, from 11 rows of 4 groups "
+                    "and 44 rows in all.")   # 11 and 44 are printed nowhere
+        return "Written."
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
+        flow.run()
+        sent = requests(server)
+    stats = flow.workflow.nodes["stats"]
+    first, second = stats.attempts
+    assert first["untraced"] == ["11", "44"]
+    assert second["execution"] == first["execution"]   # the code sent again did not run
+    assert NOT_RUN in stats.output and "df['y'] * 2" not in stats.output
+    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    assert f"mean of y {TRUE_MEAN}" in report_prompt and "mean of y 7.5\n" not in report_prompt
+
+
+def test_an_output_block_is_left_out_of_a_passing_answer_whose_code_ran():
+    answer = STATS.replace(INVENTED, "7.5") + "\nThe mean of y is 7.5."   # traces: no send-back
+
+    def agent(body):
+        messages = body["messages"]
+        if "closing summary" in messages[0]["content"]:
+            return "Done."
+        return answer if "Your subtask (stats)" in messages[-1]["content"] else "Written."
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
+        flow.run()
+        sent = requests(server)
+    stats = flow.workflow.nodes["stats"]
+    assert len(stats.attempts) == 1 and CLAIM_MARK in stats.output
+    assert "mean of y 7.5\n" not in stats.output and f"mean of y {TRUE_MEAN}" in stats.output
+    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    assert CLAIM_MARK in report_prompt and "mean of y 7.5\n" not in report_prompt

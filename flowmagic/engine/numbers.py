@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 __all__ = ["Stated", "Traced", "stated_numbers", "output_lines", "printed_lines", "trace",
            "untraced", "untraced_mark", "numbers_feedback", "strip_claims", "trace_text",
            "CLAIM_MARK", "UNTRACED", "result_trace", "result_untraced", "trace_rows",
-           "SUMMARY_NUMBERS", "summary_feedback"]
+           "SUMMARY_NUMBERS", "summary_feedback", "without_code", "NOT_RUN"]
 
 _SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
 _NUMBER = re.compile(
@@ -269,8 +269,6 @@ _CLAIM_HEAD = re.compile(
     r"it prints|which prints|would print|running (?:this|it) (?:gives|prints))"
     r"(?:\s+(?:would be|will be|is|looks like|should be))?\s*[:\-]?\s*(?:[*_]+)?\s*:?\s*$",
     re.IGNORECASE)
-_OUTPUT_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(output|stdout|console|text|plaintext|"
-                           r"txt|)?[ \t]*$", re.IGNORECASE)
 # a Python fence with no file name: the code that runs (a named one is a deliverable, kept whole)
 _PY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(python|py|python3)[ \t]*$",
                        re.IGNORECASE | re.MULTILINE)
@@ -288,39 +286,84 @@ def _fence_end(lines: list[str], i: int, fence: str) -> int:
     return j
 
 
+NOT_RUN = "[code sent again was not run: the earlier run of this answer's code stands]"
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)(.*)$")
+_OUTPUT_LANGS = ("output", "stdout", "console", "text", "plaintext", "txt")
+
+
+def _fence_kind(m: re.Match) -> str:
+    """'code' (a Python block that runs), 'bare' (no label), 'output' (a printout written
+    by hand) or 'other' (another language, or a named file: a deliverable)."""
+    lang, rest = m.group(2).lower(), m.group(3).strip()
+    if rest:
+        return "other"
+    if lang in ("python", "py", "python3"):
+        return "code"
+    return "bare" if not lang else "output" if lang in _OUTPUT_LANGS else "other"
+
+
+def _has_code(text: Any) -> bool:
+    return isinstance(text, str) and bool(_PY_FENCE.search(text) or _BARE_FENCE.search(text))
+
+
+def without_code(text: str) -> str:
+    """The text with its runnable blocks (Python, unlabelled) replaced by NOT_RUN: an answer
+    sent back for its numbers keeps its first code run, since running new code on the
+    session's state a second time would make it differ from the exported notebook's."""
+    if not _has_code(text):
+        return text
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        m = _ANY_FENCE.match(lines[i])
+        if m:
+            end = _fence_end(lines, i, m.group(1))
+            out.extend([NOT_RUN] if _fence_kind(m) in ("code", "bare") else lines[i:end])
+            i = end
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def _claim_end(lines: list[str], i: int) -> int | None:
+    """Where what an "Output:" heading at line i introduces ends: the printout fence or the
+    plain lines after it; None when a code block follows (code, not a claim)."""
+    j = i + 1
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    m = _ANY_FENCE.match(lines[j]) if j < len(lines) else None
+    if m:
+        return _fence_end(lines, j, m.group(1)) if _fence_kind(m) in ("bare", "output") else None
+    while j < len(lines) and lines[j].strip():
+        j += 1
+    return j
+
+
 def strip_claims(text: str) -> str:
     """The text with what the model wrote as the output of its own code left out (an
     "Output:" heading and the block or lines after it, a fence labelled output/console,
-    number-bearing comments in Python blocks), each replaced by CLAIM_MARK. Only for an
-    answer that holds Python: without code there is no output to predict."""
-    if not isinstance(text, str) or not (_PY_FENCE.search(text) or _BARE_FENCE.search(text)):
+    number-bearing comments in Python blocks that run), each replaced by CLAIM_MARK. Only
+    for an answer that holds code: without code there is no output to predict."""
+    if not _has_code(text):
         return text
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
         line = lines[i]
-        if _CLAIM_HEAD.match(line) and line.strip():
-            j = i + 1
-            while j < len(lines) and not lines[j].strip():
-                j += 1
-            m = _OUTPUT_FENCE.match(lines[j]) if j < len(lines) else None
-            if m:
-                i = _fence_end(lines, j, m.group(1))
-            else:   # plain lines up to the next blank one
-                while j < len(lines) and lines[j].strip():
-                    j += 1
-                i = j
+        end = _claim_end(lines, i) if line.strip() and _CLAIM_HEAD.match(line) else None
+        if end is not None:
             out.append(CLAIM_MARK)
+            i = end
             continue
-        m = _OUTPUT_FENCE.match(line)
-        if m and m.group(2):   # ```output / ```console: a printout written by hand
-            i = _fence_end(lines, i, m.group(1))
-            out.append(CLAIM_MARK)
-            continue
-        m = _PY_FENCE.match(line)
+        m = _ANY_FENCE.match(line)
         if m:
-            end = _fence_end(lines, i, m.group(1))
-            out.append(line)
-            out.extend(_COMMENT_NUMBER.sub("", body) for body in lines[i + 1:end])
+            end, kind = _fence_end(lines, i, m.group(1)), _fence_kind(m)
+            if kind == "output":   # ```output / ```console: a printout written by hand
+                out.append(CLAIM_MARK)
+            elif kind == "code":
+                out.append(line)
+                out.extend(_COMMENT_NUMBER.sub("", body) for body in lines[i + 1:end])
+            else:
+                out.extend(lines[i:end])
             i = end
             continue
         out.append(line)

@@ -26,7 +26,7 @@ from .validation import retry_prompt
 from .calls import attempt_why
 from .diagnosis import CODE_FAILED, code_feedback
 from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
-                      strip_claims, trace, untraced, untraced_mark)
+                      strip_claims, trace, untraced, untraced_mark, without_code)
 from ..model.status import Status
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
@@ -353,20 +353,23 @@ class NodeRunner:
                 record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
                 attempts.append(record)
                 continue
-            try:
-                ex = await self._execute(node_id, text) if self._may_execute(text) else None
-            except SandboxError as exc:   # code must run and cannot here: retrying won't help
-                record.update(end=time.time(), passed=False, error=str(exc))
-                attempts.append(record)
-                outcome.error = str(exc)
-                break
-            except WorkspaceError as exc:   # what another node left in the workspace: this node only
-                record.update(end=time.time(), passed=False, feedback=f"The workspace refused: {exc}")
-                attempts.append(record)
-                continue
-            if ex is None and kept is not None:   # the text of an answer sent back for its numbers
-                ex = kept
-            output = strip_claims(text)   # the model's guesses at its output are no result
+            shown = text
+            if kept is not None:   # sent back for its numbers: its code's run stands, and code
+                ex, shown = kept, without_code(text)   # sent again is not run twice in the session
+            else:
+                try:
+                    ex = await self._execute(node_id, text) if self._may_execute(text) else None
+                except SandboxError as exc:   # code must run and cannot here: retrying won't help
+                    record.update(end=time.time(), passed=False, error=str(exc))
+                    attempts.append(record)
+                    outcome.error = str(exc)
+                    break
+                except WorkspaceError as exc:   # what another node left in the workspace: this node only
+                    record.update(end=time.time(), passed=False,
+                                  feedback=f"The workspace refused: {exc}")
+                    attempts.append(record)
+                    continue
+            output = strip_claims(shown)   # the model's guesses at its output are no result
             if ex is not None:
                 record["execution"] = ex.to_dict()
                 if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
@@ -381,7 +384,7 @@ class NodeRunner:
                     continue
                 said = report(record["execution"])
                 if said:
-                    output = f"{text.rstrip()}\n\n{said}"
+                    output = f"{output.rstrip()}\n\n{said}"
             if start is not None:   # the working start's real results lead the node's result
                 output = f"{start_report}\n\n{output}"
                 if ex is None or not ex.ran:
@@ -409,7 +412,7 @@ class NodeRunner:
                 break
             finally:
                 await self._settle(ex, record, keep)
-            loose = self._loose_numbers(node_id, text, record) if passed else []
+            loose = self._loose_numbers(node_id, shown, record) if passed else []
             if loose and not sent_back:   # sent back once, naming them (even after the last attempt)
                 sent_back, kept, limit = True, ex, limit + (attempt + 1 == limit)
                 record.update(end=time.time(), passed=False, untraced=loose,
