@@ -336,7 +336,7 @@ async def _completeness(folder: Path, params: dict, *, judge: Judge | None = Non
     rel = _tex(folder)
     text = read_text(folder, rel) if rel else None
     if text is None:
-        return Score("completeness", 0.0, "LLM judge", "no .tex file")
+        return Score("completeness", 0.0, "program", "no .tex file: nothing to judge")
     if judge is None:
         return Score("completeness", None, "not checkable", "no judge was asked")
     passed, why = await judge(_COMPLETE.format(topic=params.get("topic", "the topic")), text)
