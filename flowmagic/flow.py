@@ -300,7 +300,8 @@ class Flow:
         if self._workspace is None:
             from .engine.workspace import Workspace
             self._workspace = Workspace.for_run(self.store.path.parent, self.run_id,
-                                                self.settings.workdir)
+                                                self.settings.workdir,
+                                                self.settings.workdir_writes)
         return self._workspace
 
     def add_inputs(self, inputs: Any) -> list:
@@ -962,7 +963,8 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     if inputs is not None:
         from .engine.workspace import Workspace
         store_home = llm.store.path.parent
-        workspace = Workspace.for_run(store_home, run_id, settings.workdir)
+        workspace = Workspace.for_run(store_home, run_id, settings.workdir,
+                                      settings.workdir_writes)
         await asyncio.to_thread(workspace.add, inputs)   # the inputs are read off the loop
         context = workspace.describe()
     candidates, chosen = await planner.plan(

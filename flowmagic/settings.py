@@ -32,6 +32,8 @@ _SAY = {
                "sandbox) or 'off' (keep text only)",
     "starter": "starter {value!r} must be 'auto' (for the embedded model), 'on' or 'off'",
     "context": "context {value!r} must be 'parents' or 'ancestors'",
+    "workdir_writes": "workdir_writes {value!r} must be 'run' (model code writes only in a run "
+                      "folder inside workdir) or 'all' (anywhere in workdir)",
     "code_timeout": "code_timeout must be a number of seconds above 0",
     "max_tokens": "max_tokens must be at least 1 (or None for the model's own limit)",
     "continuations": "continuations must be 0 or more",
@@ -80,6 +82,10 @@ class Settings(BaseModel):
     execute: str = "auto"
     code_timeout: Any = 60.0
     workdir: Any = None
+    # what model code may write with a workdir: "run" (only its run folder,
+    # <workdir>/flowmagic-runs/<run>, the default) or "all" (the whole workdir; inputs stay
+    # read-only, modes are put back): see the README's sandbox section
+    workdir_writes: str = "run"
     # the working start (Workspace.example): "auto" runs it for the embedded model only, in
     # the sandbox, in the first node that explores or plots a table input; "on"; "off"
     starter: str = "auto"
@@ -138,11 +144,12 @@ class Settings(BaseModel):
         return {name: fields[name].default if v is None and name not in _NONE_MEANS_SOMETHING
                 else v for name, v in ((_FIELD.get(k, k), v) for k, v in given.items())}
 
-    @field_validator("update", "execute", "starter", "context", mode="before")
+    @field_validator("update", "execute", "starter", "context", "workdir_writes", mode="before")
     @classmethod
     def _choice(cls, value: Any, info) -> Any:
         allowed = {"update": UPDATE_STRATEGIES, "execute": ("auto", "off"),
-                   "starter": ("auto", "on", "off"), "context": ("parents", "ancestors")}
+                   "starter": ("auto", "on", "off"), "context": ("parents", "ancestors"),
+                   "workdir_writes": ("run", "all")}
         if value not in allowed[info.field_name]:
             raise ValueError(_SAY[info.field_name].format(value=value))
         return value

@@ -86,7 +86,7 @@ def site_dirs() -> list[str]:
 def command(*, python: str, share_dir: str, workdir: str, inputs: list[tuple[str, str]],
             extra_ro: list[str], tmp_mb: int, info_fd: int, env: dict[str, str],
             ids: tuple[int, int] | None, seccomp_fd: int | None,
-            script: str = "sandbox_child.py") -> list[str]:
+            script: str = "sandbox_child.py", readonly: list[str] = ()) -> list[str]:
     """The bwrap argv; `ids` is (uid, gid) to drop to as root, None for a user namespace;
     `seccomp_fd` a file holding the filter of `seccomp.program()`, if any; `script` the
     child script in the share dir that Python runs.
@@ -122,6 +122,7 @@ def command(*, python: str, share_dir: str, workdir: str, inputs: list[tuple[str
     binds = [("--ro-bind", d, d) for d in extra_ro]
     binds += [("--ro-bind", share_dir, SHARE), ("--bind", os.path.realpath(workdir), workdir)]
     binds += [("--ro-bind", host, inside) for host, inside in inputs]
+    binds += [("--ro-bind", path, path) for path in readonly]
     # bwrap would copy the host's modes onto the directories it makes for the mount points
     # (/root is 0700): make them 0755 first, so the sandbox's user can reach the mounts
     for path in _mount_parents([b[2] for b in binds]):

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from .._internal.text import keep_ends
 from ..errors import WorkspaceError
 from . import confined
-from .sandbox import extract_code, run_code
+from .sandbox import extract_code, run_code, settle
+from .sandbox import snapshot as sandbox_snapshot
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
            "EXECUTE_MODES", "WORKING_START", "instructions", "made_files", "about_files_or_code"]
@@ -56,6 +57,7 @@ class Execution:
     saved: list[str] = field(default_factory=list)     # deliverables saved from named blocks
     renamed: dict = field(default_factory=dict)        # name asked -> name saved (one was taken)
     more_files: int = 0                # written or changed beyond those `files` lists
+    notes: list[str] = field(default_factory=list)     # what flowmagic undid or left out, a line each
     duration_s: float = 0.0
     starter: bool = False              # flowmagic's working start, not the model's code
     # what the flow's session holds after this run, and where a failed one failed (see
@@ -223,27 +225,39 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
         return _run_in_session(workspace, node_id, code, session, timeout, hold)
     result = Execution(code=code, ran=True)
     workspace.write(f".flowmagic/{node_id}.py", code)
+    had_git = workspace.has_git()
     started = time.monotonic()
     run = run_code(_program(code, node_id), workdir=str(workspace.root), timeout=timeout,
-                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64, sandbox=sandbox)
+                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64, sandbox=sandbox,
+                   readonly=workspace.readonly())
+    dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(time.monotonic() - started, 3)
     result.ok = run.ok
     result.stdout = _clip(run.stdout)
     result.stderr = _clip(_clean_traceback(run.stderr))
     if not run.ok:
         result.error = _one_line_error(result.stderr, run.timed_out, timeout)
-    # every entry was checked (sandbox._changes); the listed files are at most _FILES_KEPT
-    changed = [f for f in run.files if not any(p.startswith((".", "__")) for p in f.split("/"))]
+    _listed(result, run.files, dropped)
+    return result
+
+
+def _listed(result: Execution, changed: list[str], note: str) -> None:
+    """The files a run made or changed (every entry was checked: sandbox.settle), at most
+    _FILES_KEPT named and the rest counted; flowmagic's hidden ones left out."""
+    changed = [f for f in changed if not any(p.startswith((".", "__")) for p in f.split("/"))]
     result.files, result.more_files = changed[:_FILES_KEPT], max(0, len(changed) - _FILES_KEPT)
     result.figures = [f for f in result.files if f.lower().endswith(".png")]
-    return result
+    if note:
+        result.notes.append(note)
 
 
 def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
                     hold: bool) -> Execution:
     result = Execution(code=code, ran=True)
-    before = workspace.snapshot()
+    root = str(workspace.root)
+    before, had_git = sandbox_snapshot(root), workspace.has_git()
     cell = session.run(code, name=node_id, timeout=timeout, hold=hold)
+    dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(float(cell.get("duration_s") or 0.0), 3)
     result.ok = bool(cell.get("ok"))
     result.stdout = _clip(str(cell.get("stdout") or ""))
@@ -259,9 +273,7 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")
     result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
-    changed = workspace.changed_since(before)   # every entry checked; at most _FILES_KEPT named
-    result.files, result.more_files = changed[:_FILES_KEPT], max(0, len(changed) - _FILES_KEPT)
-    result.figures = [f for f in result.files if f.lower().endswith(".png")]
+    _listed(result, settle(root, before), dropped)
     return result
 
 
@@ -295,6 +307,7 @@ def report(ex: dict | Execution | None) -> str:
     for asked, got in (ex.get("renamed") or {}).items():
         parts.append(f"{asked} is an input or a file that was already there, so it was saved "
                      f"as {got} instead")
+    parts += [f"flowmagic: {note}" for note in ex.get("notes") or ()]
     if not ex.get("ran") and not ex.get("ok", True) and ex.get("error"):
         parts.append(f"Nothing of this answer ran: {ex['error']}")
     if ex.get("ran"):

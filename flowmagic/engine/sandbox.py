@@ -17,6 +17,9 @@ the regular files (paths relative to workdir) the code created or changed there.
   except symlinks it made that point outside it (on the host they would lead to your files;
   they are deleted and named in `removed_links`).
 - `inputs`: host files or directories the code may read, bound read-only at their own paths.
+- `readonly`: files or folders inside `workdir` bound read-only over themselves (a run's
+  inputs): the code can read them, never change, replace, delete or chmod them. Each must be
+  a regular file or a folder, not a link (bwrap only).
 - `site_packages=True`: the calling interpreter's site-packages are importable (read-only).
 - limits: `timeout` seconds of wall clock, after which the whole sandbox is killed,
   grandchildren and setsid daemons included; CPU seconds (timeout + 1) and `memory_mb` of
@@ -63,7 +66,7 @@ from ..llm.endpoints import scrub
 from ..settings import SANDBOXES, check_sandbox
 from . import bwrap, confined, seccomp
 
-__all__ = ["SandboxResult", "SandboxStatus", "SandboxProcess", "run_code", "arun_code", "spawn",
+__all__ = ["snapshot", "settle", "SandboxResult", "SandboxStatus", "SandboxProcess", "run_code", "arun_code", "spawn",
            "sandbox_status",
            "check_sandbox", "extract_code", "TESTS_FAILED", "SANDBOXES"]
 
@@ -146,6 +149,17 @@ def _number(name: str, value: object, low: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
         raise ConfigError(f"sandbox {name} must be a number >= {low}, not {value!r}")
     return float(value)
+
+
+def snapshot(root: str) -> dict[str, tuple]:
+    """What is under a workdir before code runs there, for `settle` after it ran."""
+    return _snapshot(root)
+
+
+def settle(root: str, before: dict[str, tuple]) -> list[str]:
+    """After code ran in `root` (by a session, say): the modes of what was there put back,
+    new files without executable bits, links out of it deleted; the files made or changed."""
+    return _changes(root, before)[0]
 
 
 def _snapshot(root: str) -> dict[str, tuple]:
@@ -264,6 +278,7 @@ class _Request:
     output_limit: int = 20_000
     site_packages: bool = False
     tests: str | None = None
+    readonly: tuple = ()
 
 
 def _inputs(paths) -> list[tuple[str, str]]:
@@ -282,6 +297,26 @@ def _inputs(paths) -> list[tuple[str, str]]:
                                "sandbox reads it as an unused uid: chmod o+r it")
         pairs.append((real, inside))
     return pairs
+
+
+def _readonly(paths, workdir: str) -> list[str]:
+    """The paths inside `workdir` to bind read-only over themselves: each a file or a folder
+    inside it, never a link (bubblewrap, as root, would follow one anywhere)."""
+    out = []
+    for path in paths or ():
+        path = os.path.abspath(os.fspath(path))
+        if not bwrap.is_within(path, workdir) or path == workdir:
+            raise SandboxError(f"{path} is not inside the workdir {workdir}; only files inside "
+                               "it can be made read-only there")
+        try:
+            kind = stat.S_IFMT(os.lstat(path).st_mode)
+        except OSError:
+            continue   # gone: nothing to protect
+        if kind not in (stat.S_IFREG, stat.S_IFDIR):
+            raise SandboxError(f"{path} is not a regular file or a folder; it cannot be made "
+                               "read-only in the sandbox")
+        out.append(path)
+    return out
 
 
 def _seccomp_file(scratch: str) -> int | None:
@@ -421,7 +456,7 @@ class _Launch:
                                                        else []),
                 tmp_mb=max(int(req.memory_mb) // 2, 16), info_fd=self.info_w,
                 env=_child_env(True, bwrap.HOME), ids=ids, seccomp_fd=self.filter_fd,
-                script=script)
+                script=script, readonly=_readonly(req.readonly, workdir))
             self.cwd, self.env = "/", _HOST_ENV
             self.fds = ((self.info_w,) if self.filter_fd is None
                         else (self.info_w, self.filter_fd))
@@ -498,7 +533,7 @@ def run_code(code: str, *, workdir: str | os.PathLike | None = None, inputs=(),
              timeout: float = 10.0, memory_mb: int = 512, max_processes: int = 64,
              file_limit_mb: int = 64, output_limit: int = 20_000, site_packages: bool = False,
              tests: str | None = None, sandbox: str = "bwrap",
-             max_open_files: int = 256) -> SandboxResult:
+             max_open_files: int = 256, readonly=()) -> SandboxResult:
     """Run `code` (then `tests`) isolated from this process; see the module docstring."""
     if not isinstance(code, str):
         raise SandboxError(f"run_code takes the code as a str, not {type(code).__name__}")
@@ -511,7 +546,7 @@ def run_code(code: str, *, workdir: str | os.PathLike | None = None, inputs=(),
         file_limit_mb=int(_number("file_limit_mb", file_limit_mb, 1)),
         max_open_files=int(_number("max_open_files", max_open_files, 16)),
         output_limit=int(_number("output_limit", output_limit, 100)),
-        site_packages=bool(site_packages), tests=tests)
+        site_packages=bool(site_packages), tests=tests, readonly=tuple(readonly or ()))
     if sandbox == "bwrap":
         status = sandbox_status()
         if not status.available:
@@ -599,7 +634,7 @@ def _await_init(info_r: int, proc: subprocess.Popen, seconds: float = 20.0) -> i
 def spawn(script: str, *, workdir: str | os.PathLike, inputs=(), memory_mb: int = 2048,
           max_processes: int = 64, file_limit_mb: int = 64, max_open_files: int = 256,
           output_limit: int = 20_000, site_packages: bool = True,
-          sandbox: str = "bwrap") -> SandboxProcess:
+          sandbox: str = "bwrap", readonly=()) -> SandboxProcess:
     """Start `script` ("session_child.py", a child script of this folder) in a sandbox with
     the same view and limits as `run_code`, except CPU time, which the script sets per piece
     of work; it reads its config and talks over its stdin and stdout."""
@@ -615,7 +650,7 @@ def spawn(script: str, *, workdir: str | os.PathLike, inputs=(), memory_mb: int 
     req = _Request(workdir=workdir, inputs=inputs, memory_mb=int(memory_mb),
                    max_processes=int(max_processes), file_limit_mb=int(file_limit_mb),
                    max_open_files=int(max_open_files), output_limit=int(output_limit),
-                   site_packages=bool(site_packages))
+                   site_packages=bool(site_packages), readonly=tuple(readonly or ()))
     scratch = tempfile.mkdtemp(prefix="flowmagic-session-")
     launch = None
     try:

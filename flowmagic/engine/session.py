@@ -180,7 +180,8 @@ class Session:
         root = str(self.workspace.root)
         process = _spawn_thread().submit(
             _sandbox.spawn, "session_child.py", workdir=root, memory_mb=self.memory_mb,
-            output_limit=self.output_limit, site_packages=True, sandbox=self.sandbox).result()
+            output_limit=self.output_limit, site_packages=True, sandbox=self.sandbox,
+            readonly=self.workspace.readonly()).result()
         self._process, self.starts = process, self.starts + 1
         self.prelude = prelude(self.workspace)
         cells = self.history()

@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import os
+import stat
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,10 +34,11 @@ from typing import Any, Iterable, Mapping
 from ..errors import ConfigError, WorkspaceError
 from . import confined
 
-__all__ = ["Workspace", "InputFile", "MANIFEST", "RECORD"]
+__all__ = ["Workspace", "InputFile", "MANIFEST", "RECORD", "RUNS"]
 
 MANIFEST = ".flowmagic/inputs.json"   # where an older flowmagic kept the record (untrusted)
 RECORD = "inputs.json"                # the record, beside the workspace of a run
+RUNS = "flowmagic-runs"               # the run folders inside a workdir
 _ROWS = 5                 # rows shown to the agents
 _SCHEMA_ROWS = 2000       # rows read to find a CSV's dtypes
 _HEAD_BYTES = 4 << 20     # of a table read to find its schema (never the whole file)
@@ -148,13 +150,24 @@ class Workspace:
                               "give workdir= a writable folder") from None
         self.inputs: list[InputFile] = self._load()
         self.user_files: set[str] = set()   # files the user had here before the run
+        self.shared = False   # the user's own folder (workdir_writes="all"), not a run's
         self._example: str | None = None
 
     @classmethod
     def for_run(cls, home: str | os.PathLike, run_id: str,
-                workdir: str | os.PathLike | None = None) -> "Workspace":
+                workdir: str | os.PathLike | None = None, writes: str = "run") -> "Workspace":
+        """The workspace of a run: `<home>/runs/<run>/workspace`; with a `workdir`, its run
+        folder `<workdir>/flowmagic-runs/<run>`, or (`writes="all"`) the workdir itself, where
+        the files the user had are never replaced by flowmagic."""
         run = Path(home) / "runs" / run_id
-        return cls(workdir or run / "workspace", record=run / RECORD)
+        if workdir is None:
+            return cls(run / "workspace", record=run / RECORD)
+        if writes == "run":
+            return cls(Path(workdir).expanduser() / RUNS / run_id, record=run / RECORD)
+        ws = cls(workdir, record=run / RECORD)
+        ws.shared = True
+        ws.user_files = set(ws.files()) - set(ws.inputs_paths())
+        return ws
 
     def __repr__(self) -> str:
         return f"<Workspace {self.root}: {len(self.inputs)} input(s)>"
@@ -337,6 +350,35 @@ class Workspace:
     # -- files -------------------------------------------------------------------------------
     def inputs_paths(self) -> list[str]:
         return [i.path for i in self.inputs]
+
+    def readonly(self) -> list[str]:
+        """What the sandbox binds read-only over itself (absolute paths): every input, and in
+        the user's own folder its `.git` (so no hook or config is planted there). Each is
+        checked to be what it should (a regular file, a folder), never a link."""
+        out = [str(self.root / i.path) for i in self.inputs
+               if confined.file_stat(self.root, i.path) is not None]
+        if self.shared:
+            try:
+                if stat.S_ISDIR(os.lstat(self.root / ".git").st_mode):
+                    out.append(str(self.root / ".git"))
+            except OSError:
+                pass
+        return out
+
+    def has_git(self) -> bool:
+        return self.shared and confined.exists(self.root, ".git")
+
+    def drop_new_git(self, had: bool) -> str:
+        """In the user's own folder, a `.git` the code made (`had`: one was there before) is
+        deleted, so no hook of it runs when git is used there; returns the line saying so."""
+        if not self.shared or had or not confined.exists(self.root, ".git"):
+            return ""
+        path = self.root / ".git"
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+        else:
+            confined.remove_tree(path)
+        return "the .git the code made in the workdir was deleted (git would run its hooks)"
 
     def files(self) -> list[str]:
         """Every regular file in the workspace (relative paths, sorted), flowmagic's own hidden
