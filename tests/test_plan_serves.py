@@ -37,8 +37,11 @@ def test_a_data_task_is_told_its_data_is_loaded_and_to_plan_per_question():
     system = planning_messages(MTCARS)[0]["content"]
     assert data_task(MTCARS) and all(rule in system for rule in DATA_RULES)
     assert "no train/test split" in system and "run in parallel" in system
-    tea = planning_messages("Write a short report on tea")[0]["content"]
-    assert not any(rule in tea for rule in DATA_RULES)
+    for other in ("Write a short report on tea", "Write LaTeX Beamer slides on hash tables",
+                  "A blog post on data privacy"):
+        assert not data_task(other)
+        assert not any(rule in planning_messages(other)[0]["content"] for rule in DATA_RULES)
+    assert data_task("Explore the iris dataset") and data_task("Clean the DataFrame df")
     steps = stepwise.steps_messages(MTCARS, [], 3, 5)[0]["content"]
     assert "every step has the data at hand, so no step only loads it" in steps
     assert "data at hand" not in stepwise.steps_messages("How to make tea", [], 3, 5)[0]["content"]

@@ -112,8 +112,9 @@ def copied(requirement: str, task: str, examples: Iterable[str]) -> bool:
     return False
 
 
-_DATA_TASK = re.compile(r"\.(?:csv|tsv|xlsx?|parquet|json|feather)\b|\bdata ?frames?\b|"
-                        r"\bdatasets?\b|\bdata\b|\btables?\b", re.IGNORECASE)
+# a table file, a dataset or a DataFrame ("hash tables" or "data privacy" are no data task)
+_DATA_TASK = re.compile(r"\.(?:csv|tsv|xlsx?|parquet|feather)\b|\bcsv\b|\bdata ?frames?\b|"
+                        r"\bdatasets?\b", re.IGNORECASE)
 _LOADS = re.compile(r"^\W*(?:first,?\s+)?(?:load|read|import|open|ingest|bring)\b", re.IGNORECASE)
 # A verb or noun of work beyond loading: a step holding one does more than load.
 _WORK = re.compile(
