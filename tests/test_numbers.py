@@ -111,6 +111,19 @@ def requests(server):
             if r["path"].endswith("/chat/completions")]
 
 
+def run_flow(agent, plan=PLAN, **settings):
+    """(the flow run on PLAN against `agent`, the messages of every chat request)."""
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="nums", inputs=[CSV], starter="off", **settings)
+        flow.run()
+        return flow, requests(server)
+
+
+def prompt_of(sent, node_id):
+    return next(m[-1]["content"] for m in sent if f"Your subtask ({node_id})" in m[-1]["content"])
+
+
 def scripted(summary):
     def agent(body):
         messages = body["messages"]
@@ -126,11 +139,7 @@ def scripted(summary):
 
 
 def test_an_answer_with_invented_numbers_goes_back_once_and_output_blocks_reach_no_child(tmp_path):
-    with LoopbackServer(responder=scripted(lambda m: f"The mean of y is {TRUE_MEAN}.")) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
-        flow.run()
-        sent = requests(server)
+    flow, sent = run_flow(scripted(lambda m: f"The mean of y is {TRUE_MEAN}."))
     assert flow.status == "done", flow.message
     stats = flow.workflow.nodes["stats"]
     first, second = stats.attempts
@@ -143,7 +152,7 @@ def test_an_answer_with_invented_numbers_goes_back_once_and_output_blocks_reach_
     assert stats.output.startswith(f"The mean of y is {TRUE_MEAN}.")
     assert f"mean of y {TRUE_MEAN}" in stats.output   # the kept run's printed output
     # the child sees the real output, never the model's "Output:" block
-    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    report_prompt = prompt_of(sent, "report")
     assert INVENTED not in report_prompt and f"mean of y {TRUE_MEAN}" in report_prompt
     table = flow.trace_numbers()
     assert list(table["number"]) == [str(TRUE_MEAN)] and list(table["node"]) == ["stats"]
@@ -157,10 +166,7 @@ def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_marked
         summaries.append(messages)
         return f"The mean of y is {TRUE_MEAN}; the median is 7.9."
 
-    with LoopbackServer(responder=scripted(summary)) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
-        flow.run()
+    flow, _ = run_flow(scripted(summary))
     assert len(summaries) == 2
     assert "copied from the printed outputs above exactly" in summaries[0][-1]["content"]
     assert "appear in no printed output above: 7.9" in summaries[1][-1]["content"]
@@ -184,17 +190,13 @@ def test_a_node_whose_numbers_still_do_not_trace_is_marked_for_its_children_and_
             return STATS + f"\nThe mean of y is {INVENTED}."
         return "Written."
 
-    with LoopbackServer(responder=agent) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off", max_attempts=1)
-        flow.run()
-        sent = requests(server)
+    flow, sent = run_flow(agent, max_attempts=1)
     stats = flow.workflow.nodes["stats"]
     assert stats.status == "done" and len(stats.attempts) == 2   # one extra, for the numbers
     assert stats.attempts[-1]["untraced"] == [INVENTED]
     mark = f"[numbers that trace to no executed output: {INVENTED}]"
     assert stats.output.endswith(mark)
-    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    report_prompt = prompt_of(sent, "report")
     assert mark in report_prompt
     from flowmagic.jupyter.widgets import Panel
     panel = Panel(flow)
@@ -218,10 +220,7 @@ def test_a_number_stated_without_any_code_on_a_data_task_goes_back_asking_for_co
                     "print(round(pd.read_csv('anscombe.csv')['y'].mean(), 4))\n```")
         return "@mean_y[29.70]"   # what the bench model answered: no code, an invented number
 
-    with LoopbackServer(responder=agent) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(plan, name="nocode", inputs=[CSV], starter="off")
-        flow.run()
+    flow, _ = run_flow(agent, plan)
     first, second = flow.workflow.nodes["stats"].attempts
     assert first["untraced"] == ["29.70"] and "computes and prints" in first["feedback"]
     assert second["execution"]["stdout"].strip() == str(TRUE_MEAN) and second["passed"]
@@ -242,17 +241,13 @@ def test_a_code_answers_own_output_block_is_left_out_even_when_its_code_ran_and_
                     "and 44 rows in all.")   # 11 and 44 are printed nowhere
         return "Written."
 
-    with LoopbackServer(responder=agent) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
-        flow.run()
-        sent = requests(server)
+    flow, sent = run_flow(agent)
     stats = flow.workflow.nodes["stats"]
     first, second = stats.attempts
     assert first["untraced"] == ["11", "44"]
     assert second["execution"] == first["execution"]   # the code sent again did not run
     assert NOT_RUN in stats.output and "df['y'] * 2" not in stats.output
-    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    report_prompt = prompt_of(sent, "report")
     assert f"mean of y {TRUE_MEAN}" in report_prompt and "mean of y 7.5\n" not in report_prompt
 
 
@@ -265,13 +260,9 @@ def test_an_output_block_is_left_out_of_a_passing_answer_whose_code_ran():
             return "Done."
         return answer if "Your subtask (stats)" in messages[-1]["content"] else "Written."
 
-    with LoopbackServer(responder=agent) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(PLAN, name="nums", inputs=[CSV], starter="off")
-        flow.run()
-        sent = requests(server)
+    flow, sent = run_flow(agent)
     stats = flow.workflow.nodes["stats"]
     assert len(stats.attempts) == 1 and CLAIM_MARK in stats.output
     assert "mean of y 7.5\n" not in stats.output and f"mean of y {TRUE_MEAN}" in stats.output
-    report_prompt = next(m[-1]["content"] for m in sent if "Your subtask (report)" in m[-1]["content"])
+    report_prompt = prompt_of(sent, "report")
     assert CLAIM_MARK in report_prompt and "mean of y 7.5\n" not in report_prompt
