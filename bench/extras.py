@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dags import family
 
-__all__ = ["drawing_time", "replay"]
+__all__ = ["drawing_time", "replay", "load_ext_time"]
 
 
 def _module(name: str):
@@ -46,6 +46,23 @@ def _executed_flow(dag: dict, home: Path, task: str = "Benchmark workflow: drawi
     flow = Flow.from_dict(dag, task=task, llm=LLM(store), store=store, consolidate=False)
     asyncio.run(Executor(flow.workflow, work, concurrency=None).run())
     return flow
+
+
+_LOAD_EXT = ("import sys, time; from IPython.core.interactiveshell import InteractiveShell;"
+             "from traitlets.config import Config; c = Config(); c.HistoryManager.hist_file=':memory:';"
+             "ip = InteractiveShell.instance(config=c); t = time.perf_counter();"
+             "ip.run_line_magic('load_ext', 'flowmagic'); print(time.perf_counter() - t)")
+
+
+def load_ext_time(repeats: int = 5) -> dict:
+    """Seconds `%load_ext flowmagic` takes in a fresh IPython shell (the best of `repeats`
+    fresh interpreters: each one imports flowmagic cold)."""
+    import sys
+
+    times = [float(subprocess.run([sys.executable, "-c", _LOAD_EXT], capture_output=True,
+                                  text=True, check=True).stdout.split()[-1])
+             for _ in range(repeats)]
+    return {"value": min(times), "median": sorted(times)[len(times) // 2]}
 
 
 def _dot_alone(source: str) -> float:

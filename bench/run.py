@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         data["drawing"].append(extras.drawing_time(n))
         log(f"    {data['drawing'][-1]}")
     data["memory"] = run_memory(plan["memory"])
+    log("%load_ext flowmagic in fresh shells")
+    data["load_ext"] = extras.load_ext_time()
     info["load"] += f" at the start, {'%.2f %.2f %.2f' % os.getloadavg()} at the end"
     settings = {"latency": f"{lo}-{hi} s", "server seed": args.seed,
                 "mode": "quick" if args.quick else "full"}

@@ -75,18 +75,22 @@ def one_line_error(err):
 
 
 # ---------------------------------------------------------------------------------- loading
-def test_load_ext_is_fast_and_lazy():
-    code = ("import sys, time; from IPython.core.interactiveshell import InteractiveShell;"
+_HEAVY = ("ipywidgets", "flowmagic.flow", "networkx", "openai", "pandas", "numpy", "scipy",
+          "matplotlib", "tqdm")
+
+
+def test_load_ext_is_lazy():
+    """%load_ext registers the magics and imports none of the heavy modules (its time is a
+    target of `make bench`, not of a unit test: a loaded machine would fail it)."""
+    code = ("import sys; from IPython.core.interactiveshell import InteractiveShell;"
             "from traitlets.config import Config; c = Config(); c.HistoryManager.hist_file=':memory:';"
-            "ip = InteractiveShell.instance(config=c); t = time.perf_counter();"
-            "ip.run_line_magic('load_ext', 'flowmagic'); took = time.perf_counter() - t;"
+            "ip = InteractiveShell.instance(config=c);"
+            "ip.run_line_magic('load_ext', 'flowmagic');"
             "m = ip.magics_manager.magics;"
-            "print(took, 'flow' in m['line'], 'flow' in m['cell'],"
-            " *[x in sys.modules for x in ('ipywidgets', 'flowmagic.flow', 'networkx', 'openai')])")
+            f"print('flow' in m['line'], 'flow' in m['cell'], *[x in sys.modules for x in {_HEAVY!r}])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT / "tests", check=True).stdout.split()
-    assert out[1:] == ["True", "True", "False", "False", "False", "False"], out
-    assert float(out[0]) < 1.0
+    assert out == ["True", "True"] + ["False"] * len(_HEAVY), dict(zip(("line", "cell") + _HEAVY, out))
 
 
 # ---------------------------------------------------------------------------------- %%flow
