@@ -247,11 +247,32 @@ def test_prompt_carries_role_parents_and_children():
         flow = make_flow(plan, server).run()
         body = next(r["body"] for r in server.requests if node_of(r) == "stats")
         system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-        assert "analyst" in system
+        assert "Your role: the analyst." in user and "analyst" not in system
         assert "compute monthly totals" in user                  # its own requirement
         assert flow.workflow.nodes["load"].output in user        # the parent's output
         assert "write the report" in user                        # what comes after
         assert "analyse sales.csv" in user                       # the overall task
+
+
+def test_node_prompts_share_their_start_and_end_with_what_is_their_own():
+    """Every node's prompt starts with the same text (the house rules, the task, how code
+    runs and what the inputs are) and only then says its role, subtask and parents' results:
+    an endpoint's prompt cache reuses that start across nodes."""
+    with LoopbackServer() as server:
+        plan = {"nodes": [{"id": "load", "requirement": "load sales.csv", "agent": "engineer"},
+                          {"id": "stats", "requirement": "compute monthly totals", "agent": "analyst"},
+                          {"id": "plot", "requirement": "plot the totals", "agent": "designer"}],
+                "edges": [["load", "stats"], ["load", "plot"]]}
+        flow = make_flow(plan, server).run()
+        bodies = {node_of(r): r["body"]["messages"] for r in server.requests if node_of(r)}
+    assert flow.status == "done" and set(bodies) >= {"load", "stats", "plot"}
+    assert len({m[0]["content"] for m in bodies.values()}) == 1   # one system message
+    users = [bodies[n][1]["content"] for n in ("load", "stats", "plot")]
+    shared = os.path.commonprefix(users)
+    assert shared.startswith("Overall task:") and shared.endswith("Your role: the ")
+    for node, user in zip(("load", "stats", "plot"), users):
+        own = user[len(shared):]
+        assert own.index(f"Your subtask ({node})") < own.index("Write the result of your subtask now.")
 
 
 def purposes(flow) -> list[str]:

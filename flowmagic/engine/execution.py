@@ -28,7 +28,7 @@ from .sandbox import extract_code, run_code, settle
 from .sandbox import snapshot as sandbox_snapshot
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
-           "EXECUTE_MODES", "WORKING_START", "instructions", "made_files", "about_files_or_code"]
+           "EXECUTE_MODES", "WORKING_START", "instructions", "files_line", "made_files", "about_files_or_code"]
 
 EXECUTE_MODES = ("auto", "off")
 # The key, in the execution of a node whose model's code ran after flowmagic's working start,
@@ -388,6 +388,11 @@ def instructions(inputs: str, files: list[str], example: str = "") -> str:
                      "numbers and draws a figure. Begin your code from it, keep its column "
                      f"names as written, and change it for your subtask:\n```python\n{example}```")
     if files:
-        parts.append("Files that earlier subtasks left in the working directory: " + ", ".join(files[:60])
-                     + (f" and {len(files) - 60} more" if len(files) > 60 else ""))
+        parts.append(files_line(files))
     return "\n\n".join(parts)
+
+
+def files_line(files: list[str]) -> str:
+    """What a node's prompt says about the files earlier subtasks left."""
+    return ("Files that earlier subtasks left in the working directory: " + ", ".join(files[:60])
+            + (f" and {len(files) - 60} more" if len(files) > 60 else ""))

@@ -1,8 +1,8 @@
 """One node's work: its prompt (context passing), attempts with validation, injected faults.
 
-The prompt carries the overall task, the node's requirement, its agent role as the
-system role, the outputs of its parents (or of all its ancestors), and the requirements
-of its children so it knows what is expected of it. A failed validation re-runs the node
+The prompt carries the overall task, the node's requirement, its agent role, the outputs
+of its parents (or of all its ancestors), and the requirements of its children so it knows
+what is expected of it; what every node shares comes first (see `node_messages`). A failed validation re-runs the node
 with its earlier attempts and the feedback, up to `max_attempts`.
 """
 
@@ -17,8 +17,8 @@ from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
-from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, has_fence,
-                        instructions, made_files, report, run_python)
+from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
+                        has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
 from .._internal.text import cut as text_cut
 from .executor import Outcome
@@ -29,7 +29,7 @@ from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numb
                       strip_claims, trace, untraced, untraced_mark, without_code)
 from ..model.status import Status
 
-__all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK"]
+__all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK", "HOUSE_RULES"]
 
 MASKED = "none"
 CUT_FEEDBACK = ("cut: the answer reached the token limit ({tokens} tokens) and was still "
@@ -65,10 +65,42 @@ def shares(lengths: list[int], budget: int) -> list[int]:
     return out
 
 
+# The system message every node's call shares, byte for byte: an endpoint's prompt cache
+# (OpenAI's, a local server's) then reuses the whole shared start of a flow's prompts.
+HOUSE_RULES = ("You are one agent in a team of agents working on one task. Do only your own "
+               "subtask, using the results you are given. Give the result itself (text, code "
+               "or data), complete and concrete, not a description of it.")
+
+
 def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
-                  workspace: bool = True, started: str = "") -> list[dict]:
-    """The node's prompt. `workspace=False` leaves out what the workspace holds (the replay
-    fingerprint must not depend on a folder another machine does not have)."""
+                  workspace: bool = True, started: str = "", facts: bool = False) -> list[dict]:
+    """The node's prompt: what every call of the flow shares first (the house rules, the
+    task, how code runs and what the inputs are, the working start), then what is the
+    node's own (its role, subtask, parents' results, what comes after, a retry's feedback),
+    so that consecutive prompts share their longest possible start. `workspace=False`
+    leaves out what the workspace holds (the replay fingerprint must not depend on a
+    folder another machine does not have). `facts=True` gives the same parts in the order
+    of flowmagic before this layout (the role in the system message): the replay
+    fingerprint hashes that, so an older export's record still answers its nodes."""
+    p = _prompt_parts(ctx, node_id, retry_note, workspace, started)
+    if facts:
+        user = [p["task"], p["subtask"], p["inputs"], p["note"], p["later"],
+                "\n\n".join(x for x in (p["how"], p["files"]) if x), p["started"],
+                p["retry"], p["end"]]
+        return [{"role": "system", "content": f"You are the {p['agent']} in a team of agents "
+                 "working on one task. Do only your own subtask, using the results you are "
+                 "given. Give the result itself (text, code or data), complete and concrete, "
+                 "not a description of it."},
+                {"role": "user", "content": "\n\n".join(x for x in user if x)}]
+    user = [p["task"], p["how"], f"Your role: the {p['agent']}.", p["subtask"], p["inputs"],
+            p["note"], p["later"], p["files"], p["started"], p["retry"], p["end"]]
+    return [{"role": "system", "content": HOUSE_RULES},
+            {"role": "user", "content": "\n\n".join(x for x in user if x)}]
+
+
+def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: bool,
+                  started: str) -> dict[str, str]:
+    """The texts of a node's prompt by name ("" where one has none)."""
     wf, settings = ctx.workflow, ctx.settings
     nodes = wf.nodes
     node = nodes[node_id]
@@ -80,37 +112,32 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     # Results that fit together are given whole (what `shares` would allow them anyway).
     allowed = lengths if sum(lengths) <= budget else shares(lengths, budget)
     inputs = "\n\n".join(f"[{p}] ({n.agent}): {t if len(t) <= k else cut(t, k)}"
-                         for (p, n), t, k in zip(done, texts, allowed))
+                          for (p, n), t, k in zip(done, texts, allowed))
     later = "\n".join(f"- {nodes[c].requirement}" for c in wf.children(node_id))
-    system = (f"You are the {node.agent} in a team of agents working on one task. "
-              "Do only your own subtask, using the results you are given. Give the result "
-              "itself (text, code or data), complete and concrete, not a description of it.")
     task = wf.task or ""
-    parts = [f"Overall task:\n{task if len(task) <= budget // 2 else cut(task, budget // 2)}",
-             f"Your subtask ({node_id}):\n{node.requirement}"]
-    if inputs:
-        parts.append(f"Results of earlier subtasks:\n{inputs}")
+    parts = {"agent": node.agent, "task": "Overall task:\n"
+             + (task if len(task) <= budget // 2 else cut(task, budget // 2)),
+             "subtask": f"Your subtask ({node_id}):\n{node.requirement}",
+             "inputs": f"Results of earlier subtasks:\n{inputs}" if inputs else "",
+             "note": "", "later": f"Later subtasks will build on your result:\n{later}" if later else "",
+             "how": "", "files": "", "retry": retry_note,
+             "started": f"{started}\n\nThose are real results on the input. Use them; write "
+                        "more code only for what your subtask still needs." if started else "",
+             "end": "Write the result of your subtask now."}
     if allowed is not lengths:
         shortened = [p for (p, _), t, k in zip(done, texts, allowed) if len(t) > k]
         if shortened:
-            parts.append(f"Note: the results of {', '.join(shortened)} were too long for your "
-                         "context and were cut where marked [cut here]; do not guess what is "
-                         "missing.")
-    if later:
-        parts.append(f"Later subtasks will build on your result:\n{later}")
+            parts["note"] = (f"Note: the results of {', '.join(shortened)} were too long for "
+                             "your context and were cut where marked [cut here]; do not guess "
+                             "what is missing.")
     if settings.execute != "off" and (
             about_files_or_code(task, node.requirement) or (workspace and ctx.inputs)):
         made = [f for a in wf.ancestors(node_id) if nodes[a].status == Status.DONE
                 for f in made_files(nodes[a].execution)]
-        parts.append(instructions(ctx.workspace.describe() if workspace else "", made,
-                                  ctx.workspace.example() if workspace and not started else ""))
-    if started:
-        parts.append(f"{started}\n\nThose are real results on the input. Use them; write more "
-                     "code only for what your subtask still needs.")
-    if retry_note:
-        parts.append(retry_note)
-    parts.append("Write the result of your subtask now.")
-    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+        parts["how"] = instructions(ctx.workspace.describe() if workspace else "", [],
+                                    ctx.workspace.example() if workspace and not started else "")
+        parts["files"] = files_line(made) if made else ""
+    return parts
 
 
 class NodeRunner:

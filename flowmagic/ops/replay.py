@@ -87,7 +87,8 @@ def fingerprint(flow, node_id: str) -> str:
     from ..engine.runner import node_messages
 
     node = flow.workflow.nodes[node_id]
-    facts = {"messages": node_messages(flow.context(), node_id, workspace=False),
+    # the prompt's parts in a fixed order (not the layout sent), so exports stay valid
+    facts = {"messages": node_messages(flow.context(), node_id, workspace=False, facts=True),
              "model": node.model or flow.settings.model,
              **{k: setting_value(v) for k, v in flow.settings.deciding_calls().items()}}
     blob = json.dumps(facts, sort_keys=True, ensure_ascii=False, default=str)
