@@ -2,8 +2,8 @@
 
 The prompt carries the overall task, the node's requirement, its agent role, the outputs
 of its parents (or of all its ancestors), and the requirements of its children so it knows
-what is expected of it; what every node shares comes first (see `node_messages`). A failed validation re-runs the node
-with its earlier attempts and the feedback, up to `max_attempts`.
+what is expected of it; what every node shares comes first (see `node_messages`). A failed
+validation re-runs the node with its earlier attempts and the feedback, up to `max_attempts`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
     # Results that fit together are given whole (what `shares` would allow them anyway).
     allowed = lengths if sum(lengths) <= budget else shares(lengths, budget)
     inputs = "\n\n".join(f"[{p}] ({n.agent}): {t if len(t) <= k else cut(t, k)}"
-                          for (p, n), t, k in zip(done, texts, allowed))
+                         for (p, n), t, k in zip(done, texts, allowed))
     later = "\n".join(f"- {nodes[c].requirement}" for c in wf.children(node_id))
     task = wf.task or ""
     parts = {"agent": node.agent, "task": "Overall task:\n"
