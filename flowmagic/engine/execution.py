@@ -40,6 +40,8 @@ _NAMED_ABOVE = re.compile(r"^\s*(?:#+\s*|\*\*|`|(?:file(?:name)?|path)\s*:\s*)*"
                           r"`?([\w.-]+(?:/[\w.-]+)*\.[A-Za-z0-9]{1,8})`?(?:\*\*)?\s*:?\s*$",
                           re.IGNORECASE)
 _OUT_CHARS = 6000   # of stdout / stderr kept in a node's report
+_FILE_LIMIT_MB = 64   # of a file a node's code writes, its stdout and stderr included
+_FIGURES_SAVED = 20   # open matplotlib figures saved as PNG at the end of a node's code
 _FILES_KEPT = 200   # of the files a run of code wrote, named in its record (the rest counted)
 
 
@@ -153,13 +155,22 @@ def _program(code: str, node_id: str) -> str:
     if _PLOTTING.search(code):
         head += ["import matplotlib as _fm_mpl", "_fm_mpl.use('Agg')",
                  "import matplotlib.pyplot as _fm_plt", "_fm_plt.show = lambda *a, **k: None"]
-        tail = ["for _fm_i, _fm_n in enumerate(_fm_plt.get_fignums(), 1):",
+        tail = [f"for _fm_i, _fm_n in enumerate(_fm_plt.get_fignums()[:{_FIGURES_SAVED}], 1):",
                 f"    _fm_plt.figure(_fm_n).savefig(f'{figure_prefix}_{{_fm_i}}.png', dpi=90, "
                 "bbox_inches='tight')"]
     run = [f"_fm_src = open({'.flowmagic/' + node_id + '.py'!r}, encoding='utf-8').read()",
            f"exec(compile(_fm_src, {node_id + '.py'!r}, 'exec'), "
            "{'__name__': '__main__', '__builtins__': __builtins__})"]
     return "\n".join(head + run + tail) + "\n"
+
+
+def _output_over(size) -> str:
+    """The one line of a run stopped by its output's size ('' when it was not)."""
+    limit = _FILE_LIMIT_MB << 20
+    if not isinstance(size, int) or size < limit:
+        return ""
+    return (f"output over {limit:,} bytes: the code printed without end and was stopped; "
+            "print a summary instead (df.head(), a count, a mean)")
 
 
 def _one_line_error(stderr: str, timed_out: bool, seconds: float) -> str:
@@ -228,7 +239,8 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
     had_git = workspace.has_git()
     started = time.monotonic()
     run = run_code(_program(code, node_id), workdir=str(workspace.root), timeout=timeout,
-                   memory_mb=memory_mb, site_packages=True, file_limit_mb=64, sandbox=sandbox,
+                   memory_mb=memory_mb, site_packages=True, file_limit_mb=_FILE_LIMIT_MB,
+                   sandbox=sandbox,
                    readonly=workspace.readonly())
     dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(time.monotonic() - started, 3)
@@ -236,7 +248,10 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
     result.stdout = _clip(run.stdout)
     result.stderr = _clip(_clean_traceback(run.stderr))
     if not run.ok:
-        result.error = _one_line_error(result.stderr, run.timed_out, timeout)
+        result.error = (_output_over(run.output_bytes)
+                        or _one_line_error(result.stderr, run.timed_out, timeout))
+        if _output_over(run.output_bytes):   # what it printed is noise: the line says it all
+            result.stderr = result.error
     _listed(result, run.files, dropped)
     return result
 
@@ -265,8 +280,11 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result.timed_out = bool(cell.get("timed_out"))
     if not result.ok:   # the holder's own words (a timeout, a death), else the traceback's
         result.error = (_one_line_error("", True, timeout) if result.timed_out else
-                        str(cell.get("error") or "")[:300]
+                        _output_over(cell.get("output_bytes"))
+                        or str(cell.get("error") or "")[:300]
                         or _one_line_error(result.stderr, False, timeout))
+        if _output_over(cell.get("output_bytes")):   # what it printed is noise
+            result.stderr = result.error
     result.names = [n for n in cell.get("names") or [] if isinstance(n, dict)]
     result.defined = [n for n in cell.get("defined") or [] if isinstance(n, str)]
     line = cell.get("error_line")

@@ -92,6 +92,7 @@ class SandboxResult:
     workdir: str | None = None    # None when it was a temporary one, now deleted
     files: list[str] = field(default_factory=list)          # created or changed, relative
     removed_links: list[str] = field(default_factory=list)  # symlinks out of workdir, deleted
+    output_bytes: int = 0         # of the longer of stdout and stderr, before clipping
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -519,7 +520,8 @@ def _run(code: str, req: _Request, sandbox: str) -> SandboxResult:
         return SandboxResult(ok, rc, scrub(_read_clipped(out_path, req.output_limit)),
                              scrub(_read_clipped(err_path, req.output_limit)), timed_out,
                              duration, stage, sandbox, None if temporary else workdir,
-                             files, removed)
+                             files, removed,
+                             max(os.path.getsize(out_path), os.path.getsize(err_path)))
     finally:
         if handed:
             bwrap.hand_back(workdir)

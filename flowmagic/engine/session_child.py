@@ -202,7 +202,7 @@ def _save_figures(prefix):
     if plt is None or not prefix:
         return []
     saved = []
-    for i, number in enumerate(plt.get_fignums(), 1):
+    for i, number in enumerate(plt.get_fignums()[:20], 1):   # (as execution._FIGURES_SAVED)
         name = f"{prefix}_{i}.png"
         plt.figure(number).savefig(name, dpi=90, bbox_inches="tight")
         saved.append(name)
@@ -366,6 +366,9 @@ class Holder:
                       "stderr": _clip(f"{_OUT}/stderr", self.limit)}
             result["error"] = (f"the code did not finish within {timeout:g} s and was stopped"
                                if timed_out else _death(status))
+            result["output_bytes"] = max((os.path.getsize(f"{_OUT}/{name}")
+                                          for name in ("stdout", "stderr")
+                                          if os.path.exists(f"{_OUT}/{name}")), default=0)
         result.update(timed_out=timed_out, kept=False, names=_names(self.ns))
         _write_all(self.replies, _frame(result))
 

@@ -293,15 +293,20 @@ class Panel:
                                *self._figures(node))
 
     def _figures(self, node) -> list[dict]:
-        """The figures the node's code drew (PNG files in the workspace), as images."""
-        from ..ops.codecells import figure_data
+        """The figures the node's code drew (PNG files in the workspace), as images; a line
+        for those left out (see ops.codecells.figure_data's caps)."""
+        from ..ops.codecells import figure_data, left_out
 
         names = list((node.execution or {}).get("figures") or []) if node.status != Status.RUNNING else []
         found = figure_data(self.flow.workspace.root, names) if names else {}
-        return [{"output_type": "display_data",
-                 "metadata": {"flowmagic": {"run": self.flow.run_id, "node": node.id, "figure": name}},
-                 "data": {"image/png": data, "text/plain": f"<figure {name}>"}}
-                for name, data in found.items()]
+        meta = {"run": self.flow.run_id, "node": node.id}
+        shown = [{"output_type": "display_data",
+                  "metadata": {"flowmagic": {**meta, "figure": name}},
+                  "data": {"image/png": data, "text/plain": f"<figure {name}>"}}
+                 for name, data in found.items()]
+        line = left_out(names, found)
+        return shown + ([{"output_type": "display_data", "metadata": {"flowmagic": meta},
+                          "data": {"text/plain": line}}] if line else [])
 
     def _render_result(self) -> None:
         """The result and the files, once the run is over and has them."""

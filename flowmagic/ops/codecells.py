@@ -33,10 +33,14 @@ from ..model import status as transition
 from ..model.status import Status
 
 __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs", "figure_data",
+           "FigureBudget", "left_out",
            "handle_flow_code", "files_dir_for"]
 
 EXECUTE_ENV = "FLOWMAGIC_EXECUTE_CODE"
-FIGURE_BYTES = 8 << 20   # of one figure embedded in a notebook or shown in the panel
+FIGURE_BYTES = 8 << 20          # of one figure embedded in a notebook or shown in the panel
+NODE_FIGURES = 20               # figures of one node embedded or shown
+NODE_FIGURE_BYTES = 24 << 20    # of one node's figures together
+EXPORT_FIGURE_BYTES = 64 << 20  # of all the figures one notebook embeds
 
 
 def code_run(node_or_record, *, start: bool = False) -> dict | None:
@@ -70,21 +74,51 @@ def code_line(flow, name: str, node_id: str) -> str:
         "--agent": (flow.workflow.nodes[node_id].agent, f"the agent of {node_id}")})
 
 
-def figure_data(folder: Path | None, names: list[str]) -> dict[str, str]:
+class FigureBudget:
+    """The bytes of figures one notebook may still embed (EXPORT_FIGURE_BYTES at first)."""
+
+    def __init__(self, total: int = EXPORT_FIGURE_BYTES):
+        self.left = total
+
+
+def figure_data(folder: Path | None, names: list[str],
+                budget: FigureBudget | None = None) -> dict[str, str]:
     """{figure name: base64 PNG} for the figures found in `folder`: regular files reached
-    without following a link (engine.confined), each at most FIGURE_BYTES; any other is
-    left out."""
+    without following a link (engine.confined), at most NODE_FIGURES of them, each at most
+    FIGURE_BYTES, NODE_FIGURE_BYTES together and what `budget` has left; any other is left
+    out (`left_out` says so)."""
     from ..engine import confined
     from ..errors import WorkspaceError
 
-    out = {}
-    for fig in names if folder is not None else ():
+    out: dict[str, str] = {}
+    used = 0
+    for fig in list(names)[:NODE_FIGURES] if folder is not None else ():
+        room = min(FIGURE_BYTES, NODE_FIGURE_BYTES - used,
+                   budget.left if budget is not None else FIGURE_BYTES)
+        found = confined.file_stat(folder, str(fig))
+        if found is None or found.st_size > room:
+            continue
         try:
-            data = confined.read_bytes(folder, str(fig), limit=FIGURE_BYTES)
+            data = confined.read_bytes(folder, str(fig), limit=room)
         except WorkspaceError:
             continue
+        used += len(data)
+        if budget is not None:
+            budget.left -= len(data)
         out[fig] = base64.b64encode(data).decode("ascii")
     return out
+
+
+def left_out(names: list[str], figures: dict[str, str]) -> str:
+    """The one line naming the figures `figure_data` left out ('' when none was)."""
+    missing = [f for f in names if f not in figures]
+    if not missing:
+        return ""
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return (f"flowmagic: {len(missing)} figure(s) not shown here ({shown}): a node shows at "
+            f"most {NODE_FIGURES} figures of up to {FIGURE_BYTES >> 20} MB each, "
+            f"{NODE_FIGURE_BYTES >> 20} MB together, and a notebook embeds at most "
+            f"{EXPORT_FIGURE_BYTES >> 20} MB of figures; the files are in the run's workspace")
 
 
 def code_outputs(run_id: str, node_id: str, execution: dict, figures: dict[str, str]) -> list[tuple]:
@@ -95,12 +129,17 @@ def code_outputs(run_id: str, node_id: str, execution: dict, figures: dict[str, 
     if not execution.get("ok", True):
         out.append(("stream", "stderr", (execution.get("stderr") or execution.get("error") or "")
                     + ("\n" if not (execution.get("stderr") or "").endswith("\n") else "")))
-    for fig in execution.get("figures", []):
+    names = list(execution.get("figures", []))
+    for fig in names[:NODE_FIGURES]:
         data: dict[str, Any] = {"text/plain": f"<figure {fig}>"}
         if fig in figures:
             data["image/png"] = figures[fig]
         out.append(("display", data, {"flowmagic": {"run": run_id, "node": node_id,
                                                     "figure": fig}}))
+    line = left_out(names, figures)
+    if line:
+        out.append(("display", {"text/plain": line},
+                    {"flowmagic": {"run": run_id, "node": node_id, "left_out": True}}))
     return out
 
 

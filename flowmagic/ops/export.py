@@ -33,8 +33,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .celltext import comment, literal, magic_line
-from .codecells import (code_line, code_outputs, code_run, figure_data, files_dir_for,
-                        handle_flow_code, is_code_node)
+from .codecells import (FigureBudget, code_line, code_outputs, code_run, figure_data,
+                        files_dir_for, handle_flow_code, is_code_node)
 from ..errors import ConfigError, NodeError, write_error
 from ..view.safe import markdown_cell
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, record_signature,
@@ -166,7 +166,7 @@ def plan_json(plan: dict) -> str:
             f' "nodes": [\n{nodes}\n ],\n "edges": {one(plan["edges"])}\n}}')
 
 
-def _node_record(node, folder: Path | None = None) -> dict:
+def _node_record(node, folder: Path | None = None, budget: FigureBudget | None = None) -> dict:
     attempts = [{k: a[k] for k in _ATTEMPT_KEYS if k in a} for a in node.attempts]
     rec = {"status": node.status, "output": node.output, "error": node.error,
            "tokens_in": node.tokens_in, "tokens_out": node.tokens_out,
@@ -174,7 +174,8 @@ def _node_record(node, folder: Path | None = None) -> dict:
            "clone": node.clone, "attempts": attempts, "execution": node.execution}
     if is_code_node(node):   # the figures travel with the notebook, so a replay shows them
         runs = [r for r in (code_run(node, start=True), code_run(node)) if r]
-        rec["figures_png"] = figure_data(folder, [f for r in runs for f in r.get("figures", [])])
+        rec["figures_png"] = figure_data(folder, [f for r in runs for f in r.get("figures", [])],
+                                         budget)
     return rec
 
 
@@ -197,9 +198,10 @@ def _replica(flow, name: str, files_dir: str | None = None):
     replica = flow_from_plan(_plan(flow), name, run_id=flow.run_id, llm=flow.llm,
                              store=flow.store, save=False)
     nodes: dict[str, dict] = {}
+    budget = FigureBudget()   # one notebook's figures, over all its nodes
     for node_id in replica.workflow.order():   # parents first: a fingerprint reads their outputs
         original = flow.workflow.nodes[node_id]
-        rec = _node_record(original, folder)
+        rec = _node_record(original, folder, budget)
         if original.status in (Status.DONE, Status.FAILED):
             apply_record(replica, node_id, rec)
             rec["fingerprint"] = fingerprint(replica, node_id)
