@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, FlowError, write_error
 from ._internal.text import one_line
+from ._internal.version import __version__
 from .model.status import RunState, Status
 from .parsers import add_map_options, map_options
 
@@ -606,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flowmagic", description="Plan, run and export multi-agent task graphs.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=30))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"flowmagic {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="plan and run a task, or run a notebook or template headless",

@@ -168,10 +168,13 @@ def _match(sim: Matrix, threshold: float, p: _Graph, g: _Graph) -> dict[int, int
 
     weights = [[s + tie(i, j) if s >= threshold else 0.0 for j, s in enumerate(row)]
                for i, row in enumerate(sim)]
-    from scipy.optimize import linear_sum_assignment  # lazy: scipy takes ~0.3 s to import
-
-    rows, cols = linear_sum_assignment(weights, maximize=True)
-    found = dict(zip(rows.tolist(), cols.tolist()))
+    # the maximum-weight matching of the bipartite graph pred x gold is the optimal
+    # assignment; zero entries are left out, as they would never count
+    bipartite = nx.Graph()
+    bipartite.add_weighted_edges_from(((("p", i), ("g", j), w) for i, row in enumerate(weights)
+                                       for j, w in enumerate(row) if w > 0))
+    found = dict(sorted((a[1], b[1]) if a[0] == "p" else (b[1], a[1])
+                        for a, b in nx.max_weight_matching(bipartite)))
     return {i: j for i, j in found.items() if sim[i][j] >= threshold and sim[i][j] > 0}
 
 

@@ -9,7 +9,7 @@ shape (sequential against parallel: every other shape, dag included, counts as p
 and an ordinary least-squares regression of success on the metrics together (a linear
 probability model when success is 0/1): coefficients, standard errors, t, p and R².
 
-scipy is imported here only, when a study runs.
+scipy (the `data` extra) is imported here only, when a study runs; without it a study says so in one line.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .._internal.extras import require
 
 __all__ = ["STUDY_METRICS", "Study", "correlation_study", "load_rows"]
 
@@ -72,7 +73,7 @@ def _successes(rows: list[dict], success: Any, column: str) -> list[float | None
 
 
 def _correlate(xs: list[float], ys: list[float]) -> dict:
-    from scipy import stats
+    stats = require("scipy.stats", "data", "flowmagic study")
 
     out = {"n": len(xs), "pearson_r": None, "pearson_p": None, "spearman_rho": None,
            "spearman_p": None}
@@ -88,7 +89,7 @@ def _correlate(xs: list[float], ys: list[float]) -> dict:
 def _regress(columns: dict[str, list[float]], ys: list[float]) -> dict:
     """OLS of ys on the columns with an intercept; constant columns are left out."""
     import numpy as np
-    from scipy import stats
+    stats = require("scipy.stats", "data", "flowmagic study")
 
     kept = [m for m, xs in columns.items() if len(set(xs)) > 1]
     n, k = len(ys), len(kept) + 1

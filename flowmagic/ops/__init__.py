@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._internal.extras import require
+
 __all__ = ["amap", "dask_map", "map_file", "probe_set", "aimportance", "aslim", "resolve_probe", "export_notebook",
            "run_sync"]
 
@@ -24,6 +26,7 @@ async def amap(flow, inputs, **options: Any):
 
 def dask_map(flow, inputs, **options: Any):
     """`flowmagic.ops.distributed.dask_map`: the inputs on Dask, a DataFrame in input order."""
+    require("distributed", "dask", "map on Dask")
     from . import distributed
     return distributed.dask_map(flow, inputs, **options)
 
@@ -31,6 +34,9 @@ def dask_map(flow, inputs, **options: Any):
 def map_file(flow, path, **options: Any):
     """`flowmagic.ops.distributed.map_file`: `map` over the rows of a .csv, .parquet or
     .jsonl file."""
+    require("pandas", "data", "map over a data file")
+    if options.get("engine", "dask") != "inprocess":
+        require("distributed", "dask", "map on Dask")
     from . import distributed
     return distributed.map_file(flow, path, **options)
 
