@@ -18,7 +18,7 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-from ._internal.aio import in_loop, run_in_script
+from ._internal.aio import in_loop, run_blocking
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
@@ -981,12 +981,11 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
 
 def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
          **kwargs: Any) -> Flow:
-    """`aplan` for scripts; in a notebook cell use `await flowmagic.aplan(...)` or `%%flow`."""
+    """`aplan` to its end, in a script or a notebook cell (the cell waits, as `%%flow` does;
+    `await flowmagic.aplan(...)` leaves it free)."""
     llm = kwargs.pop("llm", None) or get_llm()
-    return run_in_script(lambda: aplan(task, k, model, strategy, llm=llm, **kwargs),
-                         close=llm.aclose,
-                         refusal="plan() blocks; inside a running event loop use "
-                                 "`await flowmagic.aplan(...)` or the %%flow magic")
+    return run_blocking(lambda: aplan(task, k, model, strategy, llm=llm, **kwargs),
+                        close=llm.aclose, name="flowmagic-plan")
 
 
 def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flow:

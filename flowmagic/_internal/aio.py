@@ -1,7 +1,9 @@
 """Await a coroutine to its end from sync code, also inside a running event loop.
 
 A notebook cell runs inside the kernel's loop, where `asyncio.run` is refused; there the
-coroutine runs in a worker thread with a loop of its own, and the cell waits for it.
+coroutine runs in a worker thread with a loop of its own, and the cell waits for it (so
+`flowmagic.plan`, `flow.map`, `slim`, `importance`, `orchestrate` and `trials` block a cell
+the way `%%flow` does, and a plain script gets `asyncio.run`).
 The HTTP clients the coroutine opened belong to that short-lived loop, so the caller hands
 in `close` (e.g. an LLM's `aclose`), awaited in that loop before it ends. Ctrl-C while
 waiting calls `on_interrupt(loop)` in that loop (e.g. to stop a run cleanly) and then
@@ -14,9 +16,8 @@ import asyncio
 import threading
 from typing import Any, Awaitable, Callable, Iterable
 
-from ..errors import ConfigError
 
-__all__ = ["in_loop", "run_blocking", "refuse_in_loop", "run_in_script", "gather_all"]
+__all__ = ["in_loop", "run_blocking", "gather_all"]
 
 
 async def gather_all(coros: Iterable[Awaitable[Any]]) -> list:
@@ -40,29 +41,6 @@ def in_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def refuse_in_loop(message: str) -> None:
-    """A ConfigError saying `message` (what to await instead) inside a running event loop."""
-    if in_loop():
-        raise ConfigError(message)
-
-
-def run_in_script(make: Callable[[], Awaitable[Any]], *, refusal: str,
-                  close: Callable[[], Awaitable[Any]] | None = None) -> Any:
-    """The result of `await make()`, then `await close()`, for a script. Inside a running
-    event loop (a notebook cell) nothing runs: a ConfigError says `refusal` (the coroutine
-    to await there); a cell that must block uses `run_blocking`."""
-    refuse_in_loop(refusal)
-
-    async def main():
-        try:
-            return await make()
-        finally:
-            if close is not None:
-                await close()
-
-    return asyncio.run(main())
 
 
 def run_blocking(make: Callable[[], Awaitable[Any]], *,

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 import networkx as nx
 
 from ..errors import ConfigError, FlowError, PlanError
-from .._internal.aio import gather_all, run_in_script
+from .._internal.aio import gather_all, run_blocking
 from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
                                 as_similarity, get_similarity, similarity_matrix)
 from ..model.status import Status
@@ -386,10 +386,9 @@ async def aevaluate_records(records: Iterable[dict], plan_fn, *, similarity=None
 
 
 def evaluate_records(records: Iterable[dict], plan_fn, **options) -> list[dict]:
-    """`aevaluate_records` for scripts and the CLI (no event loop may be running)."""
-    return run_in_script(lambda: aevaluate_records(records, plan_fn, **options),
-                         refusal="evaluate_records cannot run inside an event loop (a notebook); "
-                                 "use `await aevaluate_records(...)`")
+    """`aevaluate_records` to its end, for scripts, the CLI and a notebook cell."""
+    return run_blocking(lambda: aevaluate_records(records, plan_fn, **options),
+                        name="flowmagic-evaluate")
 
 
 def evaluate_predictions(records: Iterable[dict], preds, *, similarity=None, threshold: float = 0.5,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..llm.endpoints import price_of
-from .._internal.aio import gather_all, run_in_script
+from .._internal.aio import gather_all, run_blocking
 from ..errors import ConfigError, FlowError
 from ..model.graph import Workflow
 from ..model import status as transition
@@ -289,10 +289,10 @@ async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None =
 
 
 def run_sync(flow: "Flow", make: Callable[[], Any], name: str) -> Any:
-    """Run a coroutine for a script; inside a running loop say which coroutine to await."""
-    return run_in_script(make, close=flow.llm.aclose,
-                         refusal=f"{name}() blocks; inside a running event loop (a notebook) use "
-                                 f"`await flow.a{name}(...)`")
+    """A coroutine run to its end, in a script or a notebook cell (a worker thread's loop,
+    see _internal.aio; `await flow.a{name}(...)` is the way that leaves the cell free)."""
+    return run_blocking(make, close=flow.llm.aclose, on_interrupt=flow.stop,
+                        name=f"flowmagic-{name}")
 
 
 # -- scorers --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
-from .._internal.aio import refuse_in_loop, run_in_script
+from .._internal.aio import run_blocking
 from .._internal.text import cut as text_cut
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
 from .consensus import VOTE_SCHEMA, read_vote, refusal, vote_prompt
@@ -636,12 +636,10 @@ async def aorchestrate(task: str, agents: Any = None, *, budget_s: float | None 
 
 def orchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
                 max_turns: int | None = 8, model: str | None = None, **options: Any) -> Orchestration:
-    """`aorchestrate` for scripts; in a notebook, `await flowmagic.aorchestrate(...)` or `start(...)`."""
-    refusal = ("orchestrate() blocks; inside a running event loop use "
-               "`await flowmagic.aorchestrate(...)` or flowmagic.orchestrator.start(...)")
-    refuse_in_loop(refusal)   # before the Orchestrator is made
+    """`aorchestrate` to its end, in a script or a notebook cell (which waits for it; for a
+    live chat in a notebook, `start(...)` returns at once)."""
     orch = Orchestrator(task, agents, budget_s=budget_s, max_turns=max_turns, model=model, **options)
-    return run_in_script(orch.run, close=orch.llm.aclose, refusal=refusal)
+    return run_blocking(orch.run, close=orch.llm.aclose, name="flowmagic-orchestrate")
 
 
 def start(task: str, agents: Any = None, **options: Any) -> Orchestrator:
