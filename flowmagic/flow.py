@@ -958,6 +958,7 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     llm = llm or get_llm()
     settings = Settings(**{**settings, "k": k, "model": model, "strategy": strategy})
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
+    say_where_code_cannot_run(settings)
     run_id = _new_run_id()
     context = None
     if inputs is not None:
@@ -977,6 +978,20 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
                 llm=llm, tools=tools, **settings)
     flow.spent_usd = sum(c.cost_usd for c in candidates)
     return flow
+
+
+def say_where_code_cannot_run(settings: Settings) -> None:
+    """One line, before any paid call, when this machine cannot run model-written code (no
+    bubblewrap, no user namespaces, not Linux) and the flow would try: what to do, and that
+    text-only nodes still run."""
+    if settings.execute == "off" or settings.sandbox != "bwrap":
+        return
+    from .engine.sandbox import sandbox_status
+    status = sandbox_status()
+    if not status.available:
+        print(f"flowmagic: code that models write cannot run here: {status.reason}. Nodes that "
+              "answer in text still run; sandbox=\"none\" runs the code with your rights, only "
+              "on a machine you accept that on", file=sys.stderr)
 
 
 def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",

@@ -174,13 +174,14 @@ def test_probe_set_is_a_seeded_shuffle_not_the_first_rows():
         batch.probe_set([], "exact")
 
 
-def test_map_in_a_running_loop_points_to_amap():
+def test_map_in_a_running_loop_waits_as_a_notebook_cell_does():
+    """Inside a running loop (a notebook cell) map() runs to its end on a loop of its own,
+    as %%flow does, and amap() is there to await."""
     with LoopbackServer(responder=relay) as server:
         flow = make_flow(server)
 
         async def main():
-            with pytest.raises(ConfigError, match="await flow.amap"):
-                flow.map(["x"])
+            assert flow.map(["x"], concurrency=1).results == ["answer: found x"]
             try:
                 return await flow.amap(["x", "y"], concurrency=1)
             finally:

@@ -421,12 +421,6 @@ def test_mistakes_are_one_line_config_errors():
         Orchestrator("t", protocol="smoke")
     with pytest.raises(ConfigError, match="max_turns"):
         Orchestrator("t", max_turns=0)
-
-    async def inside():
-        orchestrate("t")
-
-    with pytest.raises(ConfigError, match="aorchestrate"):
-        asyncio.run(inside())
     agents = Orchestrator("t", "planner, reviewer, statistician").agents
     assert [a.name for a in agents] == ["planner", "reviewer", "statistician"]
     assert agents[2].role == "You are the statistician."

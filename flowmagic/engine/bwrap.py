@@ -21,9 +21,7 @@ its owners afterwards (`hand_over` / `hand_back`).
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import stat
 import sys
@@ -178,6 +176,9 @@ def _unused(window: tuple[int, int], key: int, known) -> int:
 
 def sandbox_ids(workdir: str) -> tuple[int, int]:
     """(uid, gid) the code runs as when flowmagic runs as root: unused, one per workdir."""
+    import grp   # POSIX only: imported here so that flowmagic imports where they do not exist
+    import pwd
+
     st = os.stat(workdir)
     key = hash((st.st_dev, st.st_ino)) & 0x7FFFFFFF
     return (_unused(_id_window("/proc/self/uid_map"), key, pwd.getpwuid),

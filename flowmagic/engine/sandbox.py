@@ -236,7 +236,7 @@ def _unavailable(why: str) -> SandboxStatus:
 def _probe() -> SandboxStatus:
     if not sys.platform.startswith("linux"):
         return _unavailable(f"model-written code runs only under bubblewrap, which needs Linux "
-                            f"(this is {sys.platform}): run flowmagic on Linux or in WSL2")
+                            f"(this is {sys.platform}): run flowmagic on Linux, or in WSL2 on Windows")
     if shutil.which("bwrap") is None:
         return _unavailable("bubblewrap is not installed: install it (apt-get install "
                             "bubblewrap, dnf install bubblewrap, pacman -S bubblewrap)")
