@@ -636,8 +636,22 @@ class Store:
             self._cached([c[0] for c in caches])   # (a rollback leaves keys that just miss)
         return list(range(last - len(rows) + 1, last + 1))
 
-    def recent_calls(self, n: int = 10, *, run_id: str | None = None) -> list[dict]:
-        where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+    def recent_calls(self, n: int = 10, *, run_id: str | None = None, model: str | None = None,
+                     query: str | None = None) -> list[dict]:
+        """The newest n calls, of one run, one model and/or whose prompt or answer holds
+        `query` (case-insensitive, as written: no wildcards)."""
+        conditions, args = [], []
+        if run_id:
+            conditions.append("run_id = ?")
+            args.append(run_id)
+        if model:   # as stored ("endpoint:model") or the model alone
+            conditions.append("(model = ? OR substr(model, instr(model, ':') + 1) = ?)")
+            args += [model, model]
+        if query:
+            pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            conditions.append("(messages LIKE ? ESCAPE '\\' OR response LIKE ? ESCAPE '\\')")
+            args += [pattern, pattern]
+        where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
         n = max(0, min(int(n), 2**62))   # SQLite integers are 64-bit
         rows = self._query(f"SELECT * FROM calls {where} ORDER BY id DESC LIMIT ?", (*args, n))
         for row in rows:

@@ -194,6 +194,26 @@ def test_log_lists_calls(server, capsys):
     assert json.loads(flowmagic(capsys, "log", "--json")[1])[0]["purpose"] == "plan"
 
 
+def test_log_filters_by_model_run_and_text_and_says_where_the_store_is(server, capsys,
+                                                                       flowmagic_home):
+    flowmagic(capsys, "plan", TASK, "--k", "1", "--name", "tea")
+    flowmagic(capsys, "run", "Write a haiku about coffee", "--k", "1", "--no-execute",
+              "--model", "other", "--name", "coffee")
+    everything = json.loads(flowmagic(capsys, "log", "-n", "100", "--json")[1])
+    assert {r["model"] for r in everything} == {"default:m", "default:other"}
+    by_model = json.loads(flowmagic(capsys, "log", "-n", "100", "-m", "other", "--json")[1])
+    assert by_model and {r["model"] for r in by_model} == {"default:other"}
+    tea = get_store().load_run("tea")["id"]
+    by_run = json.loads(flowmagic(capsys, "log", "-n", "100", "-r", "tea", "--json")[1])
+    assert by_run and {r["run_id"] for r in by_run} == {tea}
+    by_text = json.loads(flowmagic(capsys, "log", "-n", "100", "-q", "HAIKU", "--json")[1])
+    assert by_text and all("haiku" in json.dumps(r["messages"]).lower() for r in by_text)
+    assert len(by_text) < len(everything)
+    assert flowmagic(capsys, "log", "-q", "no such words anywhere")[1] == "no model call matches\n"
+    code, out, _ = flowmagic(capsys, "log", "path")
+    assert code == 0 and out == f"{flowmagic_home / 'flowmagic.db'}\n"
+
+
 def test_the_command_is_installed_and_its_help_is_in_the_readme():
     env = {**os.environ, "COLUMNS": "100"}
     run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "flowmagic"), "--help"],
