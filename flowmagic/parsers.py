@@ -20,7 +20,7 @@ from .errors import ConfigError
 from ._internal.text import one_line
 
 __all__ = ["FlowArgs", "OrchestrateArgs", "SlimArgs", "Command", "SUBCOMMANDS", "FLOW_USAGE", "parse_flow_line",
-           "parse_command", "parse_assignments", "interpolate", "command_usage", "check_name",
+           "parse_command", "flow_help", "flow_option_strings", "subcommand_help", "ARGUMENTS", "parse_assignments", "interpolate", "command_usage", "check_name",
            "is_flow_name",
            "parse_cheaper", "parse_slim_options", "single_brace_names", "add_map_options",
            "map_options", "parse_map_options"]
@@ -50,9 +50,21 @@ SUBCOMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "config": (("[KEY=VALUE ...]",), "show or set the defaults of %%flow"),
     "models": ((), "configured endpoints and priced models, with whether each key is set"),
     "log": (("[N]",), "the last N model calls (default 10)"),
-    "help": ((), "this list"),
+    "help": (("[SUBCOMMAND]",), "this list, or what one subcommand takes (also %flow SUBCOMMAND --help)"),
 }
-_VARIADIC = {"config": (0, None), "log": (0, 1), "slim": (1, 5), "map": (2, None)}
+# what each argument of a subcommand is (its options are described by their parsers)
+ARGUMENTS = {
+    "NAME": "a flow of this notebook (a variable a %%flow cell bound)",
+    "NODE": "a node id of that flow (%flow show NAME lists them)",
+    "MODEL": "a model id, e.g. gpt-4.1-mini, or ENDPOINT:MODEL (cheap:llama3.2)",
+    "REQUIREMENT": "the node's new requirement, quoted when it has spaces",
+    "PATH": "the notebook to write, e.g. report.ipynb",
+    "DATA": "a .csv, .parquet or .jsonl file: one input per row, columns as {{field}}",
+    "GOLD.json": "a gold task graph (nodes and edges) to score the plan against",
+    "[KEY=VALUE ...]": "settings for later %%flow cells, e.g. k=2 sandbox=none; none: show them",
+    "[N]": "how many calls (default 10)",
+}
+_VARIADIC = {"config": (0, None), "log": (0, 1), "help": (0, 1), "slim": (1, 5), "map": (2, None)}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 _SINGLE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
@@ -145,38 +157,42 @@ def _rate(what: str):
 
 
 def _flow_parser() -> _Parser:
-    p = _Parser(prog="%%flow", add_help=False, allow_abbrev=False)
-    p.add_argument("name", nargs="?", default="flow")
-    p.add_argument("--k", type=_positive(int, "--k", 1))
-    p.add_argument("--max-k", dest="max_k", type=_positive(int, "--max-k", 1))
-    p.add_argument("--model")
-    p.add_argument("--strategy")
-    p.add_argument("--update")
-    p.add_argument("--validate")
-    p.add_argument("--concurrency", type=_positive(int, "--concurrency", 1))
-    p.add_argument("--context", choices=("parents", "ancestors"))
-    p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0))
-    p.add_argument("--update-k", dest="update_k", type=_positive(int, "--update-k", 1))
-    p.add_argument("--max-updates", dest="max_updates", type=_positive(int, "--max-updates", 0))
-    p.add_argument("--mask-rate", dest="mask_rate", type=_rate("--mask-rate"))
-    p.add_argument("--fail-rate", dest="fail_rate", type=_rate("--fail-rate"))
-    p.add_argument("--seed", type=_positive(int, "--seed", 0))
-    p.add_argument("--sandbox", choices=("bwrap", "none"))
-    p.add_argument("--no-interpolate", dest="interpolate", action="store_false")
-    p.add_argument("--tools")
-    p.add_argument("--inputs")
-    p.add_argument("--execute", choices=("auto", "off"))
-    p.add_argument("--mode", dest="kind", choices=("aov", "orchestrate"), default="aov")
-    p.add_argument("--agents")
-    p.add_argument("--budget-s", dest="budget_s", type=_positive(float, "--budget-s", 0.001))
-    p.add_argument("--max-turns", dest="max_turns", type=_positive(int, "--max-turns", 1))
+    p = _Parser(prog="%%flow", add_help=False, allow_abbrev=False,
+                description="Plan the cell's task as a graph of subtasks; the next lines are the "
+                "task, with {{var}} filled from the notebook.",
+                epilog="%flow SUBCOMMAND ... steers a flow: %flow help lists them, "
+                "%flow SUBCOMMAND --help describes one.")
+    p.add_argument("name", nargs="?", default="flow", help="the variable the flow is bound to (default flow)")
+    p.add_argument("--k", type=_positive(int, "--k", 1), help="candidate plans to ask for (default 3); each is a paid call")
+    p.add_argument("--max-k", dest="max_k", type=_positive(int, "--max-k", 1), help="allow --k above 10, up to this (at most 1000)")
+    p.add_argument("--model", help="the model for planning and nodes, e.g. gpt-4.1-mini or cheap:llama3.2")
+    p.add_argument("--strategy", help="planning strategy: balanced, parallel, sequential, ...")
+    p.add_argument("--update", help="when the updater revises the plan: on-failure, after-completion, concurrent, off")
+    p.add_argument("--validate", help="check each output: none or llm")
+    p.add_argument("--concurrency", type=_positive(int, "--concurrency", 1), help="nodes running at once (default 8)")
+    p.add_argument("--context", choices=("parents", "ancestors"), help="which results a node reads")
+    p.add_argument("--budget-usd", dest="budget_usd", type=_positive(float, "--budget-usd", 0), help="stop the run once it has spent this many USD")
+    p.add_argument("--update-k", dest="update_k", type=_positive(int, "--update-k", 1), help="candidate updates per update")
+    p.add_argument("--max-updates", dest="max_updates", type=_positive(int, "--max-updates", 0), help="updates a run may make")
+    p.add_argument("--mask-rate", dest="mask_rate", type=_rate("--mask-rate"), help="fault injection: share of finished outputs turned into \"none\"")
+    p.add_argument("--fail-rate", dest="fail_rate", type=_rate("--fail-rate"), help="fault injection: share of attempts that fail")
+    p.add_argument("--seed", type=_positive(int, "--seed", 0), help="the seed of every model call and of fault injection")
+    p.add_argument("--sandbox", choices=("bwrap", "none"), help="where model-written code runs: bwrap (default) or none (your rights: only knowingly)")
+    p.add_argument("--no-interpolate", dest="interpolate", action="store_false", help="leave {{var}} in the task as written")
+    p.add_argument("--tools", help="functions of this notebook the nodes may call, e.g. load_csv,plot")
+    p.add_argument("--inputs", help="files copied into the run's workspace, e.g. sales.csv,regions.csv")
+    p.add_argument("--execute", choices=("auto", "off"), help="run the Python an answer holds in the sandbox (auto) or keep it as text (off)")
+    p.add_argument("--mode", dest="kind", choices=("aov", "orchestrate"), default="aov", help="a planned workflow (aov, default) or an orchestrator with agents")
+    p.add_argument("--agents", help="with --mode orchestrate: the agents, e.g. planner,analyst,coder")
+    p.add_argument("--budget-s", dest="budget_s", type=_positive(float, "--budget-s", 0.001), help="with --mode orchestrate: seconds it may take (default 300)")
+    p.add_argument("--max-turns", dest="max_turns", type=_positive(int, "--max-turns", 1), help="with --mode orchestrate: turns it may take (default 8)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--plan-only", dest="mode", action="store_const", const="plan-only")
-    mode.add_argument("--run", dest="mode", action="store_const", const="run")
-    mode.add_argument("--step", dest="mode", action="store_const", const="step")
-    p.add_argument("--debug", action="store_true")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("-h", "--help", action="store_true")
+    mode.add_argument("--plan-only", dest="mode", action="store_const", const="plan-only", help="plan and show the panel; run nothing (default)")
+    mode.add_argument("--run", dest="mode", action="store_const", const="run", help="plan, then run at once")
+    mode.add_argument("--step", dest="mode", action="store_const", const="step", help="plan, then run the nodes that are ready")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    p.add_argument("--force", action="store_true", help="replace a variable NAME that holds something other than a flow")
+    p.add_argument("-h", "--help", action="store_true", help="this help")
     return p
 
 
@@ -230,6 +246,34 @@ def command_usage() -> str:
     return "\n".join([f"usage: {FLOW_USAGE}", "       %flow SUBCOMMAND ... [--debug]", *rows])
 
 
+def flow_option_strings() -> list[list[str]]:
+    """The option strings of a `%%flow` line (for tab completion)."""
+    return [a.option_strings for a in _flow_parser()._actions if a.option_strings]
+
+
+def flow_help() -> str:
+    """`%%flow?` and `%%flow --help`: every option described, then the subcommands."""
+    return _flow_parser().format_help() + "\n" + command_usage()
+
+
+def subcommand_help(name: str) -> str:
+    """`%flow NAME --help`: its shape, what it does, and what each argument and option is."""
+    if name not in SUBCOMMANDS:
+        raise ConfigError(f"unknown subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)}")
+    names, what = SUBCOMMANDS[name]
+    lines = [f"usage: %flow {' '.join([name, *names])} [--debug]", "", what]
+    plain = [a for a in names if a in ARGUMENTS]
+    if plain:
+        width = max(map(len, plain))
+        lines += ["", "arguments:", *(f"  {a:<{width}}  {ARGUMENTS[a]}" for a in plain)]
+    options = {"map": add_map_options, "slim": _slim_options}.get(name)
+    if options:
+        p = argparse.ArgumentParser(prog=f"%flow {name}", add_help=False)
+        options(p)
+        lines += ["", "options:", *p.format_help().split("options:\n", 1)[1].rstrip().splitlines()]
+    return "\n".join(lines)
+
+
 def parse_command(line: str) -> Command:
     """A `%flow` line: the subcommand, its arguments checked for count, and --debug."""
     words = _split(line, "%flow")
@@ -240,6 +284,8 @@ def parse_command(line: str) -> Command:
     name, args = words[0], words[1:]
     if name in ("-h", "--help"):
         name = "help"
+    if name in SUBCOMMANDS and name != "help" and ("--help" in args or "-h" in args):
+        return Command("help", [name], debug)
     if name not in SUBCOMMANDS:
         raise ConfigError(f"unknown subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)}")
     names = SUBCOMMANDS[name][0]
@@ -268,12 +314,19 @@ def parse_cheaper(text: str) -> dict[str, str]:
 def parse_slim_options(words: list[str]) -> SlimArgs:
     """The options of `%flow slim NAME`."""
     p = _Parser(prog="%flow slim", add_help=False, allow_abbrev=False)
-    p.add_argument("--cheaper", default="")
-    p.add_argument("--tau", type=_positive(float, "--tau", 0.0), default=0.95)
+    _slim_options(p)
     ns = p.parse_args(words)
     if not 0 < ns.tau <= 1:
         raise ConfigError(f"%flow slim: --tau must be in (0, 1], e.g. 0.95, not {ns.tau:g}")
     return SlimArgs(parse_cheaper(ns.cheaper), ns.tau)
+
+
+def _slim_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cheaper", default="", metavar="A=B,...",
+                   help="the cheaper model to try for each model, e.g. gpt-4.1=gpt-4.1-mini")
+    p.add_argument("--tau", type=_positive(float, "--tau", 0.0), default=0.95, metavar="T",
+                   help="a step is kept when the score stays at or above T times the baseline "
+                        "(default 0.95)")
 
 
 def add_map_options(p: argparse.ArgumentParser) -> None:

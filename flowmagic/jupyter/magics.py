@@ -26,7 +26,9 @@ from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
 from ..view.display import Report, table
 from ..errors import BudgetError, ConfigError, FlowError
-from ..parsers import (Command, command_usage, interpolate, parse_assignments,
+from ..parsers import (SUBCOMMANDS, Command, command_usage, flow_help, flow_option_strings,
+                       interpolate,
+                       parse_assignments, subcommand_help,
                        parse_command, parse_flow_line, parse_map_options, parse_slim_options,
                        single_brace_names)
 from ..model.status import AnswerState
@@ -133,7 +135,7 @@ class FlowMagics(Magics):
     def handle_cell(self, line: str, cell: str):
         args = parse_flow_line(line)
         if args.help:
-            print(command_usage())
+            print(flow_help())
             return None
         self._check_free(args.name, args.force)
         tables: dict = {}
@@ -284,6 +286,10 @@ class FlowMagics(Magics):
         return {k: v for k, v in self.shell.user_ns.items()
                 if isinstance(v, Flow) and not k.startswith("_")}
 
+    def flow_names(self) -> list[str]:
+        """The flows of this notebook, by variable name (for tab completion)."""
+        return sorted(self._flows())
+
     def _flow(self, name: str):
         flows = self._flows()
         if name not in flows:
@@ -291,8 +297,8 @@ class FlowMagics(Magics):
             raise ConfigError(f"no flow named {name!r}; flows in this notebook: {known}")
         return flows[name]
 
-    def handle_help(self) -> None:
-        print(command_usage())
+    def handle_help(self, subcommand: str | None = None) -> None:
+        print(subcommand_help(subcommand) if subcommand else command_usage())
 
     def handle_list(self) -> Report:
         from ..view.display import list_report
@@ -524,11 +530,39 @@ def _notebook_magics(shell, magics: FlowMagics) -> None:
         shell.register_magic_function(no_var_expand(magic), magic_kind="cell", magic_name=name)
 
 
+# `%%flow?` shows this: every option described, then the subcommands
+FlowMagics.flow.__doc__ = flow_help()
+
+# the subcommands whose first argument is a flow of the notebook
+_TAKES_A_FLOW = {n for n, (args, _) in SUBCOMMANDS.items() if args[:1] == ("NAME",)}
+
+
+def complete(magics: FlowMagics, line: str) -> list[str]:
+    """Tab completion of a `%flow` line: the subcommands, then a flow's name where one goes
+    (and a `%%flow` line's options)."""
+    words = line.split()
+    typing = "" if line.endswith((" ", "\t")) else (words[-1] if len(words) > 1 else "")
+    done = words[1:-1] if typing else words[1:]
+    if words[0].startswith("%%"):
+        options = [o for a in flow_option_strings() for o in a]
+        return [o for o in options if o.startswith(typing)] if typing.startswith("-") else []
+    if not done:
+        return [n for n in SUBCOMMANDS if n.startswith(typing)]
+    if len(done) == 1 and done[0] in _TAKES_A_FLOW:
+        return [n for n in magics.flow_names() if n.startswith(typing)]
+    if len(done) == 1 and done[0] == "help":
+        return [n for n in SUBCOMMANDS if n.startswith(typing)]
+    return []
+
+
 def load_ipython_extension(shell) -> None:
     magics = FlowMagics(shell=shell, config=shell.config)
     shell.register_magics(magics)
     shell.configurables.append(magics)
     _notebook_magics(shell, magics)
+    completer = lambda _self, event: complete(magics, event.line)   # noqa: E731
+    for key in ("%flow", "%%flow"):
+        shell.set_hook("complete_command", completer, str_key=key)
 
 
 def unload_ipython_extension(shell) -> None:
