@@ -19,6 +19,7 @@ import weakref
 from typing import Any, Callable
 
 from ._internal.aio import in_loop, run_blocking
+from ._internal.bars import progress_bar, ticking
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
@@ -897,7 +898,11 @@ class Flow:
         if options:
             raise ConfigError(f"map() options {sorted(options)} are for engine='dask'; "
                               "drop them or pass engine='dask'")
-        return _ops().run_sync(self, lambda: self.amap(inputs, concurrency, scorer), "map")
+        size = len(inputs) if hasattr(inputs, "__len__") else None
+        with progress_bar(f"{self.name}: map", size, "input") as bar:
+            return _ops().run_sync(self, lambda: _ops().amap(
+                self, inputs, concurrency=concurrency, scorer=scorer,
+                progress=ticking(bar, None)), "map")
 
     def map_file(self, path, engine: Any = "dask", **options: Any):
         """`map` over the rows of a .csv, .parquet or .jsonl file (columns as {{field}});
@@ -915,8 +920,11 @@ class Flow:
 
     def importance(self, probe: Any = None, scorer: Any = None, **options: Any):
         """The node importance table (see flowmagic.ops.slimming.aimportance for the options)."""
-        return _ops().run_sync(self, lambda: self.aimportance(probe, scorer, **options),
-                               "importance")
+        with progress_bar(f"{self.name}: importance", unit="configuration") as bar:
+            options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
+                                          _evaluated)
+            return _ops().run_sync(self, lambda: self.aimportance(probe, scorer, **options),
+                                   "importance")
 
     async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
         ops = _ops()
@@ -926,13 +934,24 @@ class Flow:
     def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
         """(slimmed Flow, SlimReport), also kept as `last_slim`; this flow's workflow is
         untouched (see flowmagic.ops.slimming.aslim)."""
-        return _ops().run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
+        with progress_bar(f"{self.name}: slim", unit="configuration") as bar:
+            options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
+                                          _evaluated)
+            return _ops().run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
+
+    def _slim_event(self, event: dict) -> None:
+        self.emit("slim", None, event)
 
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
         ops = _ops()
         options.setdefault("progress", lambda e: self.emit("slim", None, e))
         self.last_slim = await ops.aslim(self, ops.resolve_probe(self, probe, scorer), **options)
         return self.last_slim
+
+
+def _evaluated(event: Any) -> bool:
+    """A step of slim's and importance's bars: one configuration scored on the probe set."""
+    return isinstance(event, dict) and event.get("phase") == "evaluated"
 
 
 def _ops():
@@ -987,7 +1006,10 @@ def say_where_code_cannot_run(settings: Settings) -> None:
     if settings.execute == "off" or settings.sandbox != "bwrap":
         return
     from .engine.sandbox import sandbox_status
-    status = sandbox_status()
+    try:
+        status = sandbox_status()
+    except OSError:   # no temporary folder to try one in: a node that runs code will say so
+        return
     if not status.available:
         print(f"flowmagic: code that models write cannot run here: {status.reason}. Nodes that "
               "answer in text still run; sandbox=\"none\" runs the code with your rights, only "

@@ -376,7 +376,7 @@ def test_evaluate_records_with_sync_and_async_planners(gold):
     assert all(r["ssi"] == 1.0 for r in evaluate_records(gold[:3], aplan, similarity="tfidf"))
 
 
-def test_planner_bugs_propagate_and_loops_need_the_async_form(gold):
+def test_planner_bugs_propagate_and_a_running_loop_waits_as_a_cell_does(gold):
     def broken(record):
         raise RuntimeError("bug")
 
@@ -384,11 +384,11 @@ def test_planner_bugs_propagate_and_loops_need_the_async_form(gold):
         evaluate_records(gold[:2], broken)
 
     async def inside_a_loop():
-        with pytest.raises(ConfigError, match="aevaluate_records"):
-            evaluate_records(gold[:1], lambda r: r)
-        return await aevaluate_records(gold[:1], lambda r: r, similarity="tfidf")
+        blocking = evaluate_records(gold[:1], lambda r: r, similarity="tfidf")
+        return blocking, await aevaluate_records(gold[:1], lambda r: r, similarity="tfidf")
 
-    assert asyncio.run(inside_a_loop())[0]["node_f1"] == 1.0
+    blocking, awaited = asyncio.run(inside_a_loop())
+    assert blocking[0]["node_f1"] == awaited[0]["node_f1"] == 1.0
 
 
 def test_write_results_csv_and_json(gold, tmp_path):

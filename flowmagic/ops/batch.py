@@ -257,8 +257,10 @@ class BatchRun:
 
 async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None = 4,
                scorer: Any = None, workflow: Workflow | None = None,
-               limit: asyncio.Semaphore | None = None) -> BatchRun:
-    """Run `workflow` (default: the flow's) once per input, at most `concurrency` at once."""
+               limit: asyncio.Semaphore | None = None,
+               progress: Callable[[Item], Any] | None = None) -> BatchRun:
+    """Run `workflow` (default: the flow's) once per input, at most `concurrency` at once;
+    `progress(item)` hears each input as it finishes."""
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):   # a pandas DataFrame
         inputs = [{str(k): v for k, v in row.items()} for row in inputs.to_dict("records")]
     inputs = list(inputs)
@@ -278,9 +280,12 @@ async def amap(flow: "Flow", inputs: Iterable[Any], *, concurrency: int | None =
             active += 1
             batch.max_active = max(batch.max_active, active)
             try:
-                return await run_one(flow, workflow, example, index, scorer)
+                item = await run_one(flow, workflow, example, index, scorer)
             finally:
                 active -= 1
+        if progress is not None:
+            progress(item)
+        return item
 
     started = time.perf_counter()
     batch.items = await gather_all([one(i, x) for i, x in enumerate(inputs)])

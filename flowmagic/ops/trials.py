@@ -318,12 +318,15 @@ async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
 
 
 def trials(source: Any, **options: Any) -> TrialReport:
-    """`atrials` for scripts; in a notebook use `await flowmagic.atrials(...)`."""
+    """`atrials` to its end, in a script or a notebook cell, with a progress bar."""
     from .._internal.aio import run_blocking
+    from .._internal.bars import progress_bar, ticking
 
     llm = options.pop("llm", None)
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
-    return run_blocking(lambda: atrials(source, llm=llm, **options), close=llm.aclose,
-                        name="flowmagic-trials")
+    with progress_bar("trials", unit="trial") as bar:
+        options["progress"] = ticking(bar, options.get("progress"))
+        return run_blocking(lambda: atrials(source, llm=llm, **options), close=llm.aclose,
+                            name="flowmagic-trials")
