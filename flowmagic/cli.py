@@ -201,7 +201,7 @@ def _drawings(flow, folder: Path, name: str) -> list[Path]:
 
 def _summary(flow, seconds: float) -> str:
     counts = flow.counts()
-    total = flow.cost()["total"]
+    total = flow.cost_data()["total"]
     failed = f", {counts[Status.FAILED]} failed" if counts.get(Status.FAILED) else ""
     return (f"{flow.name}: {flow.status}; {counts.get(Status.DONE, 0)}/{flow.total()} nodes done{failed}; "
             f"{seconds:.1f} s; {total['calls'] - total['cached']} model calls "

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ._internal.aio import in_loop, run_blocking
 from ._internal.bars import progress_bar, ticking
+from .view.frames import Candidates, cost_frame, rows_frame
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
@@ -79,7 +80,7 @@ class Flow:
                  origin: str | None = None, inputs: Any = None, **settings: Any):
         self.workflow = workflow
         self.name = name
-        self.candidates = list(candidates or [])
+        self.candidates = Candidates(candidates or [])
         self.chosen = chosen
         self.settings = Settings(**settings)
         self.run_id = run_id or _new_run_id()
@@ -806,7 +807,13 @@ class Flow:
     def total(self) -> int:
         return sum(1 for n in self.workflow.nodes.values() if n.status != Status.PRUNED)
 
-    def cost(self) -> dict:
+    def cost(self):
+        """Tokens and USD of this run so far, by purpose, node and model: a DataFrame with
+        pandas (`.total`: the totals; `["total"]` and `["rows"]` still work), else
+        {"total": ..., "rows": [...]} (see cost_data)."""
+        return cost_frame(self.cost_data())
+
+    def cost_data(self) -> dict:
         """Tokens and USD of this run so far, by node and in total (planning and checks too).
         `cached` counts calls answered by flowmagic's response cache; `cached_tokens` the
         input tokens the endpoint served from its own prompt cache (priced at its cached rate)."""
@@ -833,7 +840,12 @@ class Flow:
                                         (self.workflow.task or "", node.requirement))
         return numbers.trace_rows(numbers.trace(stated, numbers.output_lines(self.workflow, node_id)))
 
-    def timeline(self) -> list[dict]:
+    def timeline(self):
+        """`timeline_rows()` as a DataFrame with pandas (one row per node that ran), else
+        the rows."""
+        return rows_frame(self.timeline_rows())
+
+    def timeline_rows(self) -> list[dict]:
         """One row per node that ran: start, end, duration, tokens, cost, attempts, and the
         model calls made for it with why each was made (flowmagic.engine.calls)."""
         from .engine.calls import node_calls

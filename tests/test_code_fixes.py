@@ -89,7 +89,7 @@ def test_a_code_error_that_persists_goes_to_the_updater_never_to_refine_or_subst
     assert not any(REFINE in s or SUBSTITUTE in s for s in systems)
     assert [e["kind"] for e in flow.update_log] == ["replan"]
     # every call counted, each with why it was made: in the timeline, and in the panel
-    row = flow.timeline()[0]
+    row = flow.timeline_rows()[0]
     assert row["calls_why"] == [
         "attempt (#1)",
         "retry after: The code failed: NameError: name 'undefined_table' is not defined (#2)",

@@ -57,7 +57,7 @@ def make_flow(plan, server, **settings):
 
 
 def makespan(flow):
-    rows = flow.timeline()
+    rows = flow.timeline_rows()
     return max(r["end"] for r in rows) - min(r["start"] for r in rows)
 
 

@@ -132,7 +132,7 @@ def test_downgrading_a_finished_node_changes_its_next_run_not_its_history(server
     panel.node_picker.value = "draft"
     assert "ran on default:gpt-4o · next run: gpt-4o-mini" in panel.node_info.value
     panel.close()
-    assert [r["model"] for r in flow.timeline()] == ["default:gpt-4o", "default:gpt-4o"]
+    assert [r["model"] for r in flow.timeline_rows()] == ["default:gpt-4o", "default:gpt-4o"]
     nb = flow.to_notebook(tmp_path / "note.ipynb")
     meta = json.loads(nb.read_text())["metadata"]["flowmagic"]
     assert meta["nodes"]["draft"]["models"] == ["default:gpt-4o"]

@@ -451,7 +451,7 @@ class Panel:
     def _meter(self) -> str:
         from ..view.render import usd
 
-        total = self.flow.cost()["total"]
+        total = self.flow.cost_data()["total"]
         reused = (f" ({_fmt_int(total['cached_tokens'])} from the prompt cache)"
                   if total["cached_tokens"] else "")
         line = (f"tokens {_fmt_int(total['input_tokens'])} in{reused} · "

@@ -256,7 +256,7 @@ async def _run_plan(base, arm: Arm, name: str, **settings: Any) -> None:
     flow = Flow(fresh_copy(base.workflow), name=name, llm=base.llm, **settings)
     arm.folder = str(flow.workspace.root)
     await flow.arun()
-    total = flow.cost()["total"]
+    total = flow.cost_data()["total"]
     arm.calls, arm.cost_usd = total["calls"], total["cost_usd"]
     arm.tokens = total["input_tokens"] + total["output_tokens"]
     if flow.status != "done":

@@ -114,7 +114,7 @@ def drawing_bundles(flow) -> list[tuple[dict, dict]]:
         graph["image/png"] = base64.b64encode(render.png(flow)).decode("ascii")
     else:
         graph["text/plain"] += f"\n{render.DOT_HINT}\n{render.draw(flow).source}"
-    rows = flow.timeline()
+    rows = flow.timeline_rows()
     timeline: dict[str, Any] = {"text/plain": _timeline_text(rows),
                                 "image/svg+xml": render.timeline_svg(flow)}
     picture = _timeline_png(rows)
@@ -182,7 +182,7 @@ def _node_record(node, folder: Path | None = None, budget: FigureBudget | None =
 def _overhead(flow) -> dict:
     """Calls that belong to no node: planning, updates, validation, the final write-up."""
     out = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
-    for row in flow.cost()["rows"]:
+    for row in flow.cost_data()["rows"]:
         if row.get("purpose") == "node":
             continue
         for key in out:
@@ -284,7 +284,7 @@ def _metadata(flow, record: dict, endpoints: list[dict], name: str) -> dict:
             "settings": {k: setting_value(v) for k, v in flow.settings.items()},
             "endpoints": endpoints,
             "planning": {"chosen": getattr(flow, "chosen", 0), "candidates": candidates},
-            "nodes": nodes, "cost": flow.cost()["total"], "timeline": flow.timeline(),
+            "nodes": nodes, "cost": flow.cost_data()["total"], "timeline": flow.timeline_rows(),
             "update_log": flow.update_log, "result": flow.result}
     return json.loads(json.dumps(meta, default=str))   # plain JSON all the way down
 

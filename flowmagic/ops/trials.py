@@ -249,7 +249,7 @@ async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, ex
     trial.updates = len(flow.update_log)
     trial.initial_tasks = len(initial)
     trial.changed_tasks = len(changed_originals(initial, flow.update_log))
-    cost = flow.cost()["total"]
+    cost = flow.cost_data()["total"]
     trial.calls, trial.cost_usd = cost["calls"], cost["cost_usd"]
     if expected is not None:
         trial.answer_score = await batch.score(scorer, flow.result or _outputs(flow),

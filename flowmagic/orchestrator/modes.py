@@ -128,7 +128,7 @@ async def _workflow(example: dict, run: ModeRun, *, llm, model, k: int, settings
     flow = await aplan(example["task"], k=k, model=model, llm=llm, name=f"mode_{run.index}",
                        **settings)
     await flow.arun()
-    total = flow.cost()["total"]   # planning included
+    total = flow.cost_data()["total"]   # planning included
     run.tokens, run.calls = total["input_tokens"] + total["output_tokens"], total["calls"]
     done = [n.output or "" for n in flow.workflow.nodes.values() if n.status == "done"]
     return flow.result or "\n".join(done)

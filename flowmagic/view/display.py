@@ -129,7 +129,7 @@ def list_report(flows: dict, runs: list[dict]) -> Report:
 def cost_report(flow) -> Report:
     from .render import usd
 
-    cost = flow.cost()
+    cost = flow.cost_data()
     rows = [[r["purpose"] or "", r["node_id"] or "", r["model"], r["calls"], r["cached"] or 0,
              r["input_tokens"] or 0, r["cached_tokens"] or 0, r["output_tokens"] or 0,
              usd(r["cost_usd"], r["unpriced"])]
@@ -150,7 +150,7 @@ def cost_report(flow) -> Report:
 def timeline_report(flow) -> Report:
     from .render import timeline_svg
 
-    rows = flow.timeline()
+    rows = flow.timeline_rows()
     if not rows:
         return Report(f"flow {flow.name!r}: nothing has run yet", run=flow.run_id)
     t0 = rows[0]["start"]

@@ -319,7 +319,7 @@ def timeline_svg(flow_or_rows: Any, *, critical: Iterable[str] | None = None,
     from .timescale import of_rows
 
     if hasattr(flow_or_rows, "timeline"):
-        rows = flow_or_rows.timeline()
+        rows = flow_or_rows.timeline_rows()
         if critical is None:
             critical = critical_path(flow_or_rows.workflow, "duration")[0]
         if tool_calls is None and hasattr(flow_or_rows, "tool_calls"):
