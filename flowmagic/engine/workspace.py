@@ -43,6 +43,7 @@ _ROWS = 5                 # rows shown to the agents
 _SCHEMA_ROWS = 2000       # rows read to find a CSV's dtypes
 _HEAD_BYTES = 4 << 20     # of a table read to find its schema (never the whole file)
 _COLUMNS = 60             # columns a description lists (the rest are counted)
+_NAMED_COLUMNS = 1000     # column names `columns()` gives of one table
 _MAX_VALUE_CHARS = 2000   # of a value's text shown in a prompt
 _RECORD_BYTES = 8 << 20   # a record larger than this is not one flowmagic wrote
 _KINDS = ("table", "file", "value")
@@ -330,19 +331,18 @@ class Workspace:
     def columns(self) -> dict[str, list[str]]:
         """{file: its column names} of every table input, read from the file's header (what
         a retry names on a KeyError: the real columns, never a model's idea of them); at
-        most `_HEAD_BYTES` of each file are read, through the door."""
+        most `_HEAD_BYTES` of each file are read, through the door, and `_NAMED_COLUMNS`
+        names kept."""
         out = {}
         for table in self.inputs:
             if table.kind != "table" or not table.path.lower().endswith((".csv", ".tsv")):
                 continue
             try:
-                import pandas as pd
-
                 sep = "\t" if table.path.lower().endswith(".tsv") else ","
                 head, _ = confined.read_head(self.root, table.path, _HEAD_BYTES)
-                first = head.split(b"\n", 1)[0] + b"\n"
-                out[table.path] = [str(c) for c in pd.read_csv(io.BytesIO(first), sep=sep,
-                                                               nrows=0).columns]
+                first = head.split(b"\n", 1)[0].decode("utf-8-sig", "replace").rstrip("\r")
+                # csv, not pandas: pandas took 41 s over a header of 300,000 columns
+                out[table.path] = next(csv.reader([first], delimiter=sep))[:_NAMED_COLUMNS]
             except Exception:  # noqa: BLE001 - an unreadable table has no columns to name
                 continue
         return out
