@@ -46,6 +46,7 @@ _NUMBER = re.compile(
     r"(?P<tail>%|(?:st|nd|rd|th)\b|\s?(?:thousand|million|billion|trillion)\b)?"
     r"(?![\w]|[.,]\d|:\d|-\d|/\d)",                    # nor followed by more of one
     re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
 _MARKER = re.compile(r"^\s*(?:[-*]\s*)?\d{1,2}[.)]\s")
 _FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?^[ \t]*\1[`~]*[ \t]*$|`[^`\n]+`",
                      re.MULTILINE | re.DOTALL)
@@ -109,7 +110,9 @@ def _given(texts: Iterable[str]) -> set[float]:
 def stated_numbers(text: str, given: Iterable[str] = ()) -> list[Stated]:
     """The numbers `text` states that must trace (see the module's rule for what is left
     out); `given` are texts whose numbers need no tracing (the task, the requirement)."""
-    known = _given(given)
+    if not _DIGIT.search(text or ""):
+        return []   # (most answers of a text workflow: no pass over its lines or the task's)
+    known = None
     out = []
     for line in _plain(text).splitlines():
         marker = _MARKER.match(line)
@@ -122,6 +125,8 @@ def stated_numbers(text: str, given: Iterable[str] = ()) -> list[Stated]:
             whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
             if whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100):
                 continue   # a single digit, a year
+            if known is None:
+                known = _given(given)
             if abs(s.value) in known:
                 continue
             out.append(s)
