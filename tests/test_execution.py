@@ -6,6 +6,7 @@ import pytest
 
 from flowmagic.errors import ConfigError
 from flowmagic.engine.execution import execute, report, split_answer
+from flowmagic.engine.session import Session
 from flowmagic.engine.workspace import Workspace
 
 SALES = "region,units,price\nnorth,3,2.5\nsouth,5,4.0\nnorth,7,1.5\n"
@@ -95,8 +96,10 @@ def test_the_working_start_runs_on_the_real_columns_and_draws_a_figure(tmp_path,
     ws = Workspace(tmp_path / "ws")
     ws.add({"df": frame})
     start = ws.example()
-    assert "pd.read_csv('df.csv')" in start
-    ex = execute(ws, "start", f"```python\n{start}```")
+    assert start.startswith("print(df.shape)\n")   # the session's prelude read it already
+    session = Session(ws)
+    ex = execute(ws, "start", f"```python\n{start}```", session=session)
+    session.close()
     assert ex.ok and ex.ran, ex.stderr
     assert ex.stdout.startswith(f"{frame.shape}\n")
     assert str(pd.read_csv(ws.root / "df.csv").describe()) in ex.stdout

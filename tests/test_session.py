@@ -341,3 +341,105 @@ def test_a_flow_loaded_in_a_new_kernel_rebuilds_its_session_from_the_record(flow
         assert ex["stdout"] == printed and ex["seq"] > flow.workflow.nodes["report"].execution["seq"]
     finally:
         again.close()
+
+
+def test_the_prompt_lists_what_the_prelude_and_the_ancestors_defined(flows):
+    codes = {"a": "clean = df[df['x'] > 8].copy()\nclean['ratio'] = clean['y'] / clean['x']\n"
+                  "from sklearn.linear_model import LinearRegression\n"
+                  "model = LinearRegression().fit(clean[['x']], clean['y'])\nslope = 0.5",
+             "b": "sibling_only = 1", "c": "print(clean.shape)"}
+    prompts: dict[str, list[str]] = {}
+
+    def answer(body):
+        node = _node(body)
+        prompts.setdefault(node, []).append(body["messages"][-1]["content"])
+        return _fenced(codes[node]) if node else "The two results, summarised."
+
+    plan = {"task": "Analyse anscombe.csv with pandas", "nodes": [
+        {"id": i, "requirement": f"Step {i} of the analysis, with code.", "agent": "analyst"}
+        for i in "abc"], "edges": [["a", "c"]]}
+    flow = flows(answer, plan)
+    flow.run()
+    flow.rerun("c")   # b's names are in the session now; c is not b's descendant
+    assert flow.status == "done", flow.message
+    first, later = prompts["a"][0], prompts["c"][-1]
+    rows, cols = FRAME.shape
+    for prompt in (first, later):
+        assert "- pd: pandas\n" in prompt and "- plt: matplotlib.pyplot\n" in prompt
+        assert f"- df: DataFrame, {rows} rows x {cols} columns: dataset, x, y\n" in prompt
+        assert "do not import or read the inputs again" in prompt
+        assert "Libraries you can import: numpy, pandas, matplotlib" in prompt
+    kept = FRAME[FRAME["x"] > 8]
+    assert (f"- clean: DataFrame, {len(kept)} rows x {cols + 1} columns: dataset, x, y, ratio "
+            "(from a)") in later
+    assert "- model: LinearRegression, sklearn LinearRegression, fitted (from a)" in later
+    assert "- slope: float, 0.5 (from a)" in later
+    assert "clean" not in first and "sibling_only" not in later
+
+
+# ------------------------------------------------------------------------------ the export
+DIAMOND = {"task": "Analyse anscombe.csv with pandas", "nodes": [
+    {"id": i, "requirement": f"Step {i} of the analysis, with code.", "agent": "analyst"}
+    for i in ("clean", "stats", "plot", "report")],
+    "edges": [["clean", "stats"], ["clean", "plot"], ["stats", "report"], ["plot", "report"]]}
+DIAMOND_CODE = {
+    "clean": "clean = df[df['x'] > 8].copy()\nprint(len(clean))",
+    "stats": "means = clean.groupby('dataset')['y'].mean().round(4)\nprint(means.to_dict())",
+    "plot": "print(clean['x'].max())\nplt.scatter(clean['x'], clean['y'])",
+    "report": "print(sorted(set(clean['dataset'])), round(float(means.sum()), 4))"}
+
+
+def _diamond(body):
+    node = _node(body)
+    if node is None:   # the final write-up
+        return "The four steps ran; their printed numbers are above."
+    if node == "stats" and not _retry(body):   # a first attempt that mutates, then fails
+        return _fenced("clean['y'] = 0\nclean.drop(columns=['x'], inplace=True)\nraise ValueError('no')")
+    return _fenced(DIAMOND_CODE[node])
+
+
+def _code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%flow_code")]
+
+
+def test_the_export_runs_again_top_to_bottom_and_prints_what_each_node_printed(
+        flows, tmp_path, capsys):
+    import nbformat
+
+    from flowmagic.cli import main
+
+    flow = flows(_diamond, DIAMOND)
+    flow.run()
+    assert flow.status == "done", flow.message
+    nodes = flow.workflow.nodes
+    assert not nodes["stats"].attempts[0]["execution"]["ok"]
+    path = tmp_path / "diamond.ipynb"
+    assert main(["export", flow.run_id, str(path), "--execute"]) == 0
+    said = capsys.readouterr().out
+    assert "5 of 5 code cells printed what they printed in the run" in said, said
+    nb = nbformat.read(str(path), as_version=4)
+    cells = _code_cells(nb)
+    # the prelude first, as the session ran it; then the code cells in the session's order
+    assert cells[0].source == f"%%flow_code s --prelude\n{flow.session().prelude.rstrip()}"
+    order = sorted(nodes, key=lambda n: nodes[n].execution["seq"])
+    assert [c.metadata["flowmagic"]["node"] for c in cells[1:]] == order
+    for cell in cells[1:]:   # executed again for real: each prints what its node printed
+        node = nodes[cell.metadata["flowmagic"]["node"]]
+        printed = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+        assert printed == node.execution["stdout"], cell.source
+    part = FRAME[FRAME["x"] > 8]
+    assert nodes["stats"].execution["stdout"] == (
+        f"{part.groupby('dataset')['y'].mean().round(4).to_dict()}\n")
+    assert cells[order.index("plot") + 1].outputs[-1]["data"]["image/png"]
+
+
+def test_a_cell_that_prints_otherwise_when_run_again_is_named(flows, tmp_path, capsys):
+    from flowmagic.cli import main
+
+    codes = {"draw": "import random\nprint(len(df), random.random())", None: "Done."}
+    flow = flows(lambda body: _fenced(codes[_node(body)]), _chain("draw"))
+    flow.run()
+    assert main(["export", flow.run_id, str(tmp_path / "r.ipynb"), "--execute"]) == 1
+    said = capsys.readouterr().out
+    assert "Cell 5 (node draw): the printed output differs, line 1: recorded '44 0." in said, said
+    assert "1 of 2 code cells printed what they printed in the run" in said

@@ -270,8 +270,14 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
                     hold: bool) -> Execution:
     result = Execution(code=code, ran=True)
     root = str(workspace.root)
-    before, had_git = sandbox_snapshot(root), workspace.has_git()
-    cell = session.run(code, name=node_id, timeout=timeout, hold=hold)
+    workspace.write(f".flowmagic/{node_id}.py", code)   # the code as it ran, beside its files
+    had_git = workspace.has_git()
+
+    def watch():   # in the cell's turn: the files of cells that ran meanwhile are not its own
+        before = sandbox_snapshot(root)
+        return lambda: settle(root, before)
+
+    cell = session.run(code, name=node_id, timeout=timeout, hold=hold, watch=watch)
     dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(float(cell.get("duration_s") or 0.0), 3)
     result.ok = bool(cell.get("ok"))
@@ -291,7 +297,7 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")
     result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
-    _listed(result, settle(root, before), dropped)
+    _listed(result, list(cell.get("files") or []), dropped)
     return result
 
 
@@ -390,11 +396,14 @@ def made_files(ex: dict | None) -> list[str]:
 
 
 def instructions(inputs: str, files: list[str], example: str = "") -> str:
-    """What a node's prompt says about running code, delivering files and the inputs."""
+    """What a node's prompt says about running code, delivering files and the inputs (what
+    the session holds for one node's code is that node's own: session.session_text)."""
     parts = ["How your answer is used: every ```python block without a file name is run "
-             "for you, once, in a sandbox whose working directory holds the input files. "
+             "for you, once, as the next cell of this flow's Python session (a sandboxed "
+             "kernel, like a notebook's, whose working directory holds the input files). "
              "What it prints, the files it writes and the matplotlib figures it leaves open "
-             "(saved as PNG for you) become your result; later subtasks see exactly that. "
+             "(saved as PNG for you) become your result; later subtasks see exactly that, and "
+             "their code sees the names yours defines. "
              "Compute every number with code and print it; never invent a number. "
              "To deliver a file (a program, a web page, a document), write one fenced block "
              "per file with its name after the language, e.g. ```python game.py or "
@@ -402,7 +411,7 @@ def instructions(inputs: str, files: list[str], example: str = "") -> str:
     if inputs:
         parts.append(inputs)
     if example:
-        parts.append("A working start: this code runs as it is on the input, prints real "
+        parts.append("A working start: this code runs as it is in the session, prints real "
                      "numbers and draws a figure. Begin your code from it, keep its column "
                      f"names as written, and change it for your subtask:\n```python\n{example}```")
     if files:

@@ -20,6 +20,7 @@ from ..llm.endpoints import scrub
 from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
                         has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
+from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .executor import Outcome
 from .validation import retry_prompt
@@ -85,7 +86,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     p = _prompt_parts(ctx, node_id, retry_note, workspace, started)
     if facts:
         user = [p["task"], p["subtask"], p["inputs"], p["note"], p["later"],
-                "\n\n".join(x for x in (p["how"], p["files"]) if x), p["started"],
+                "\n\n".join(x for x in (p["how"], p["files"], p["session"]) if x), p["started"],
                 p["retry"], p["end"]]
         return [{"role": "system", "content": f"You are the {p['agent']} in a team of agents "
                  "working on one task. Do only your own subtask, using the results you are "
@@ -93,7 +94,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                  "not a description of it."},
                 {"role": "user", "content": "\n\n".join(x for x in user if x)}]
     user = [p["task"], p["how"], f"Your role: the {p['agent']}.", p["subtask"], p["inputs"],
-            p["note"], p["later"], p["files"], p["started"], p["retry"], p["end"]]
+            p["note"], p["later"], p["files"], p["session"], p["started"], p["retry"], p["end"]]
     return [{"role": "system", "content": HOUSE_RULES},
             {"role": "user", "content": "\n\n".join(x for x in user if x)}]
 
@@ -120,7 +121,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
              "subtask": f"Your subtask ({node_id}):\n{node.requirement}",
              "inputs": f"Results of earlier subtasks:\n{inputs}" if inputs else "",
              "note": "", "later": f"Later subtasks will build on your result:\n{later}" if later else "",
-             "how": "", "files": "", "retry": retry_note,
+             "how": "", "files": "", "session": "", "retry": retry_note,
              "started": f"{started}\n\nThose are real results on the input. Use them; write "
                         "more code only for what your subtask still needs." if started else "",
              "end": "Write the result of your subtask now."}
@@ -137,6 +138,9 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
         parts["how"] = instructions(ctx.workspace.describe() if workspace else "", [],
                                     ctx.workspace.example() if workspace and not started else "")
         parts["files"] = files_line(made) if made else ""
+        # what this node's code finds in the session (its ancestors' names): the node's own
+        parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
+                            and ctx.open_session is not None else "")
     return parts
 
 

@@ -21,13 +21,14 @@ is also how a flow loaded in a new kernel (`flowmagic.load`) rebuilds its sessio
 
 Every session is killed with its flow (`close`, or when the flow is collected), at exit, and
 with the kernel (bwrap's --die-with-parent, bound to a thread that lives as long as the
-process).
+process); one left idle for `idle_s` seconds (15 minutes) ends itself.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import importlib.util
 import json
 import keyword
@@ -38,13 +39,15 @@ import struct
 import threading
 import time
 import weakref
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import SandboxError
 from ..llm.endpoints import scrub
 from . import sandbox as _sandbox
 
-__all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "LIBRARIES"]
+__all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "kept_cells",
+           "names_for",
+           "session_text", "LIBRARIES"]
 
 # (import name, what a user installs, how the prelude imports it or None)
 LIBRARIES = (("numpy", "numpy", "import numpy as np"), ("pandas", "pandas", "import pandas as pd"),
@@ -53,6 +56,9 @@ LIBRARIES = (("numpy", "numpy", "import numpy as np"), ("pandas", "pandas", "imp
              ("statsmodels", "statsmodels", None), ("seaborn", "seaborn", None),
              ("pyarrow", "pyarrow", None))
 _GRACE_S = 15.0          # beyond a cell's timeout before the session counts as lost
+# an interpreter left idle this long ends itself (its memory back); the next cell starts a
+# new one, which runs the recorded cells again first
+IDLE_S = 900.0
 _START_S = 60.0          # for the interpreter to answer its first cell (the prelude)
 _REPLY_MAX = 32 << 20
 _live: "weakref.WeakSet[Session]" = weakref.WeakSet()
@@ -60,15 +66,16 @@ _spawner: concurrent.futures.ThreadPoolExecutor | None = None
 _spawner_lock = threading.Lock()
 
 
-def libraries() -> list[str]:
+@functools.lru_cache(maxsize=1)   # the site-packages do not change under a running kernel
+def libraries() -> tuple[str, ...]:
     """The data libraries the sandbox can import (it sees this interpreter's site-packages),
     by the names users install them under."""
-    return [pip for name, pip, _ in LIBRARIES if importlib.util.find_spec(name) is not None]
+    return tuple(pip for name, pip, _ in LIBRARIES if importlib.util.find_spec(name) is not None)
 
 
 def _identifier(stem: str) -> str:
     name = re.sub(r"\W+", "_", stem.strip()).strip("_").lower() or "table"
-    if name[0].isdigit() or keyword.iskeyword(name) or name in ("pd", "np", "plt", "df"):
+    if name[0].isdigit() or keyword.iskeyword(name) or name in ("pd", "np", "plt"):
         name = f"data_{name}"
     return name
 
@@ -82,7 +89,9 @@ def table_names(workspace) -> list[tuple[str, str, str]]:
         if entry.kind != "table" or not low.endswith((".csv", ".tsv", ".parquet", ".pq")):
             continue
         reader = ("read_parquet" if low.endswith((".parquet", ".pq")) else "read_csv")
-        stem = os.path.splitext(os.path.basename(path))[0]
+        declared = str(entry.name or path)   # a DataFrame's own name, or the file's
+        stem = declared if entry.kind == "table" and "." not in declared else (
+            os.path.splitext(os.path.basename(path))[0])
         name = _identifier(stem)
         while name in used:
             name += "_"
@@ -99,25 +108,31 @@ def prelude(workspace, available: Iterable[str] | None = None) -> str:
     for name, path, reader in tables:
         sep = ", sep='\\t'" if path.lower().endswith(".tsv") else ""
         lines.append(f"{name} = pd.{reader}({path!r}{sep})")
-    if len(tables) == 1:
+    if len(tables) == 1 and tables[0][0] != "df":
         lines.append(f"df = {tables[0][0]}")
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def recorded_cells(workflow) -> list[dict]:
-    """The code runs the session kept, from every node's record, in their order."""
+def kept_cells(items: Iterable[tuple]) -> list[dict]:
+    """The code runs a session kept, from (node id, execution, attempts) records, in their
+    order: each an execution record with its `node`."""
     from .execution import WORKING_START
 
     found: dict[int, dict] = {}
-    for node in workflow.nodes.values():
-        runs = [node.execution] + [a.get("execution") for a in node.attempts]
+    for node_id, execution, attempts in items:
+        runs = [execution] + [a.get("execution") for a in attempts or [] if isinstance(a, dict)]
         for ex in list(runs):
             if isinstance(ex, dict) and isinstance(ex.get(WORKING_START), dict):
                 runs.append(ex[WORKING_START])
         for ex in runs:
             if isinstance(ex, dict) and ex.get("kept") and isinstance(ex.get("seq"), int):
-                found.setdefault(ex["seq"], {**ex, "node": node.id})
+                found.setdefault(ex["seq"], {**ex, "node": node_id})
     return [found[k] for k in sorted(found)]
+
+
+def recorded_cells(workflow) -> list[dict]:
+    """The code runs the session kept, from every node's record, in their order."""
+    return kept_cells((n.id, n.execution, n.attempts) for n in workflow.nodes.values())
 
 
 def _spawn_thread() -> concurrent.futures.ThreadPoolExecutor:
@@ -138,8 +153,10 @@ class Session:
     """The sandboxed interpreter of one flow; see the module docstring."""
 
     def __init__(self, workspace, *, sandbox: str = "bwrap", memory_mb: int = 2048,
-                 history: Callable[[], list[dict]] | None = None, output_limit: int = 20_000):
-        self.workspace = workspace
+                 history: Callable[[], list[dict]] | None = None, output_limit: int = 20_000,
+                 prelude: str | None = None, idle_s: float = IDLE_S):
+        self.workspace, self.idle_s = workspace, float(idle_s)
+        self._prelude = prelude   # None: made from the workspace's inputs at each start
         self.sandbox, self.memory_mb, self.output_limit = sandbox, int(memory_mb), output_limit
         self.history = history or (lambda: [])
         self.seq = 1                 # the number of the next cell (0 is the prelude)
@@ -183,7 +200,7 @@ class Session:
             output_limit=self.output_limit, site_packages=True, sandbox=self.sandbox,
             readonly=self.workspace.readonly()).result()
         self._process, self.starts = process, self.starts + 1
-        self.prelude = prelude(self.workspace)
+        self.prelude = self._prelude if self._prelude is not None else prelude(self.workspace)
         cells = self.history()
         self.seq = max([self.seq] + [c["seq"] + 1 for c in cells])
         try:
@@ -202,6 +219,13 @@ class Session:
             self.close()
             raise
 
+    def start(self) -> None:
+        """Start the interpreter now (the prelude, then the recorded cells), if it is not running."""
+        with self._turn:
+            if not self.alive:
+                self._process = None
+                self._start()
+
     def _replay(self, cell: dict) -> int:
         """Run a recorded cell again; its seq, negative when it no longer runs well."""
         node = str(cell.get("node") or "cell")
@@ -214,7 +238,7 @@ class Session:
         process = self._process
         if process is None or not process.alive:
             raise SessionLost("the session's interpreter is not running")
-        body = json.dumps(request).encode("utf-8")
+        body = json.dumps({**request, "idle": self.idle_s}).encode("utf-8")
         try:
             process.stdin.write(struct.pack(">I", len(body)) + body)
             process.stdin.flush()
@@ -254,9 +278,11 @@ class Session:
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, name: str = "cell", timeout: float = 60.0,
-            hold: bool = False) -> dict:
+            hold: bool = False, watch: Callable[[], Callable[[], Any]] | None = None) -> dict:
         """Run one cell; its record (see the module docstring). With `hold`, a cell that ran
-        well waits for `settle(keep)` and the session runs nothing else meanwhile."""
+        well waits for `settle(keep)` and the session runs nothing else meanwhile. `watch()`
+        is called in the cell's turn before it runs, and what it returns right after: its
+        answer is the record's `files` (what this cell, and no other, wrote)."""
         self._turn.acquire()
         try:
             if self._held:
@@ -267,6 +293,7 @@ class Session:
             seq, self.seq = self.seq, self.seq + 1
             request = {"op": "run", "code": code, "file": f"{name}.py",
                        "figures": f"{name}_figure", "timeout": float(timeout), "hold": hold}
+            changed = watch() if watch is not None else None
             try:
                 with self._process.lend():
                     reply = self._call(request, float(timeout) + _GRACE_S)
@@ -275,6 +302,8 @@ class Session:
                 reply = {"ok": False, "error": f"{exc}; the next cell starts a new session "
                          "and runs the recorded cells again", "names": [], "kept": False}
             reply.update(seq=seq)
+            if changed is not None:
+                reply["files"] = changed()
             for key in ("stdout", "stderr", "error"):
                 if isinstance(reply.get(key), str):
                     reply[key] = scrub(reply[key])
@@ -329,7 +358,7 @@ def _prelude_names(workspace, have: list[str]) -> list[dict]:
         about = (f"{shape.group(0)}: " if shape else "") + ", ".join(columns[:60])
         out.append({"name": name, "type": "DataFrame", "about": about or f"read from {path}",
                     "columns": columns[:60]})
-    if len(tables) == 1:
+    if len(tables) == 1 and tables[0][0] != "df":
         out.append({**out[-1], "name": "df"})
     return out
 
@@ -350,3 +379,34 @@ def names_for(workflow, node_id: str, workspace, have: list[str] | None = None) 
     allowed = {"prelude", *workflow.ancestors(node_id)}
     return [{**info, "by": owner.get(name)} for name, info in current.items()
             if owner.get(name) in allowed]
+
+
+_NAMES_SHOWN = 40
+
+
+def _name_line(info: dict) -> str:
+    name, kind, about = info.get("name"), info.get("type"), str(info.get("about") or "")
+    if kind == "module":
+        text = f"- {name}: {about}"
+    elif kind in ("function", "class"):
+        text = f"- {name}: a {kind}"
+    else:
+        text = f"- {name}: {kind}" + (f", {about}" if about and about != kind else "")
+    by = info.get("by")
+    return text[:300] + (f" (from {by})" if by and by != "prelude" else "")
+
+
+def session_text(names: list[dict], have: Iterable[str] | None = None) -> str:
+    """What a node's prompt says about the session its code runs in: the names it holds
+    (from `names_for`) and the libraries that can be imported."""
+    have = list(libraries() if have is None else have)
+    lines = [_name_line(n) for n in names[:_NAMES_SHOWN]]
+    if len(names) > _NAMES_SHOWN:
+        lines.append(f"- and {len(names) - _NAMES_SHOWN} more")
+    parts = []
+    if lines:
+        parts.append("Already defined in the session (use them as they are; do not import or "
+                     "read the inputs again):\n" + "\n".join(lines))
+    parts.append("Libraries you can import: " + (", ".join(have) or "the standard library only")
+                 + ". Nothing else is installed, and nothing can be installed.")
+    return "\n".join(parts)

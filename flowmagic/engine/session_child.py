@@ -327,10 +327,15 @@ class Holder:
         self.ns = {"__name__": "__main__", "__builtins__": __builtins__}
 
     def serve(self):
+        import select
+        idle = None
         while True:
+            if idle and not select.select([self.requests], [], [], idle)[0]:
+                os._exit(0)   # left idle: the host starts a new session when it needs one
             req = _read_frame(self.requests)
             if req is None:
                 os._exit(0)   # the host closed the session
+            idle = float(req.get("idle") or 0) or None
             if req.get("op") == "names":
                 _write_all(self.replies, _frame({"ok": True, "names": _names(self.ns)}))
                 continue

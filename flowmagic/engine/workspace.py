@@ -120,7 +120,7 @@ def _file_summary(root: Path, rel: str) -> tuple[str, str, str]:
         try:
             frame, width = _head_frame(root, rel, sep)
             summary = _table_summary(frame, max(0, _count_lines(root, rel) - 1), width)
-            return "table", summary, _starter(rel, sep, frame)
+            return "table", summary, _starter("df", frame)
         except Exception as exc:  # noqa: BLE001 - a bad CSV is still an input; say why it has no schema
             why = " ".join(str(exc).split())[:200]
             return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {why})", ""
@@ -290,7 +290,7 @@ class Workspace:
             summary = (f"the DataFrame `{name}` from the notebook, saved as CSV"
                        + (" with its index as the first column" if index else "")
                        + f"; load it with pandas.read_csv({rel!r})\n" + _table_summary(frame))
-            example = _starter(rel, ",", _head_frame(self.root, rel, ",")[0])
+            example = _starter("df", _head_frame(self.root, rel, ",")[0])
             return self._replace(InputFile(name, rel, "table", summary, None, {"example": example}))
         try:
             text = json.dumps(value, ensure_ascii=False, indent=1)
@@ -314,9 +314,11 @@ class Workspace:
                 "(read them by these names):\n" + "\n".join(parts))
 
     def example(self) -> str:
-        """A short pandas + matplotlib program that works on the first table input: it reads
-        the file by its name, prints its shape, describe() and (with a text column) the
-        means per group, and draws a plot of its real columns. '' without a table input.
+        """A short pandas + matplotlib cell that works on the first table input in the flow's
+        Python session (flowmagic.engine.session), where the prelude has imported pd, np and
+        plt and read the table: it prints the table's shape, describe() and (with a text
+        column) the means per group, and draws a plot of its real columns. '' without a
+        table input.
 
         Small models (the embedded SmolLM2-135M) write code that rarely runs; given a start
         that runs, they adapt it, and what they print and draw is still computed from the
@@ -449,8 +451,9 @@ class Workspace:
         return out
 
 
-def _starter(path: str, sep: str, frame: Any) -> str:
-    """The example program of `Workspace.example` for one table (column names quoted)."""
+def _starter(name: str, frame: Any) -> str:
+    """The example cell of `Workspace.example` for one table, read by the prelude into
+    `name` (column names quoted)."""
     from pandas.api import types
 
     numeric = [c for c in frame.columns if types.is_numeric_dtype(frame[c])
@@ -458,19 +461,17 @@ def _starter(path: str, sep: str, frame: Any) -> str:
     text = [c for c in frame.columns if (types.is_string_dtype(frame[c])
                                          or types.is_object_dtype(frame[c]))
             and 1 < frame[c].nunique() <= 20]
-    read = f"pd.read_csv({path!r}" + (", sep='\\t')" if sep != "," else ")")
-    lines = ["import pandas as pd", "import matplotlib.pyplot as plt", "",
-             f"df = {read}", "print(df.shape)", "print(df.describe())"]
+    lines = [f"print({name}.shape)", f"print({name}.describe())"]
     if text and numeric:
-        lines.append(f"print(df.groupby({str(text[0])!r})[{[str(c) for c in numeric[:3]]!r}].mean())")
+        lines.append(f"print({name}.groupby({str(text[0])!r})[{[str(c) for c in numeric[:3]]!r}].mean())")
     if len(numeric) >= 2:
         x, y = str(numeric[0]), str(numeric[1])
-        lines += [f"df.plot.scatter(x={x!r}, y={y!r})", f"plt.title({f'{y} against {x}'!r})"]
+        lines += [f"{name}.plot.scatter(x={x!r}, y={y!r})", f"plt.title({f'{y} against {x}'!r})"]
     elif numeric:
-        lines += [f"df[{str(numeric[0])!r}].plot.hist()", f"plt.title({str(numeric[0])!r})"]
+        lines += [f"{name}[{str(numeric[0])!r}].plot.hist()", f"plt.title({str(numeric[0])!r})"]
     elif len(frame.columns):
         first = str(frame.columns[0])
-        lines += [f"df[{first!r}].value_counts().head(10).plot.bar()", f"plt.title({first!r})"]
+        lines += [f"{name}[{first!r}].value_counts().head(10).plot.bar()", f"plt.title({first!r})"]
     return "\n".join(lines) + "\n"
 
 
