@@ -336,6 +336,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.execute:
         from .ops.codecells import EXECUTE_ENV
 
+        import nbformat
+
+        from .ops.nbsession import mismatches
+
+        recorded = nbformat.read(str(path), as_version=4)
         # the kernel inherits it: every %%flow_code cell runs its code again, in the sandbox
         before, os.environ[EXECUTE_ENV] = os.environ.get(EXECUTE_ENV), "1"
         try:
@@ -348,6 +353,14 @@ def cmd_export(args: argparse.Namespace) -> int:
                 os.environ[EXECUTE_ENV] = before
         print(f"ran it in a kernel, the code cells again in the sandbox: {stats['calls']} model "
               f"calls, {stats['seconds']:.1f} s")
+        differ = mismatches(recorded, nbformat.read(str(path), as_version=4))
+        for line in differ:
+            print(line)
+        codes = sum(1 for c in recorded.cells if c.cell_type == "code"
+                    and c.source.startswith("%%flow_code"))
+        print(f"{codes - len(differ)} of {codes} code cells printed what they printed in the run"
+              + ("" if not differ else "; the cells above did not"))
+        return 1 if differ else 0
     return 0
 
 

@@ -6,7 +6,9 @@ recorded (what it printed, its figures as image/png). Running the cell shows tho
 recorded outputs again and makes no model call; the code does *not* run in the kernel.
 With `--execute` on the line, or `FLOWMAGIC_EXECUTE_CODE=1` in the kernel's environment
 (`flowmagic export RUN OUT.ipynb --execute` sets it), the cell's body runs for real, in
-the sandbox only, in the run's files written next to the notebook (`<notebook>_files/`).
+the sandbox only, as the next cell of the flow's sandboxed session in the run's files
+written next to the notebook (`<notebook>_files/`; see nbsession.py): the flow's first
+code cell, `%%flow_code NAME --prelude`, is that session's prelude.
 
 Why a magic and not a plain Python cell: the code was written by a model. A plain cell
 would run it in the user's kernel, with the user's files, network and credentials;
@@ -152,22 +154,41 @@ def _show(items: list[tuple]) -> None:
             outputs.show(item[1], item[2])
 
 
+def _run_of(rec: dict | None, seq: int | None, start: bool) -> dict | None:
+    """The recorded run a cell shows: the node's own, its working start's, or (`--seq`) an
+    earlier run the session kept (an attempt sent back after its code ran well)."""
+    if rec is None:
+        return None
+    if seq is None:
+        return code_run(rec, start=start)
+    runs = [rec.get("execution")] + [a.get("execution") for a in rec.get("attempts") or []]
+    runs += [r.get(WORKING_START) for r in list(runs) if isinstance(r, dict)]
+    return next((r for r in runs if isinstance(r, dict) and r.get("seq") == seq
+                 and r.get("ran") and r.get("code")), None)
+
+
 def handle_flow_code(shell, line: str, cell: str | None) -> None:
     """`%%flow_code NAME NODE [--execute]`: the recorded run of a code node, or a new run of
-    its body in the sandbox; never a model call, never the code in this kernel."""
+    its body in the flow's sandboxed session; never a model call, never the code in this
+    kernel. `%%flow_code NAME --prelude`: the session's first cell."""
     from .replay import (apply_record, fingerprint, node_parser, session, settle, split_line,
                          user_flow)
 
+    words = split_line(line)
+    if "--prelude" in words:
+        _prelude(shell, [w for w in words if w != "--prelude"], cell)
+        return
     parser = node_parser()
     parser.prog = "%%flow_code"
     parser.add_argument("--execute", action="store_true")
     parser.add_argument("--start", action="store_true")   # the working start's cell
-    args = parser.parse_args(split_line(line))
+    parser.add_argument("--seq", type=int, default=None)  # an earlier run the session kept
+    args = parser.parse_args(words)
     flow = user_flow(shell, args.name)
     node = flow.workflow.node(args.node)
     state = session(flow)
     rec = state.record.get("nodes", {}).get(args.node)
-    ran = code_run(rec, start=args.start) if rec is not None else None
+    ran = _run_of(rec, args.seq, args.start)
     if ran is None:
         what = "working start" if args.start else "code run"
         raise NodeError(f"the record has no {what} of {args.node!r}; export the flow again")
@@ -176,7 +197,8 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
     if waiting:
         raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
     code = (cell or "").strip("\n") + "\n"
-    if not args.start:   # a --start cell only shows (or runs again); the node's own cell settles it
+    own = not args.start and (args.seq is None or ran is code_run(rec))
+    if own:   # an earlier run's cell only shows (or runs again); the node's own cell settles it
         stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
         apply_record(flow, args.node, rec)
         state.replayed.add(args.node)
@@ -184,18 +206,34 @@ def handle_flow_code(shell, line: str, cell: str | None) -> None:
         if stale:   # the record was made from other inputs: never shown as if it were current
             print(f"{args.node}: {stale} in this session, so the recorded outputs are stale; "
                   "running this code again in the sandbox", file=sys.stderr)
-            ex = _execute(flow, args.node, code, state.record)
+            ex = _execute(flow, args.node, code, state.record, ran.get("seq"))
             _adopt(flow, args.node, ex)
             state.replayed.discard(args.node)
             state.executed.add(args.node)
             return
     if args.execute or os.environ.get(EXECUTE_ENV) == "1":
-        _execute(flow, args.node, code, state.record)
+        _execute(flow, args.node, code, state.record, ran.get("seq"))
         return
-    if not args.start and code.strip() != (ran.get("code") or "").strip():
+    if own and code.strip() != (ran.get("code") or "").strip():
         print(f"{args.node}: the code differs from the recorded run; add --execute to the "
               "line to run it in the sandbox (the recorded outputs follow)", file=sys.stderr)
     _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
+
+
+def _prelude(shell, words: list[str], cell: str | None) -> None:
+    """`%%flow_code NAME --prelude [--execute]`: what the session ran first; run, it starts
+    the flow's session in this kernel with this text (nothing to show otherwise)."""
+    from .replay import session, user_flow
+
+    execute = "--execute" in words
+    names = [w for w in words if w != "--execute"]
+    if len(names) != 1:
+        raise ConfigError("usage: %%flow_code NAME --prelude [--execute], then the prelude's code")
+    flow = user_flow(shell, names[0])
+    if execute or os.environ.get(EXECUTE_ENV) == "1":
+        from .nbsession import python
+
+        python(flow, session(flow).record, prelude=(cell or "").strip("\n") + "\n").session.start()
 
 
 def _stale_because(flow, node_id: str, rec: dict, executed: set, fingerprint) -> str:
@@ -223,22 +261,10 @@ def _adopt(flow, node_id: str, ex: dict) -> None:
         transition.fail(node, ex.get("error"))
 
 
-def _execute(flow, node_id: str, code: str, record: dict) -> dict:
-    from ..engine.execution import run_python
-    from ..engine.workspace import Workspace
+def _execute(flow, node_id: str, code: str, record: dict, seq: int | None = None) -> dict:
+    from .nbsession import python, run_cell
 
-    where = record.get("files_dir") or f"{flow.name}_files"
-    # the record is notebook text anyone can edit: its folder must be one next to the notebook
-    if (not isinstance(where, str) or where in (".", "..")
-            or any(c in where for c in "/\\\0") or Path(where).is_absolute()):
-        raise ConfigError(f"the record's files folder {short_repr(where, 60)} is not a folder "
-                          "name next to the notebook; export the flow again")
-    folder = Path.cwd() / where
-    if not folder.is_dir():
-        raise ConfigError(f"the run's files are not next to the notebook ({folder} is missing); "
-                          "export the flow again, or copy that folder back")
-    timeout = float(flow.settings.code_timeout or 60.0)
-    ex = run_python(Workspace(folder), node_id, code, timeout=timeout,
-                    sandbox=flow.settings.sandbox or "bwrap").to_dict()
+    ex = run_cell(flow, record, node_id, code, seq)
+    folder = python(flow, record).folder
     _show(code_outputs(flow.run_id, node_id, ex, figure_data(folder, ex["figures"])))
     return ex

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .celltext import comment, literal, magic_line
 from .codecells import (FigureBudget, code_line, code_outputs, code_run, figure_data,
                         files_dir_for, handle_flow_code, is_code_node)
+from ..engine.session import kept_cells, recorded_cells
 from ..errors import ConfigError, NodeError, write_error
 from ..view.safe import markdown_cell
 from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, record_signature,
@@ -211,12 +212,23 @@ def _replica(flow, name: str, files_dir: str | None = None):
     record = {"format": RECORD_FORMAT, "flowmagic": __version__, "run": flow.run_id,
               "result": flow.result, "overhead": _overhead(flow), "nodes": nodes,
               "files_dir": files_dir, "files": flow.files()}
+    if recorded_cells(flow.workflow):   # its code ran in a session: the prelude it ran first
+        record["prelude"] = _prelude_of(flow)
     record = json.loads(json.dumps(record))   # as the record cell will read it back
     record["signature"] = record_signature(record)
     attach_record(replica, record)
     if settle(replica):
         replica.result = flow.result
     return replica, record
+
+
+def _prelude_of(flow) -> str:
+    """The prelude the flow's session ran (made again from its inputs when it did not run
+    in this kernel)."""
+    from ..engine.session import prelude
+
+    ran = flow.session().prelude   # ("" until its interpreter started: nothing starts here)
+    return ran or prelude(flow.workspace)
 
 
 def _clean_url(url: str) -> str:
@@ -320,40 +332,105 @@ _STARTER_WHOSE = ("Code of flowmagic's working start (from the input's own colum
                   "by the model)")
 
 
+def _code_cell(replica, record: dict, node_id: str, ran: dict, line: str):
+    """A `%%flow_code` cell with the recorded run's outputs (what it printed and drew)."""
+    import nbformat.v4 as v4
+
+    figures = record["nodes"][node_id].get("figures_png") or {}
+    outputs = []
+    for item in code_outputs(replica.run_id, node_id, ran, figures):
+        if item[0] == "stream":
+            outputs.append(v4.new_output("stream", name=item[1], text=item[2]))
+        else:
+            outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
+    return v4.new_code_cell(f"{line}\n{ran['code'].rstrip()}", outputs=outputs,
+                            metadata={"flowmagic": {"node": node_id, "code": True}})
+
+
+def _earlier_runs(node) -> list[dict]:
+    """The runs of a node's code the session kept before its own (the working start's, an
+    answer's sent back after its code ran well), in their order."""
+    own = code_run(node) or {}
+    return [c for c in kept_cells([(node.id, node.execution, node.attempts)])
+            if c.get("seq") != own.get("seq")]
+
+
 def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
-    """A note and a code cell for the node's code run; when the model's code ran after the
-    working start, the start's own cell (what it printed and drew) comes first."""
+    """A note and a code cell for the node's code run (the cell that settles the node)."""
     import nbformat.v4 as v4
 
     node = replica.workflow.nodes[node_id]
-    rec = record["nodes"][node_id]
-    figures = rec.get("figures_png") or {}
-
-    def code_cell(ran: dict, line: str):
-        outputs = []
-        for item in code_outputs(replica.run_id, node_id, ran, figures):
-            if item[0] == "stream":
-                outputs.append(v4.new_output("stream", name=item[1], text=item[2]))
-            else:
-                outputs.append(v4.new_output("display_data", data=item[1], metadata=item[2]))
-        return v4.new_code_cell(f"{line}\n{ran['code'].rstrip()}", outputs=outputs,
-                                metadata={"flowmagic": {"node": node_id, "code": True}})
-
-    cells = []
     failed = f"\n\n**failed**: {node.error}" if node.status == Status.FAILED else ""
-    head = f"**{node_id}** · {node.agent}: {node.requirement.strip()}"
-    start = code_run(node, start=True)
-    if start:
-        cells += [v4.new_markdown_cell(markdown_cell(
-            f"{head}\n\n*{_STARTER_WHOSE}, run before the model's own code: the cell below "
-            "shows its recorded run; it runs again only in the sandbox (`--execute`).*")),
-            code_cell(start, f"{code_line(replica, name, node_id)} --start")]
     ran = code_run(node)
     whose = _STARTER_WHOSE if ran.get("starter") else "Code written by the model"
-    cells += [v4.new_markdown_cell(markdown_cell(
-        f"{head}{failed}\n\n*{whose}: the cell below shows its recorded run; it runs again "
-        "only in the sandbox (`--execute`).*")), code_cell(ran, code_line(replica, name, node_id))]
-    return cells
+    return [v4.new_markdown_cell(markdown_cell(
+        f"{_head(node)}{failed}\n\n*{whose}: the cell below shows its recorded run; it runs "
+        "again only in the sandbox (`--execute`).*")),
+        _code_cell(replica, record, node_id, ran, code_line(replica, name, node_id))]
+
+
+def _earlier_cells(replica, record: dict, name: str, node_id: str, ran: dict) -> list:
+    """A note and a code cell for an earlier run of the node's code that the session kept."""
+    import nbformat.v4 as v4
+
+    node = replica.workflow.nodes[node_id]
+    if ran.get("starter"):
+        note = (f"*{_STARTER_WHOSE}, run before the model's own code: the cell below shows "
+                "its recorded run; it runs again only in the sandbox (`--execute`).*")
+        line = f"{code_line(replica, name, node_id)} --start"
+    else:
+        note = ("*An earlier answer's code, which ran well and stayed in the session (the "
+                "answer itself was sent back): the cell below shows its recorded run.*")
+        line = f"{code_line(replica, name, node_id)} --seq {int(ran['seq'])}"
+    return [v4.new_markdown_cell(markdown_cell(f"{_head(node)}\n\n{note}")),
+            _code_cell(replica, record, node_id, ran, line)]
+
+
+def _head(node) -> str:
+    return f"**{node.id}** · {node.agent}: {node.requirement.strip()}"
+
+
+def _prelude_cell(name: str, prelude: str):
+    import nbformat.v4 as v4
+
+    line = magic_line("flow_code", (name, "the flow's name")) + " --prelude"
+    return v4.new_code_cell(f"{line}\n{prelude.rstrip()}",
+                            metadata={"flowmagic": {"prelude": True}})
+
+
+def _cell_order(replica) -> list[tuple]:
+    """("node", id, None) and ("run", id, run) items, parents first, the code cells in the order
+    the flow's session ran them (a text node as early as the code below it needs)."""
+    import networkx as nx
+
+    wf = replica.workflow
+    topo = {n: i for i, n in enumerate(wf.order())}
+    graph, seq, runs = nx.DiGraph(), {}, {}
+    for node_id in wf.order():
+        node = wf.nodes[node_id]
+        own = ("node", node_id)
+        graph.add_node(own)
+        if is_code_node(node):
+            seq[own] = (code_run(node) or {}).get("seq")
+            for i, ran in enumerate(_earlier_runs(node)):
+                item = ("run", node_id, i)
+                graph.add_edge(item, own)
+                seq[item], runs[item] = ran.get("seq"), ran
+        for parent in wf.parents(node_id):
+            graph.add_edges_from((("node", parent), item) for item in list(graph.nodes)
+                                 if item[1] == node_id)
+    inf = float("inf")
+    first = {item: (seq.get(item) if isinstance(seq.get(item), int) else inf) for item in graph}
+    for item in reversed(list(nx.topological_sort(graph))):   # what the code below it needs
+        below = [first[d] for d in graph.successors(item)]
+        if item not in seq:
+            first[item] = min(below, default=inf)
+
+    def key(item):
+        return (first[item], topo[item[1]], item[0] == "node", item[2] if item[0] == "run" else 0)
+
+    return [(item[0], item[1], runs.get(item))
+            for item in nx.lexicographical_topological_sort(graph, key=key)]
 
 
 def build(flow, *, name: str | None = None, files_dir: str | None = None):
@@ -382,7 +459,13 @@ def build(flow, *, name: str | None = None, files_dir: str | None = None):
     ]
     if record.get("files"):
         cells.append(_files_cell(record))
-    for node_id in replica.workflow.order():
+    if record.get("prelude") is not None:   # the flow's code ran in a session: its first cell
+        cells.append(_prelude_cell(name, record["prelude"]))
+    for item in _cell_order(replica):
+        node_id = item[1]
+        if item[0] == "run":
+            cells += _earlier_cells(replica, record, name, node_id, item[2])
+            continue
         if is_code_node(replica.workflow.nodes[node_id]):
             cells += _code_cells(replica, record, name, node_id)
             continue
