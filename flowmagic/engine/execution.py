@@ -291,14 +291,39 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
                         or _one_line_error(result.stderr, False, timeout))
         if _output_over(cell.get("output_bytes")):   # what it printed is noise
             result.stderr = result.error
-    result.names = [n for n in cell.get("names") or [] if isinstance(n, dict)]
-    result.defined = [n for n in cell.get("defined") or [] if isinstance(n, str)]
+    result.names = _names(cell.get("names"))
+    result.defined = [n for n in cell.get("defined") or [] if isinstance(n, str)
+                      and n.isidentifier()]
     line = cell.get("error_line")
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")
     result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
     _listed(result, list(cell.get("files") or []), dropped)
     return result
+
+
+_NAME_FIELDS = {"type": str, "about": str, "value": str, "shape": list, "columns": list,
+                "length": int}
+
+
+def _names(given) -> list[dict]:
+    """The session's list of names as data: an identifier each, known fields of known types,
+    texts clipped (what the code left in its namespace reaches prompts and the record)."""
+    out = []
+    for item in given if isinstance(given, list) else []:
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
+                and item["name"].isidentifier()):
+            continue
+        entry = {"name": item["name"][:100]}
+        for key, kind in _NAME_FIELDS.items():
+            value = item.get(key)
+            if isinstance(value, kind) and not isinstance(value, bool):
+                entry[key] = (value[:400] if isinstance(value, str) else
+                              [v for v in value[:8] if isinstance(v, int)] if key == "shape"
+                              else [str(v)[:100] for v in value[:60]] if key == "columns"
+                              else value)
+        out.append(entry)
+    return out[:200]
 
 
 def has_fence(answer: str) -> bool:
