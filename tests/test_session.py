@@ -177,7 +177,8 @@ def test_prelude_names_every_table_and_df_for_one(tmp_path):
                                        "df = sales\n")
     ws.add([tmp_path / "2024 data.tsv"])
     assert prelude(ws, ["numpy", "pandas"]).splitlines()[2:] == [
-        "sales = pd.read_csv('sales.csv')", "data_2024_data = pd.read_csv('2024_data.tsv', sep='\\t')"]
+        "sales = pd.read_csv('sales.csv')", "data_2024_data = pd.read_csv('2024_data.tsv', sep='\\t')",
+        "df = sales"]
 
 
 # ------------------------------------------------------------------ no process outlives it

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field, fields
 from .._internal.text import keep_ends
 from ..errors import WorkspaceError
 from . import confined
-from .sandbox import extract_code, run_code, settle
-from .sandbox import snapshot as sandbox_snapshot
+from .sandbox import extract_code, run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
            "EXECUTE_MODES", "WORKING_START", "instructions", "files_line", "made_files", "about_files_or_code"]
@@ -269,15 +268,10 @@ def _listed(result: Execution, changed: list[str], note: str) -> None:
 def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
                     hold: bool) -> Execution:
     result = Execution(code=code, ran=True)
-    root = str(workspace.root)
     workspace.write(f".flowmagic/{node_id}.py", code)   # the code as it ran, beside its files
     had_git = workspace.has_git()
-
-    def watch():   # in the cell's turn: the files of cells that ran meanwhile are not its own
-        before = sandbox_snapshot(root)
-        return lambda: settle(root, before)
-
-    cell = session.run(code, name=node_id, timeout=timeout, hold=hold, watch=watch)
+    # the cell's files are read in its own turn (sandbox.SandboxProcess.lend), so no other's
+    cell = session.run(code, name=node_id, timeout=timeout, hold=hold)
     dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(float(cell.get("duration_s") or 0.0), 3)
     result.ok = bool(cell.get("ok"))
@@ -298,7 +292,7 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result.error_line = line if isinstance(line, dict) else None
     result.error_type = str(cell.get("error_type") or "")
     result.seq, result.kept = cell.get("seq"), bool(cell.get("kept"))
-    _listed(result, list(cell.get("files") or []), dropped)
+    _listed(result, [f for f in cell.get("files") or [] if isinstance(f, str)], dropped)
     return result
 
 

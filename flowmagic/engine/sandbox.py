@@ -573,6 +573,9 @@ class SandboxProcess:
         self.ids, self.isolation, self._init_fd = ids, isolation, init_fd
         self.stdin, self.stdout = proc.stdin, proc.stdout
         self._lock = threading.Lock()
+        self._before: dict = {}
+        self.changed: list[str] = []   # files made or changed by the last lent work
+        self.removed: list[str] = []   # symlinks out of the workdir it left, deleted
 
     @property
     def alive(self) -> bool:
@@ -583,10 +586,13 @@ class SandboxProcess:
         return self.proc.pid
 
     def lend(self) -> "SandboxProcess":
-        """`with process.lend():` the workdir belongs to the sandbox's uid meanwhile (root)."""
+        """`with process.lend():` around a piece of work: the workdir belongs to the sandbox's
+        uid meanwhile (as root), and afterwards, as after `run_code`, modes are put back,
+        symlinks out of it deleted, and `changed` / `removed` say what the work did there."""
         return self
 
     def __enter__(self):
+        self._before = _snapshot(self.workdir)
         if self.ids is not None:
             bwrap.hand_over(self.workdir, self.ids)
         return self
@@ -594,6 +600,7 @@ class SandboxProcess:
     def __exit__(self, *exc) -> None:
         if self.ids is not None:
             bwrap.hand_back(self.workdir)
+        self.changed, self.removed = _changes(self.workdir, self._before)
 
     def errors(self, limit: int = 600) -> str:
         """The end of what bwrap and the interpreter wrote on stderr (why it did not start)."""

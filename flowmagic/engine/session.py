@@ -4,7 +4,7 @@ A flow's code cells run one at a time in one long-lived interpreter under bubble
 (`sandbox.spawn("session_child.py")`, with the view and limits of `run_code`), in the order
 they are recorded, while the model calls that write them run in parallel. The first cell is
 the prelude: pandas as `pd`, numpy as `np`, matplotlib.pyplot as `plt` and every table input
-loaded as a DataFrame (named after its file, and `df` when there is one). What a cell
+loaded as a DataFrame (named after its file; the first one is `df` too). What a cell
 defines, the later cells see, as in a notebook run top to bottom; the exported notebook keeps
 the same order, so each of its cells sees what the node's code saw.
 
@@ -39,7 +39,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from ..errors import SandboxError
 from ..llm.endpoints import scrub
@@ -108,7 +108,7 @@ def prelude(workspace, available: Iterable[str] | None = None) -> str:
     for name, path, reader in tables:
         sep = ", sep='\\t'" if path.lower().endswith(".tsv") else ""
         lines.append(f"{name} = pd.{reader}({path!r}{sep})")
-    if len(tables) == 1 and tables[0][0] != "df":
+    if tables and tables[0][0] != "df":   # the first table is df too (the working start's)
         lines.append(f"df = {tables[0][0]}")
     return "\n".join(lines) + "\n" if lines else ""
 
@@ -278,11 +278,11 @@ class Session:
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, name: str = "cell", timeout: float = 60.0,
-            hold: bool = False, watch: Callable[[], Callable[[], Any]] | None = None) -> dict:
-        """Run one cell; its record (see the module docstring). With `hold`, a cell that ran
-        well waits for `settle(keep)` and the session runs nothing else meanwhile. `watch()`
-        is called in the cell's turn before it runs, and what it returns right after: its
-        answer is the record's `files` (what this cell, and no other, wrote)."""
+            hold: bool = False) -> dict:
+        """Run one cell; its record (see the module docstring), whose `files` are the files
+        it made or changed in the workdir (read in its own turn, so no other cell's).
+        With `hold`, a cell that ran well waits for `settle(keep)` and the session runs
+        nothing else meanwhile."""
         self._turn.acquire()
         try:
             if self._held:
@@ -293,17 +293,15 @@ class Session:
             seq, self.seq = self.seq, self.seq + 1
             request = {"op": "run", "code": code, "file": f"{name}.py",
                        "figures": f"{name}_figure", "timeout": float(timeout), "hold": hold}
-            changed = watch() if watch is not None else None
+            process = self._process
             try:
-                with self._process.lend():
+                with process.lend():
                     reply = self._call(request, float(timeout) + _GRACE_S)
             except SessionLost as exc:
                 self.close()
                 reply = {"ok": False, "error": f"{exc}; the next cell starts a new session "
                          "and runs the recorded cells again", "names": [], "kept": False}
-            reply.update(seq=seq)
-            if changed is not None:
-                reply["files"] = changed()
+            reply.update(seq=seq, files=list(process.changed))
             for key in ("stdout", "stderr", "error"):
                 if isinstance(reply.get(key), str):
                     reply[key] = scrub(reply[key])
@@ -358,8 +356,8 @@ def _prelude_names(workspace, have: list[str]) -> list[dict]:
         about = (f"{shape.group(0)}: " if shape else "") + ", ".join(columns[:60])
         out.append({"name": name, "type": "DataFrame", "about": about or f"read from {path}",
                     "columns": columns[:60]})
-    if len(tables) == 1 and tables[0][0] != "df":
-        out.append({**out[-1], "name": "df"})
+    if tables and tables[0][0] != "df":
+        out.append({**out[len(out) - len(tables)], "name": "df"})
     return out
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 from .celltext import magic_line
 from .._internal import outputs
-from .._internal.text import short_repr
 from ..engine.execution import WORKING_START
 from ..errors import ConfigError, NodeError
 from ..model import status as transition
