@@ -444,3 +444,21 @@ def test_a_cell_that_prints_otherwise_when_run_again_is_named(flows, tmp_path, c
     said = capsys.readouterr().out
     assert "Cell 5 (node draw): the printed output differs, line 1: recorded '44 0." in said, said
     assert "1 of 2 code cells printed what they printed in the run" in said
+
+
+def test_the_session_ends_with_its_flow(tmp_path):
+    import gc
+
+    server = LoopbackServer(responder=lambda body: _fenced("x = len(df)")).start()
+    try:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(_chain("one"), name="s", inputs=[CSV], starter="off")
+        flow.run()
+        assert flow.workflow.nodes["one"].execution["kept"]
+        tree = _tree(flow.session().pid)
+        assert len(tree) >= 3
+        del flow
+        gc.collect()
+        assert _wait_gone(tree) == []
+    finally:
+        server.stop()
