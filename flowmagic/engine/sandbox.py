@@ -575,7 +575,6 @@ class SandboxProcess:
         self._lock = threading.Lock()
         self._before: dict = {}
         self.changed: list[str] = []   # files made or changed by the last lent work
-        self.removed: list[str] = []   # symlinks out of the workdir it left, deleted
 
     @property
     def alive(self) -> bool:
@@ -588,11 +587,11 @@ class SandboxProcess:
     def lend(self) -> "SandboxProcess":
         """`with process.lend():` around a piece of work: the workdir belongs to the sandbox's
         uid meanwhile (as root), and afterwards, as after `run_code`, modes are put back,
-        symlinks out of it deleted, and `changed` / `removed` say what the work did there."""
+        symlinks out of it deleted, and `changed` lists the files the work made or changed."""
         return self
 
     def __enter__(self):
-        self._before = _snapshot(self.workdir)
+        self._before = snapshot(self.workdir)
         if self.ids is not None:
             bwrap.hand_over(self.workdir, self.ids)
         return self
@@ -600,7 +599,7 @@ class SandboxProcess:
     def __exit__(self, *exc) -> None:
         if self.ids is not None:
             bwrap.hand_back(self.workdir)
-        self.changed, self.removed = _changes(self.workdir, self._before)
+        self.changed = settle(self.workdir, self._before)
 
     def errors(self, limit: int = 600) -> str:
         """The end of what bwrap and the interpreter wrote on stderr (why it did not start)."""
