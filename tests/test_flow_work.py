@@ -465,6 +465,27 @@ def test_the_working_starts_figure_stays_in_the_export_when_the_models_code_draw
     assert len(prompts(server)) == calls   # the replay asked the model nothing
 
 
+def test_the_working_start_runs_once_a_run_when_the_models_code_ran_after_it(tmp_path):
+    """Two nodes that explore the table, one after the other: the first runs the working start
+    and then the model's code; the second gets no second start (its prompt would carry the same
+    output again, and the export would show the same cell twice)."""
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Load the data and describe it.", "agent": "analyst"},
+        {"id": "plot", "requirement": "Plot the data.", "agent": "analyst"}],
+        "edges": [["look", "plot"]]}
+    code = "print(df.shape)"
+    with LoopbackServer(responder=lambda body: f"```python\n{code}\n```", model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="twice", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", consolidate=False)
+        flow.run()
+        sent = prompts(server)
+    look, plot = flow.workflow.nodes["look"], flow.workflow.nodes["plot"]
+    assert look.status == plot.status == "done"
+    assert "working_start" in look.execution and "working_start" not in plot.execution
+    assert sum("Those are real results on the input" in p for p in sent) == 1   # look's only
+
+
 def test_starter_setting_is_checked():
     with pytest.raises(flowmagic.errors.ConfigError, match="starter 'yes' must be"):
         Flow.from_dict(PLAN, name="x", starter="yes")

@@ -260,7 +260,7 @@ class NodeRunner:
             if not endpoint.local:
                 return False
         # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
-        if any((n.execution or {}).get("starter") for n in wf.nodes.values()):
+        if any(_ran_start(n.execution) for n in wf.nodes.values()):
             return False   # once per run: one real look at the data, not one per node
         return bool(ctx.workspace.example())
 
@@ -477,6 +477,12 @@ class NodeRunner:
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome
+
+
+def _ran_start(execution: dict | None) -> bool:
+    """The node's record holds the working start: as its result (or claimed by it), or run
+    before the model's own code, which then became the result."""
+    return bool(execution) and bool(execution.get("starter") or execution.get(WORKING_START))
 
 
 def _fall_back_on_start(outcome: Outcome, attempts: list[dict], start: Execution,
