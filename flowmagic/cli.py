@@ -162,10 +162,11 @@ def _plan(args, progress: Progress):
                          max_k=getattr(args, "max_k", None) or None,
                          sandbox=getattr(args, "sandbox", None) or None)
     name = args.name or _name_from(args.task)
+    inputs = getattr(args, "inputs", None) or None
     progress.doing = "planning"
     progress.say(f"planning {args.task!r}: {settings.k} candidate plan(s) on "
                  f"{settings.model or 'the default model'}")
-    flow = plan(args.task, name=name, **settings.given())
+    flow = plan(args.task, name=name, inputs=inputs, **settings.given())
     progress.doing = ""
     scores = flow.metrics()
     progress.say(f"plan: {flow.total()} subtasks, {len(flow.workflow.edges())} dependencies, "
@@ -210,6 +211,30 @@ def _summary(flow, seconds: float) -> str:
             f"{total['output_tokens']:,} out; ${total['cost_usd']:.4f}")
 
 
+def _printed(flow, lines_each: int = 16) -> str:
+    """What the nodes' code printed in the sandbox, node by node (clipped), and the figures it
+    drew: the numbers a data flow shows come from here, not from the model's words."""
+    from .engine.execution import WORKING_START
+
+    parts = []
+    for node_id in flow.workflow.order():
+        ran = flow.workflow.nodes[node_id].execution or {}
+        for record in (ran.get(WORKING_START), ran):
+            if isinstance(record, dict) and record.get("ran"):
+                parts.append(_printed_by(node_id, record, lines_each))
+    return "\n".join(parts)
+
+
+def _printed_by(node_id: str, ran: dict, lines_each: int) -> str:
+    whose = "flowmagic's working start" if ran.get("starter") else "the model's code"
+    text = (ran.get("stdout") or "").rstrip().splitlines()
+    more = f"\n    … {len(text) - lines_each} more line(s)" if len(text) > lines_each else ""
+    shown = "\n".join("    " + line[:160] for line in text[:lines_each]) or "    (nothing)"
+    figures = f"; figures: {', '.join(ran['figures'])}" if ran.get("figures") else ""
+    state = "ran" if ran.get("ok") else f"failed: {one_line(ran.get('error') or '', 120)}"
+    return f"  {node_id} ({whose}, {state}{figures}) printed:\n{shown}{more}"
+
+
 def _prompt_cached(total: dict) -> str:
     n = total.get("cached_tokens") or 0
     return f" ({n:,} from the endpoint's prompt cache)" if n else ""
@@ -226,6 +251,9 @@ def _template_named(task: str) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.inputs and (args.task.endswith(".ipynb") or _template_named(args.task)):
+        raise ConfigError("--inputs gives a TASK its files; for a notebook or template use -p "
+                          "(csv_path=FILE for csv_eda) or its %%flow cell's --inputs")
     if args.task.endswith(".ipynb"):
         return _run_notebook(args)
     template = _template_named(args.task)
@@ -245,6 +273,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         flow.run()
         unsubscribe()
         progress.doing = ""
+        printed = _printed(flow)
+        if printed:
+            print("code run in the sandbox:\n" + printed)
         path = export(flow, out / f"{flow.name}.ipynb")
         files = [path, *_drawings(flow, out, flow.name)]
         seconds = time.perf_counter() - started
@@ -617,6 +648,9 @@ def _planning_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=("bwrap", "none"),
                    help="how model-written code runs: bwrap (isolated, the default) or none "
                         "(no isolation, warned on every run)")
+    p.add_argument("--inputs", action="append", metavar="FILE",
+                   help="a file the flow works on (a CSV, ...): copied into the run's workspace, "
+                        "read-only to model code; tables are loaded as DataFrames (repeatable)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any other flow setting, e.g. --set validate=llm (repeatable)")
 

@@ -224,3 +224,48 @@ def test_the_command_is_installed_and_its_help_is_in_the_readme():
     assert run.stdout.strip() in section, "README's `flowmagic --help` block is out of date"
     for command in ("run", "plan", "export", "log", "templates", "new"):
         assert f"flowmagic {command}" in section, command
+
+
+DATA_PLAN = {"subtasks": [
+    {"id": "stats", "requirement": "Print the mean of y per dataset and plot y against x.",
+     "agent": "analyst", "depends_on": []},
+    {"id": "findings", "requirement": "Write the findings.", "agent": "writer",
+     "depends_on": ["stats"]}]}
+STATS_CODE = ("means = df.groupby('dataset')['y'].mean().round(4)\nprint(means.to_string())\n"
+              "df.plot.scatter(x='x', y='y')\n")
+
+
+def data_responder(body):
+    if body.get("response_format"):
+        return json.dumps(DATA_PLAN)
+    text = body["messages"][-1]["content"]
+    if "Your subtask (stats)" in text:
+        return f"```python\n{STATS_CODE}```"
+    return "The four datasets have the same mean of y."
+
+
+def test_run_with_inputs_shows_what_the_code_printed_and_writes_its_figure(monkeypatch,
+                                                                           tmp_path, capsys):
+    """`make demo`'s path on a loopback model: the CSV given with --inputs, the node's code run
+    in the sandbox's session on it, its printed numbers shown, its figure in the out folder,
+    and the exported notebook replayed."""
+    from flowmagic.ops.nbrun import sample_data
+
+    csv = sample_data("anscombe.csv")
+    with LoopbackServer(responder=data_responder) as srv:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", srv.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        out_dir = tmp_path / "out"
+        code, out, err = flowmagic(capsys, "run", "Explore anscombe.csv", "--k", "1",
+                                   "--inputs", csv, "--name", "anscombe", "--out", out_dir)
+    assert code == 0, err
+    printed = out.split("code run in the sandbox:")[1].split("anscombe: done")[0]
+    assert "stats (the model's code, ran; figures:" in printed
+    import pandas as pd
+    means = pd.read_csv(csv).groupby("dataset")["y"].mean().round(4)
+    for dataset, mean in means.items():   # numbers the code computed on the file, not typed in
+        assert re.search(rf"^\s+{dataset}\s+{mean:.4f}$", printed, re.M), printed
+    assert "0 model calls" in out.split("replayed")[1]
+    assert (out_dir / "anscombe_files" / "stats_figure_1.png").is_file()   # the code's figure
+    code, out, err = flowmagic(capsys, "run", "csv_eda", "--inputs", csv, "--out", out_dir)
+    assert code == 1 and err.count("\n") == 1 and "-p (csv_path=FILE for csv_eda)" in err
