@@ -24,13 +24,13 @@ from .view.frames import Candidates, cost_frame, rows_frame
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
-from .engine import numbers
+from .engine import numbers, summary
 from .engine.execution import made_files
 from .engine.executor import Executor, Work
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.context import RunContext
-from .engine.runner import NodeRunner, cut, shares
+from .engine.runner import NodeRunner
 from .store import Store, get_store
 from .model import status as transition
 from .settings import DEFAULTS, Settings
@@ -680,33 +680,18 @@ class Flow:
         return reply
 
     async def _consolidate(self) -> None:
-        """The final write-up: a summary of what the nodes did; it never rewrites their work."""
+        """The final write-up (engine/summary.py): a summary of what the nodes did, or the
+        answer a node gave in the task's form; it never rewrites their work."""
         wf = self.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
-        texts = [n.output or "" for n in active]
-        allowed = shares([len(t) for t in texts], int(self.settings.context_chars))
-        body = "\n\n".join(f"[{n.id}] {n.requirement}\n{cut(t, k)}"
-                           for n, t, k in zip(active, texts, allowed))
-        messages = [
-            {"role": "system", "content": "You write the closing summary of a team's work."},
-            {"role": "user", "content": f"Task:\n{wf.task}\n\nResults of the subtasks:\n{body}\n\n"
-                                        "Answer the task from these results, briefly: what was "
-                                        f"done and what it found. {numbers.SUMMARY_NUMBERS} "
-                                        "Do not rewrite or repeat the results whole: they are "
-                                        "kept as they are."}]
-        reply = await self._summary(messages)
-        data = self.settings.execute != "off" and bool(self._inputs())
-        loose = numbers.result_untraced(wf, reply.text, data)
-        if loose:   # back once, naming them; what still does not trace is marked
-            reply = await self._summary([*messages, {"role": "assistant", "content": reply.text},
-                                         {"role": "user", "content": numbers.summary_feedback(loose)}])
-            loose = numbers.result_untraced(wf, reply.text, data)
-        self.result = reply.text + (f"\n\n{numbers.untraced_mark(loose)}" if loose else "")
+        written = await summary.write(wf, self._summary, budget=int(self.settings.context_chars),
+                                      data=self.settings.execute != "off" and bool(self._inputs()))
+        self.result = written.text
         made = [f for n in active for f in made_files(n.execution)]
         if made:   # the deliverables are files: listed as they are, never rewritten
             self.result += ("\n\nFiles of this run (in flow.workspace, next to an exported "
                             "notebook): " + ", ".join(made))
-        if reply.cut:   # shown, never passed off as whole
+        if written.cut:   # shown, never passed off as whole
             self.result += ("\n\n[cut: this summary reached the token limit and is unfinished; "
                             "the subtasks' results are complete]")
             self.message = "the final summary was cut at the token limit; raise max_tokens to get all of it"

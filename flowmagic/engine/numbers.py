@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 __all__ = ["Stated", "Traced", "stated_numbers", "output_lines", "printed_lines", "trace",
            "untraced", "untraced_mark", "numbers_feedback", "strip_claims", "trace_text",
            "CLAIM_MARK", "UNTRACED", "result_trace", "result_untraced", "trace_rows",
-           "SUMMARY_NUMBERS", "summary_feedback", "without_code", "NOT_RUN"]
+           "SUMMARY_NUMBERS", "summary_feedback", "without_code", "NOT_RUN", "every_number"]
 
 _SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
 _NUMBER = re.compile(
@@ -101,6 +101,12 @@ def _all_numbers(text: str) -> list[Stated]:
         if parsed is not None:
             out.append(parsed)
     return out
+
+
+def every_number(text: str) -> list[Stated]:
+    """Every numeric literal of `text`, none left out: a value the task's answer form asks
+    for must trace even when it is a single digit, a year or a number the task writes."""
+    return _all_numbers(_plain(text))
 
 
 def _given(texts: Iterable[str]) -> set[float]:

@@ -1,0 +1,164 @@
+"""The answer's form: what a task says its answer must look like, and whether a text has it.
+
+Tasks often prescribe the form of their answer ("Answer format: @mean_fare[value]", "report
+the mean as ...", "answer in the format ...", a JSON shape), and a closing summary written
+"briefly" drops it even when the code printed the right value. This module finds the task's
+own words about the form (quoted verbatim to whoever writes the answer) and, for the forms it
+can recognise, checks that a text holds them.
+
+The rule (README "The answer in the task's form"; tests/test_summary.py is its table):
+
+- The *words* are the task's paragraphs that open with "Answer format:" (also "Output",
+  "Response", "Result", "Return" and "form"/"shape"), whole, and the task's other sentences
+  that hold a cue: an `@name[...]` pair, "in the (following) format/form/shape/template",
+  "format as/like/:", "formatted as", a verb of answering followed by "as ..." ("report the
+  mean as a percentage"; not "as well", "such as"), or JSON as a form ("as JSON", "a JSON
+  object"; not a file name like results.json).
+- Recognised, and checked: `@name[...]` pairs (the text must hold `@name[value]` for every
+  name the words write, with a value that is not empty and not the words' own placeholder),
+  and a JSON object the words show with quoted keys (the text must hold a JSON object with
+  every one of its top-level keys). Any other form is quoted to the writer, never checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+__all__ = ["Form", "prescribed", "missing", "in_form", "form_feedback", "FORM_MISSING"]
+
+_WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
+
+_HEAD = re.compile(r"^\s*(?:answer|output|response|result|return)\s+(?:format|form|shape)\s*:",
+                   re.IGNORECASE)
+_CUE = re.compile(
+    r"@\w+\[|"
+    r"\b(?:in|into|using|with|follow(?:ing|s)?)\s+(?:the\s+|this\s+|that\s+|a\s+)?"
+    r"(?:following\s+)?(?:format|form|shape|template)\b|"
+    r"\bformat(?:ted)?\s*(?:as\b|like\b|:)|"
+    r"\b(?:report|give|return|answer|state|present|express|output|provide)\b[^.\n]{0,80}?"
+    r"(?<!such)\s+as\s+(?!well\b|soon\b|follows\b|much\b|many\b)|"
+    r"(?:\bas\s+(?:a\s+|an\s+)?|\ba\s+|\bin\s+)json\b(?!\s*file)|"
+    r"(?<![.\w])json\s+(?:object|shape|format|dict|dictionary)\b",
+    re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_PAIR = re.compile(r"@(\w+)\[([^\]\n]*)\]")
+_WORDS_PAIR = re.compile(r"@(\w+)\[([^\]\n]*)(?:\]|$)", re.MULTILINE)   # a task's may be cut open
+_KEY = re.compile(r"\"([^\"\n]{1,80})\"\s*:")
+
+
+@dataclass(frozen=True)
+class Form:
+    """What the task says of its answer's form: its own words, and what of it is checked."""
+    words: str
+    pairs: tuple[tuple[str, str], ...] = ()   # (name, the placeholder the words write)
+    keys: tuple[str, ...] = ()                # a JSON object's top-level keys
+
+    @property
+    def checked(self) -> bool:
+        return bool(self.pairs or self.keys)
+
+
+def _words(task: str) -> str:
+    kept: list[str] = []
+    for para in re.split(r"\n\s*\n", task or ""):
+        if _HEAD.match(para):
+            kept.append(para.strip())
+            continue
+        for line in para.splitlines():
+            kept += [s.strip() for s in _SENTENCE.split(line) if _CUE.search(s)]
+    text = "\n".join(dict.fromkeys(k for k in kept if k))
+    return text if len(text) <= _WORDS_CHARS else text[:_WORDS_CHARS] + " [...]"
+
+
+def _json_keys(words: str) -> tuple[str, ...]:
+    """The top-level keys of the first JSON object the words show (parsed when it parses,
+    else read from its quoted keys)."""
+    start = words.find("{")
+    while start != -1:
+        try:
+            shown, _ = json.JSONDecoder().raw_decode(words[start:])
+        except ValueError:
+            shown = None
+        if isinstance(shown, dict) and shown:
+            return tuple(str(k) for k in shown)
+        end = words.find("}", start)
+        keys = _KEY.findall(words[start:end]) if end != -1 else []
+        if keys:
+            return tuple(dict.fromkeys(keys))
+        start = words.find("{", start + 1)
+    return ()
+
+
+def prescribed(task: str) -> Form | None:
+    """The form the task prescribes for its answer, or None when its words say nothing of one."""
+    words = _words(task)
+    if not words:
+        return None
+    pairs = tuple(dict((name, value.strip()) for name, value in _WORDS_PAIR.findall(words)).items())
+    return Form(words, pairs, () if pairs else _json_keys(words))
+
+
+def _filled(value: str, placeholder: str) -> bool:
+    value = value.strip().strip("'\"`")
+    return bool(value) and value.lower() not in (placeholder.lower(), "...", "value", "x")
+
+
+def _objects(text: str) -> list[tuple[dict, str]]:
+    """Every JSON object written in the text, with its text."""
+    out, decoder, i = [], json.JSONDecoder(), text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except ValueError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            out.append((obj, text[i:end]))
+        i = text.find("{", end)
+    return out
+
+
+def in_form(form: Form, text: str) -> list[tuple[str, str]]:
+    """The parts of `text` that give the answer in the form, as (name, value) in the form's
+    order: for pairs the text's last filled `@name[value]` of each name (a later pair wins,
+    as a reader of the form takes it), for JSON ("{}", the object's text). Empty when any
+    part is missing."""
+    if form.pairs:
+        found: dict[str, str] = {}
+        placeholders = dict(form.pairs)
+        for name, value in _PAIR.findall(text or ""):
+            if name in placeholders and _filled(value, placeholders[name]):
+                found[name] = value.strip()
+        if all(name in found for name, _ in form.pairs):
+            return [(name, found[name]) for name, _ in form.pairs]
+        return []
+    if form.keys:
+        for obj, written in reversed(_objects(text or "")):
+            if all(k in obj for k in form.keys):
+                return [("{}", written)]
+    return []
+
+
+def missing(form: Form | None, text: str) -> list[str]:
+    """What of a checked form the text lacks, as the form writes it ([] when nothing is
+    missing or the form is not one this module checks)."""
+    if form is None or not form.checked or in_form(form, text):
+        return []
+    if form.pairs:
+        placeholders = dict(form.pairs)
+        have = {name for name, value in _PAIR.findall(text or "")
+                if name in placeholders and _filled(value, placeholders[name])}
+        return [f"@{name}[{ph}]" for name, ph in form.pairs if name not in have]
+    return ["a JSON object with the keys " + ", ".join(json.dumps(k) for k in form.keys)]
+
+
+FORM_MISSING = "the answer form the task prescribes is missing"
+
+
+def form_feedback(form: Form, lacking: list[str]) -> str:
+    """Why a text goes back for its form, and what to write instead."""
+    return (f"Your answer does not give the answer in the form the task prescribes: it lacks "
+            f"{', '.join(lacking)}. The task says:\n{form.words}\nEnd your answer with the "
+            "answer in exactly that form, each value copied from a printed output above.")

@@ -1,0 +1,207 @@
+"""The closing summary: the result a run ends with, written from its nodes' results and
+checked like a node's answer.
+
+A small model asked for a brief summary drops what the task asked for: on dabench-dev q0 the
+code printed 34.65 and the summary said "the mean fare is 34.65" without the
+`@mean_fare[...]` the task prescribed; on q6 the last node stated the four right values and
+the summary none. So the writer is given what it must copy, and what it writes is checked:
+
+- the prompt holds the nodes' results (a node whose code ran: its code left out, it is kept
+  in the node), then what every node's code printed, on its own (the one source of numbers),
+  and, when the task prescribes the answer's form, the task's own words about it with the
+  request to end with the answer in that form, each value copied from a printed output;
+- a summary whose numbers trace nowhere, whose form values trace nowhere (these are checked
+  without the exemptions of `numbers`: a single digit, a year or a number the task writes
+  must be printed too), or that lacks a form the task prescribes (`answerform`) goes back
+  once, naming what is wrong; what is still wrong is marked;
+- when a done node already states the whole answer in the task's form with every value
+  traced to a printed output, that answer is the result and no summary is written: a
+  rewrite could only lose it (one model call less).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from .._internal.text import cut as text_cut
+from ..model.status import Status
+from . import answerform, numbers
+from .answerform import Form
+from .runner import shares
+
+__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
+           "untraced_values", "SYSTEM"]
+
+SYSTEM = "You write the closing summary of a team's work."
+CODE_LEFT_OUT = "[its Python code, which ran in the sandbox: what it printed is listed below]"
+_RUNNABLE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(?:python3?|py)?[ \t]*\n.*?^[ \t]*\1[`~]*[ \t]*$",
+                       re.MULTILINE | re.DOTALL | re.IGNORECASE)
+
+Ask = Callable[[list[dict]], Awaitable]
+
+
+@dataclass
+class Summary:
+    """The result's text and how it was made."""
+    text: str
+    cut: bool = False
+    calls: int = 0
+    kept_from: str | None = None                        # the node whose answer is the result
+    untraced: list[str] = field(default_factory=list)
+    lacking: list[str] = field(default_factory=list)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text_cut(text, limit, "\n[cut here: {n} more characters not shown]")
+
+
+def _runs(execution) -> list[dict]:
+    """The working start's run, then the model's, that ran."""
+    if not execution:
+        return []
+    start = execution.get("working_start")
+    runs = ([start] if isinstance(start, dict) else []) + [execution]
+    return [r for r in runs if r.get("ran")]
+
+
+def printed_outputs(workflow) -> list[tuple[str, str]]:
+    """(node, what its code printed) of every done node whose code printed something."""
+    out = []
+    for node in workflow.nodes.values():
+        if node.status != Status.DONE:
+            continue
+        text = "\n".join(str(r.get("stdout") or "").rstrip() for r in _runs(node.execution))
+        if text.strip():
+            out.append((node.id, text.strip("\n")))
+    return out
+
+
+def _body(node) -> str:
+    """A node's result for the summary: when its code ran, the code is left out (kept in the
+    node) and its printout is listed with the others', so the prose and numbers both fit."""
+    text = node.output or ""
+    runs = _runs(node.execution)
+    if not runs:
+        return text
+    text = _RUNNABLE.sub(CODE_LEFT_OUT, text)
+    for run in runs:
+        printed = str(run.get("stdout") or "").rstrip()
+        if printed:
+            text = text.replace("Printed output:\n" + printed, "Printed output: listed below")
+    return text
+
+
+def _ending(form: Form | None) -> str:
+    ask = ("Answer the task from these results, briefly: what was done and what it found. "
+           f"{numbers.SUMMARY_NUMBERS} Do not rewrite or repeat the results whole: they are "
+           "kept as they are.")
+    if form is None:
+        return ask
+    slots = ""
+    if form.pairs:
+        slots = (" (that is, " + ", ".join(f"@{name}[...]" for name, _ in form.pairs)
+                 + " with each ... replaced by its value)")
+    return (f"{ask}\n\nThe task prescribes the form of its answer, in its own words:\n"
+            f"{form.words}\nEnd your summary with the answer in exactly that form{slots}, "
+            "each value copied from a printed output above.")
+
+
+def summary_messages(workflow, budget: int, form: Form | None) -> list[dict]:
+    """The summary's prompt: the task, the nodes' results, what the code printed, what to write."""
+    active = [n for n in workflow.nodes.values() if n.status == Status.DONE]
+    printed = printed_outputs(workflow)
+    texts = [_body(n) for n in active]
+    printed_room = shares([len(t) for _, t in printed], budget // 2) if printed else []
+    printed_text = [_cut(t, k) for (_, t), k in zip(printed, printed_room)]
+    allowed = shares([len(t) for t in texts], budget - sum(map(len, printed_text)))
+    body = "\n\n".join(f"[{n.id}] {n.requirement}\n{_cut(t, k)}"
+                       for n, t, k in zip(active, texts, allowed))
+    if printed:
+        body += ("\n\nWhat the code printed (copy every number from here):\n"
+                 + "\n\n".join(f"[{nid}]\n{t}" for (nid, _), t in zip(printed, printed_text)))
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Task:\n{workflow.task}\n\nResults of the subtasks:\n"
+                                        f"{body}\n\n{_ending(form)}"}]
+
+
+def _all_printed_lines(workflow) -> list[tuple[str, str]]:
+    return [(nid, line) for nid, node in workflow.nodes.items()
+            for line in numbers.printed_lines(node.execution)]
+
+
+def untraced_values(workflow, form: Form | None, text: str) -> list[str]:
+    """The numbers in the values the text gives in the task's form that no printed output
+    holds (every number: the form's slots are the answer, nothing in them is exempt)."""
+    if form is None or not form.pairs:
+        return []
+    lines = _all_printed_lines(workflow)
+    stated = [s for _, value in answerform.in_form(form, text)
+              for s in numbers.every_number(value)]
+    return numbers.untraced(numbers.trace(stated, lines))
+
+
+def kept_answer(workflow, form: Form | None) -> tuple[str, str] | None:
+    """(node, its answer in the task's form) of the last done node (in the run's order)
+    whose answer or printout gives the whole form with every value traced, or None."""
+    if form is None or not form.checked:
+        return None
+    for node_id in reversed(workflow.order()):   # the last in the run's order first
+        node = workflow.nodes[node_id]
+        if node.status != Status.DONE:
+            continue
+        plain = numbers.strip_claims(node.output or "")
+        parts = answerform.in_form(form, _RUNNABLE.sub(" ", plain))
+        if not parts:
+            continue
+        answer = (parts[0][1] if form.keys else
+                  ", ".join(f"@{name}[{value}]" for name, value in parts))
+        if form.keys and numbers.untraced(numbers.trace(numbers.every_number(answer),
+                                                        _all_printed_lines(workflow))):
+            continue
+        if form.pairs and untraced_values(workflow, form, answer):
+            continue
+        return node.id, answer
+    return None
+
+
+def _kept(node_id: str, answer: str) -> str:
+    return (f"{answer}\n\n(The answer in the task's form as subtask {node_id} gave it; each "
+            "value traces to a printed output: see flow.trace_numbers().)")
+
+
+def _wrong(workflow, form, text, data) -> tuple[list[str], list[str]]:
+    loose = numbers.result_untraced(workflow, text, data)
+    if data or any(_runs(n.execution) for n in workflow.nodes.values()):   # else: nothing to trace to
+        loose += [v for v in untraced_values(workflow, form, text) if v not in loose]
+    return loose, answerform.missing(form, text)
+
+
+def _feedback(form, loose, lacking) -> str:
+    parts = [numbers.summary_feedback(loose)] if loose else []
+    if lacking:
+        parts.append(answerform.form_feedback(form, lacking))
+    return "\n\n".join(parts)
+
+
+async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
+    """The result: a node's traced answer in the task's form when one gave it whole, else a
+    summary written by `ask` and checked (back once; what is still wrong is marked)."""
+    form = answerform.prescribed(workflow.task or "")
+    kept = kept_answer(workflow, form)
+    if kept is not None:
+        return Summary(_kept(*kept), kept_from=kept[0])
+    messages = summary_messages(workflow, budget, form)
+    reply, calls = await ask(messages), 1
+    loose, lacking = _wrong(workflow, form, reply.text, data)
+    if loose or lacking:   # back once, naming what is wrong
+        reply, calls = await ask([*messages, {"role": "assistant", "content": reply.text},
+                                  {"role": "user", "content": _feedback(form, loose, lacking)}]), 2
+        loose, lacking = _wrong(workflow, form, reply.text, data)
+    text = reply.text
+    if loose:
+        text += f"\n\n{numbers.untraced_mark(loose)}"
+    if lacking:   # (no node gave it whole with traced values, or it would be the result)
+        text += f"\n\n[{answerform.FORM_MISSING}: {', '.join(lacking)}]"
+    return Summary(text, cut=reply.cut, calls=calls, untraced=loose, lacking=lacking)

@@ -1,0 +1,214 @@
+"""The closing summary states the numbers the task asked for, in the form it prescribes,
+copied from the printed outputs (engine/summary.py, engine/answerform.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+
+import flowmagic
+from flowmagic.engine import answerform, summary
+from flowmagic.flow import Flow
+from flowmagic.model.graph import Workflow
+from flowmagic.model.status import Status
+from flowmagic.ops.nbrun import TEMPLATES
+from flowmagic.testing.loopback import LoopbackServer
+
+CSV = TEMPLATES / "data" / "anscombe.csv"
+FRAME = pd.read_csv(CSV)
+MEAN = round(FRAME["y"].mean(), 4)          # 7.5007
+ABOVE_9 = int((FRAME["y"] > 9).sum())        # 7
+FORM = "Answer format: @mean_y[mean_value] where \"mean_value\" is rounded to 4 decimal places."
+TASK = f"Using anscombe.csv, calculate the mean of y.\n\n{FORM}"
+PLAN = {"task": TASK,
+        "nodes": [{"id": "stats", "requirement": "Compute the mean of y.", "agent": "analyst"},
+                  {"id": "report", "requirement": "Write the finding.", "agent": "writer"}],
+        "edges": [["stats", "report"]]}
+STATS = ("```python\nprint('mean of y', round(df['y'].mean(), 4))\n```\n\n"
+         "The mean of y is as printed.")
+PARAPHRASE = (f"The data was loaded and the mean of y computed: the output indicates that the "
+              f"mean of y is {MEAN}.")   # what the bench model wrote on dabench-dev q0
+
+
+def _is_summary(messages) -> bool:
+    return "closing summary" in messages[0]["content"]
+
+
+def run_flow(agent, plan=PLAN):
+    """(the flow run against `agent`, the messages of every summary request)."""
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="summ", inputs=[CSV], starter="off", update="off")
+        flow.run()
+        sent = [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
+                if r["path"].endswith("/chat/completions")]
+    return flow, [m for m in sent if _is_summary(m)]
+
+
+def nodes_answer(stats=STATS, report="The mean of y is as the analysis printed."):
+    def agent(messages):
+        return stats if "Your subtask (stats)" in messages[-1]["content"] else report
+    return agent
+
+
+def pairs(text):
+    return dict(re.findall(r"@(\w+)\[(.*?)\]", text or ""))
+
+
+def test_the_result_gives_the_form_the_task_prescribes_with_the_value_the_code_printed():
+    """A writer that follows the last words it is given (as a small model does): told only
+    "briefly: what was done and what it found", it paraphrases and the form is lost."""
+    nodes = nodes_answer()
+
+    def agent(body):
+        messages = body["messages"]
+        if not _is_summary(messages):
+            return nodes(messages)
+        prompt = messages[-1]["content"]
+        printed = re.search(r"^mean of y (\S+)$", prompt, re.MULTILINE)
+        if "@mean_y[" in prompt[-400:] and printed:   # asked for the form, with the printout at hand
+            return f"The mean of y was computed from the data.\n\n@mean_y[{printed.group(1)}]"
+        return PARAPHRASE
+
+    flow, summaries = run_flow(agent)
+    assert flow.status == "done", flow.message
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}
+    assert len(summaries) == 1   # right the first time: nothing went back
+    prompt = summaries[0][-1]["content"]
+    assert FORM in prompt[prompt.index("Results of the subtasks"):]   # the task's own words, again
+    assert "print('mean of y'" not in prompt   # the code is the node's, the printout is the summary's
+    table = flow.trace_numbers()
+    assert list(table["number"]) == [str(MEAN)] and list(table["node"]) == ["stats"]
+
+
+def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_still_without():
+    nodes = nodes_answer()
+    asked = []
+
+    def agent(body):
+        messages = body["messages"]
+        if not _is_summary(messages):
+            return nodes(messages)
+        asked.append(messages)
+        if "does not give the answer in the form" in messages[-1]["content"]:
+            return f"@mean_y[{MEAN}]"
+        return PARAPHRASE
+
+    flow, _ = run_flow(agent)
+    assert len(asked) == 2 and "lacks @mean_y[mean_value]" in asked[1][-1]["content"]
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}
+
+    flow, summaries = run_flow(lambda body: (PARAPHRASE if _is_summary(body["messages"])
+                                             else nodes(body["messages"])))
+    assert len(summaries) == 2
+    assert flow.result.endswith("[the answer form the task prescribes is missing: "
+                                "@mean_y[mean_value]]")
+
+
+COUNT_TASK = ("How many of the 44 rows of anscombe.csv have a y above 9?\n\n"
+              "Answer format: @rows_above[count] where \"count\" is an integer.")
+COUNT_PLAN = {"task": COUNT_TASK,
+              "nodes": [{"id": "count", "requirement": "Count the rows with y above 9.",
+                         "agent": "analyst"}], "edges": []}
+
+
+@pytest.mark.parametrize("paraphrased", ["44", "6"])   # the task's own number; a single digit
+def test_a_summary_that_paraphrases_the_answer_into_a_new_number_is_caught(paraphrased):
+    count = "```python\nprint('rows above 9:', int((df['y'] > 9).sum()))\n```\n\nCounted."
+    asked = []
+
+    def agent(body):
+        messages = body["messages"]
+        if not _is_summary(messages):
+            return count
+        asked.append(messages)
+        if len(asked) == 1:
+            return f"The rows were counted. @rows_above[{paraphrased}]"
+        return f"The rows were counted. @rows_above[{ABOVE_9}]"
+
+    flow, _ = run_flow(agent, COUNT_PLAN)
+    assert flow.workflow.nodes["count"].execution["stdout"] == f"rows above 9: {ABOVE_9}\n"
+    assert len(asked) == 2
+    assert f"appear in no printed output above: {paraphrased}" in asked[1][-1]["content"]
+    assert pairs(flow.result) == {"rows_above": str(ABOVE_9)}
+
+
+def test_a_node_that_gave_the_whole_answer_in_the_form_with_traced_values_is_the_result():
+    """As on dabench-dev q6: the last node stated the right values in the form; a summary
+    written over it lost them. No summary call is made."""
+    nodes = nodes_answer(report=f"@mean_y[{MEAN}]")
+
+    def agent(body):
+        messages = body["messages"]
+        return PARAPHRASE if _is_summary(messages) else nodes(messages)
+
+    flow, summaries = run_flow(agent)
+    assert summaries == [] and pairs(flow.result) == {"mean_y": str(MEAN)}
+    assert "as subtask report gave it" in flow.result
+    assert list(flow.trace_numbers()["node"]) == ["stats"]
+    assert "consolidate" not in {row["purpose"] for row in flow.cost_data()["rows"]}
+
+
+# --------------------------------------------------------------- the rule, as tables
+@pytest.mark.parametrize("task, words, pairs_, keys", [
+    (TASK, FORM, (("mean_y", "mean_value"),), ()),
+    ("Find the mean. Report it as a percentage with one decimal.",
+     "Report it as a percentage with one decimal.", (), ()),
+    ("Count rows. Return the result as JSON: {\"rows\": 0, \"mean\": 0.0}",
+     "Return the result as JSON: {\"rows\": 0, \"mean\": 0.0}", (), ("rows", "mean")),
+    ("Answer in the following format: mean=<value>", "Answer in the following format: mean=<value>",
+     (), ()),
+    ("Q.\n\nAnswer format: @per_month[{'month_1':avg_1, 'month_2':avg_2",   # cut open
+     "Answer format: @per_month[{'month_1':avg_1, 'month_2':avg_2",
+     (("per_month", "{'month_1':avg_1, 'month_2':avg_2"),), ()),
+])
+def test_the_form_a_task_prescribes_is_found_in_its_own_words(task, words, pairs_, keys):
+    form = answerform.prescribed(task)
+    assert (form.words, form.pairs, form.keys) == (words, pairs_, keys)
+
+
+@pytest.mark.parametrize("task", [
+    "Write a report on data.csv with three findings.",
+    "Summarise the columns as well as the means. Save them to results.json.",
+    "Report statistics such as the mean and the median.",
+])
+def test_a_task_that_prescribes_no_form_has_none(task):
+    assert answerform.prescribed(task) is None
+
+
+@pytest.mark.parametrize("text, lacking", [
+    (f"@mean_y[{MEAN}]", []),
+    (f"the mean is {MEAN}", ["@mean_y[mean_value]"]),
+    ("@mean_y[mean_value]", ["@mean_y[mean_value]"]),   # the placeholder is no value
+    ("@mean_y[]", ["@mean_y[mean_value]"]),
+])
+def test_a_text_lacks_the_pairs_it_does_not_fill(text, lacking):
+    assert answerform.missing(answerform.prescribed(TASK), text) == lacking
+
+
+def test_a_json_shape_is_present_only_with_every_key():
+    form = answerform.prescribed('Return the result as JSON: {"rows": 0, "mean": 0.0}')
+    assert answerform.missing(form, 'Result: {"rows": 44, "mean": 7.5}') == []
+    assert answerform.missing(form, '{"rows": 44}') == ['a JSON object with the keys "rows", "mean"']
+
+
+def _workflow(answers: dict[str, str], printed: str) -> Workflow:
+    wf = Workflow.from_dict({"task": TASK, "nodes": [
+        {"id": i, "requirement": "r", "agent": "a"} for i in answers], "edges": []})
+    for i, text in answers.items():
+        node = wf.nodes[i]
+        node.status, node.output = Status.DONE, text
+    first = wf.nodes[next(iter(answers))]
+    first.execution = {"ran": True, "ok": True, "stdout": printed}
+    return wf
+
+
+def test_a_node_answer_in_the_form_is_kept_only_when_every_value_traces():
+    form = answerform.prescribed(TASK)
+    assert summary.kept_answer(_workflow({"a": "@mean_y[7.5007]"}, "7.5007\n"), form) == (
+        "a", "@mean_y[7.5007]")
+    assert summary.kept_answer(_workflow({"a": "@mean_y[8.12]"}, "7.5007\n"), form) is None
+    assert summary.kept_answer(_workflow({"a": "```python\nprint('@mean_y[7.5007]')\n```"},
+                                         "7.5007\n"), form) is None   # code is no answer
