@@ -26,7 +26,7 @@ from ._internal.jsontext import encoder
 from .errors import StoreError
 from .model.status import RunState
 
-__all__ = ["Store", "get_store", "home", "MIGRATIONS", "add_secret_source"]
+__all__ = ["close_stores", "Store", "get_store", "home", "MIGRATIONS", "add_secret_source"]
 
 _FIX_HOME = "set FLOWMAGIC_HOME to a writable folder"
 # Who can tell the store which texts are secrets (the endpoints' API keys): every string
@@ -986,3 +986,14 @@ def get_store(path: str | os.PathLike | None = None) -> Store:
         if key not in _shared:
             _shared[key] = Store(key)
         return _shared[key]
+
+
+def close_stores() -> None:
+    """Close every process-wide store and forget it (the next `get_store` opens its file
+    again). For a process that moves between homes, a test suite with a home per test:
+    each store holds its database, journal and shared-memory descriptors until closed."""
+    with _shared_lock:
+        stores = list(_shared.values())
+        _shared.clear()
+    for store in stores:
+        store.close()

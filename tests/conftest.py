@@ -37,6 +37,8 @@ def flowmagic_home(tmp_path, monkeypatch):
     catalog.forget()
     prices, cached_prices = dict(endpoints.PRICES), dict(endpoints.CACHED_PRICES)
     yield home
+    from flowmagic.store import close_stores
+    close_stores()   # each test's store held 3 descriptors to the end: past 1,024 select() fails
     endpoints.reset()
     endpoints.PRICES.clear()
     endpoints.PRICES.update(prices)

@@ -462,3 +462,30 @@ def test_the_session_ends_with_its_flow(tmp_path):
         assert _wait_gone(tree) == []
     finally:
         server.stop()
+
+
+@pytest.fixture
+def many_descriptors():
+    """This process holding descriptors numbered past 1,024, as a long-lived kernel or a test
+    session does: select() cannot wait on those."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this process may open at most {hard} files; the case needs 2,048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    yield
+    for fd in held:
+        os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_code_runs_while_the_process_holds_descriptors_past_1024(flows, many_descriptors):
+    from flowmagic.engine.sandbox import run_code
+    alone = run_code("print(6 * 7)")
+    assert alone.ok and alone.stdout == "42\n", alone
+    # a flow: the loopback's request, the session's start and its cell, with high descriptors
+    flow = flows(lambda body: _fenced("print(len(df))"), _chain("count"))
+    flow.run()
+    ex = flow.workflow.nodes["count"].execution
+    assert flow.status == "done" and ex["ok"] and ex["stdout"] == f"{len(FRAME)}\n", ex

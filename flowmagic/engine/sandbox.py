@@ -47,7 +47,6 @@ import json
 import math
 import os
 import re
-import select
 import shutil
 import signal
 import stat
@@ -62,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import ConfigError, SandboxError
 from ..extract import FENCE_LINE
 from .._internal.text import keep_ends
+from .._internal.waiting import readable
 from ..llm.endpoints import scrub
 from ..settings import SANDBOXES, check_sandbox
 from . import bwrap, confined, seccomp
@@ -374,7 +374,7 @@ def _child_env(inside: bool, home: str) -> dict[str, str]:
 
 def _read_info(fd: int, proc: subprocess.Popen, buffer: bytearray) -> bool:
     """Read what bwrap wrote on its info fd; True at end of file."""
-    while select.select([fd], [], [], 0)[0]:
+    while readable(fd, 0):
         chunk = os.read(fd, 4096)
         if not chunk:
             return True
@@ -629,7 +629,7 @@ def _await_init(info_r: int, proc: subprocess.Popen, seconds: float = 20.0) -> i
     """A pidfd of the sandbox's pid 1, once bwrap has said which it is (None if it did not)."""
     info, deadline = bytearray(), time.monotonic() + seconds
     while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([info_r], [], [], 0.05)[0]:
+        if readable(info_r, 0.05):
             chunk = os.read(info_r, 4096)
             if not chunk:
                 break

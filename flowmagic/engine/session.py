@@ -34,7 +34,6 @@ import json
 import keyword
 import os
 import re
-import select
 import struct
 import threading
 import time
@@ -43,6 +42,7 @@ from typing import Callable, Iterable
 
 from ..errors import SandboxError
 from ..llm.endpoints import scrub
+from .._internal.waiting import readable
 from . import sandbox as _sandbox
 
 __all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "kept_cells",
@@ -263,7 +263,7 @@ class Session:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SessionLost(f"the session did not answer within {seconds:.0f} s")
-            if not select.select([fd], [], [], min(left, 1.0))[0]:
+            if not readable(fd, min(left, 1.0)):
                 continue
             chunk = os.read(fd, size - len(data))
             if not chunk:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import select
 import selectors
 import socket
 import threading
@@ -26,6 +25,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
 import httptools
+
+from .._internal.waiting import readable
 
 __all__ = ["Engine", "Exchange", "UNSERVED_FAULTS"]
 
@@ -42,7 +43,7 @@ if _EPOLL is not None:
 
         def select(self, timeout: float | None = None) -> list:
             if timeout is not None and timeout > 0:
-                select.select([self.fileno()], [], [], timeout)
+                readable(self.fileno(), timeout)
                 timeout = 0
             return super().select(timeout)
 else:  # pragma: no cover - not Linux

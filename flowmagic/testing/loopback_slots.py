@@ -16,10 +16,11 @@ generates to the end.
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 from typing import Any
+
+from .._internal.waiting import readable
 
 __all__ = ["Slots", "peer_closed"]
 
@@ -55,8 +56,7 @@ def peer_closed(h: Any) -> bool:
     if not isinstance(sock, socket.socket):
         return False
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
+        if not readable(sock.fileno(), 0):
             return False
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
