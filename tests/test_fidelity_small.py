@@ -67,7 +67,7 @@ def test_the_papers_dict_form_with_subtask_requirement_is_read():
 # -- 10. "try again" after every candidate failed uses new seeds ----------------------------------
 
 def test_a_retry_after_every_candidate_failed_asks_new_seeds():
-    good = {"subtasks": [{"id": "a", "requirement": "load the data", "dependencies": []},
+    good = {"subtasks": [{"id": "a", "requirement": "clean the data", "dependencies": []},
                          {"id": "b", "requirement": "plot the data", "dependencies": ["a"]}]}
 
     def responder(body):
