@@ -98,11 +98,12 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
 
     flow, _ = run_flow(agent)
     assert len(asked) == 2 and "lacks @mean_y[mean_value]" in asked[1][-1]["content"]
-    assert pairs(flow.result) == {"mean_y": str(MEAN)}
+    assert "Reply with only the answer in exactly that form" in asked[1][-1]["content"]
+    assert flow.result.startswith(f"{PARAPHRASE}\n\n@mean_y[{MEAN}]")   # the answer added
 
     flow, summaries = run_flow(lambda body: (PARAPHRASE if _is_summary(body["messages"])
                                              else nodes(body["messages"])))
-    assert len(summaries) == 2
+    assert len(summaries) == 2 and flow.result.count(PARAPHRASE) == 1
     assert flow.result.endswith("[the answer form the task prescribes is missing: "
                                 "@mean_y[mean_value]]")
 
@@ -194,21 +195,33 @@ def test_a_json_shape_is_present_only_with_every_key():
     assert answerform.missing(form, '{"rows": 44}') == ['a JSON object with the keys "rows", "mean"']
 
 
-def _workflow(answers: dict[str, str], printed: str) -> Workflow:
-    wf = Workflow.from_dict({"task": TASK, "nodes": [
-        {"id": i, "requirement": "r", "agent": "a"} for i in answers], "edges": []})
+def _workflow(answers: dict[str, str], printed: str, task: str = TASK) -> Workflow:
+    """Done nodes in a chain, the first of which printed `printed`."""
+    ids = list(answers)
+    wf = Workflow.from_dict({"task": task, "nodes": [
+        {"id": i, "requirement": "r", "agent": "a"} for i in ids],
+        "edges": [[a, b] for a, b in zip(ids, ids[1:])]})
     for i, text in answers.items():
         node = wf.nodes[i]
         node.status, node.output = Status.DONE, text
-    first = wf.nodes[next(iter(answers))]
-    first.execution = {"ran": True, "ok": True, "stdout": printed}
+    wf.nodes[ids[0]].execution = {"ran": True, "ok": True, "stdout": printed}
     return wf
 
 
 def test_a_node_answer_in_the_form_is_kept_only_when_every_value_traces():
     form = answerform.prescribed(TASK)
     assert summary.kept_answer(_workflow({"a": "@mean_y[7.5007]"}, "7.5007\n"), form) == (
-        "a", "@mean_y[7.5007]")
+        "a", "@mean_y[7.5007]", "stated")
     assert summary.kept_answer(_workflow({"a": "@mean_y[8.12]"}, "7.5007\n"), form) is None
     assert summary.kept_answer(_workflow({"a": "```python\nprint('@mean_y[7.5007]')\n```"},
                                          "7.5007\n"), form) is None   # code is no answer
+
+
+def test_what_code_printed_in_the_form_comes_before_a_later_answer_that_swapped_the_values():
+    """As on dabench-dev q6 (8b816b0): the first node's code printed the four right values,
+    a later node put them in the wrong slots (each still traces)."""
+    task = "Means of y and x.\n\nAnswer format: @mean_y[value], @mean_x[value]"
+    wf = _workflow({"a": "Computed.", "b": "@mean_y[9.0], @mean_x[7.5007]"},
+                   "@mean_y[7.5007], @mean_x[9.0]\n", task)
+    assert summary.kept_answer(wf, answerform.prescribed(task)) == (
+        "a", "@mean_y[7.5007], @mean_x[9.0]", "printed")

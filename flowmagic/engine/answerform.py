@@ -157,8 +157,13 @@ def missing(form: Form | None, text: str) -> list[str]:
 FORM_MISSING = "the answer form the task prescribes is missing"
 
 
-def form_feedback(form: Form, lacking: list[str]) -> str:
-    """Why a text goes back for its form, and what to write instead."""
-    return (f"Your answer does not give the answer in the form the task prescribes: it lacks "
-            f"{', '.join(lacking)}. The task says:\n{form.words}\nEnd your answer with the "
-            "answer in exactly that form, each value copied from a printed output above.")
+def form_feedback(form: Form, lacking: list[str], only: bool = False) -> str:
+    """Why a text goes back for its form, and what to write instead (`only`: the answer in
+    the form alone, to be added to the text)."""
+    head = (f"Your answer does not give the answer in the form the task prescribes: it lacks "
+            f"{', '.join(lacking)}. The task says:\n{form.words}\n")
+    if only:
+        return head + ("Reply with only the answer in exactly that form, each value copied "
+                       "from a printed output above.")
+    return head + ("End your answer with the answer in exactly that form, each value copied "
+                   "from a printed output above.")

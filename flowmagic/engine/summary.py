@@ -99,13 +99,10 @@ def _ending(form: Form | None) -> str:
            "kept as they are.")
     if form is None:
         return ask
-    slots = ""
-    if form.pairs:
-        slots = (" (that is, " + ", ".join(f"@{name}[...]" for name, _ in form.pairs)
-                 + " with each ... replaced by its value)")
+    # (no template of our own: the bench model echoed "@a[...] with each ... replaced")
     return (f"{ask}\n\nThe task prescribes the form of its answer, in its own words:\n"
-            f"{form.words}\nEnd your summary with the answer in exactly that form{slots}, "
-            "each value copied from a printed output above.")
+            f"{form.words}\nEnd your summary with the answer in exactly that form, each value "
+            "copied from a printed output above.")
 
 
 def summary_messages(workflow, budget: int, form: Form | None) -> list[dict]:
@@ -142,32 +139,44 @@ def untraced_values(workflow, form: Form | None, text: str) -> list[str]:
     return numbers.untraced(numbers.trace(stated, lines))
 
 
-def kept_answer(workflow, form: Form | None) -> tuple[str, str] | None:
-    """(node, its answer in the task's form) of the last done node (in the run's order)
-    whose answer or printout gives the whole form with every value traced, or None."""
+def _gives(workflow, form: Form, text: str) -> str | None:
+    """The text's answer in the task's form when it gives it whole with every value traced."""
+    parts = answerform.in_form(form, text)
+    if not parts:
+        return None
+    if form.keys:
+        answer = parts[0][1]
+        lines = _all_printed_lines(workflow)
+        return None if numbers.untraced(numbers.trace(numbers.every_number(answer), lines)) else answer
+    answer = ", ".join(f"@{name}[{value}]" for name, value in parts)
+    return None if untraced_values(workflow, form, answer) else answer
+
+
+def kept_answer(workflow, form: Form | None) -> tuple[str, str, str] | None:
+    """(node, its answer in the task's form, "printed" or "stated") when a done node's code
+    printed the whole form, or else its answer gave it, with every value traced; the last
+    node in the run's order first. A printout comes before any answer: code computed it,
+    while a later answer may have copied the values into the wrong slots."""
     if form is None or not form.checked:
         return None
-    for node_id in reversed(workflow.order()):   # the last in the run's order first
-        node = workflow.nodes[node_id]
-        if node.status != Status.DONE:
-            continue
-        plain = numbers.strip_claims(node.output or "")
-        parts = answerform.in_form(form, _RUNNABLE.sub(" ", plain))
-        if not parts:
-            continue
-        answer = (parts[0][1] if form.keys else
-                  ", ".join(f"@{name}[{value}]" for name, value in parts))
-        if form.keys and numbers.untraced(numbers.trace(numbers.every_number(answer),
-                                                        _all_printed_lines(workflow))):
-            continue
-        if form.pairs and untraced_values(workflow, form, answer):
-            continue
-        return node.id, answer
+    done = [workflow.nodes[i] for i in reversed(workflow.order())
+            if workflow.nodes[i].status == Status.DONE]
+    printed = dict(printed_outputs(workflow))
+    for node in done:
+        answer = _gives(workflow, form, printed.get(node.id, ""))
+        if answer:
+            return node.id, answer, "printed"
+    for node in done:
+        plain = _RUNNABLE.sub(" ", numbers.strip_claims(node.output or ""))
+        answer = _gives(workflow, form, plain)
+        if answer:
+            return node.id, answer, "stated"
     return None
 
 
-def _kept(node_id: str, answer: str) -> str:
-    return (f"{answer}\n\n(The answer in the task's form as subtask {node_id} gave it; each "
+def _kept(node_id: str, answer: str, how: str) -> str:
+    said = "the code of subtask {} printed it" if how == "printed" else "subtask {} gave it"
+    return (f"{answer}\n\n(The answer in the task's form as {said.format(node_id)}; each "
             "value traces to a printed output: see flow.trace_numbers().)")
 
 
@@ -194,12 +203,20 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
         return Summary(_kept(*kept), kept_from=kept[0])
     messages = summary_messages(workflow, budget, form)
     reply, calls = await ask(messages), 1
-    loose, lacking = _wrong(workflow, form, reply.text, data)
-    if loose or lacking:   # back once, naming what is wrong
-        reply, calls = await ask([*messages, {"role": "assistant", "content": reply.text},
-                                  {"role": "user", "content": _feedback(form, loose, lacking)}]), 2
-        loose, lacking = _wrong(workflow, form, reply.text, data)
     text = reply.text
+    loose, lacking = _wrong(workflow, form, text, data)
+    if loose or lacking:   # back once, naming what is wrong
+        back = [*messages, {"role": "assistant", "content": text}]
+        if loose:   # written again as a whole
+            reply = await ask([*back, {"role": "user", "content": _feedback(form, loose, lacking)}])
+            text = reply.text
+        else:   # only the answer in the form is asked for, and added to the summary
+            reply = await ask([*back, {"role": "user",
+                                       "content": answerform.form_feedback(form, lacking, only=True)}])
+            if not answerform.missing(form, reply.text):
+                text = f"{text.rstrip()}\n\n{reply.text.strip()}"
+        calls = 2
+        loose, lacking = _wrong(workflow, form, text, data)
     if loose:
         text += f"\n\n{numbers.untraced_mark(loose)}"
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
