@@ -204,6 +204,11 @@ def _summary(flow, seconds: float) -> str:
     counts = flow.counts()
     total = flow.cost_data()["total"]
     failed = f", {counts[Status.FAILED]} failed" if counts.get(Status.FAILED) else ""
+    started = [i for i, n in flow.workflow.nodes.items() if n.status == Status.DONE
+               and n.attempts and n.attempts[-1].get("fallback") == "starter"]
+    if started:   # done on flowmagic's code, not the model's: said where the count is
+        failed += (f" ({', '.join(started)}: the working start's output, the model's answers "
+                   "were not usable)")
     return (f"{flow.name}: {flow.status}; {counts.get(Status.DONE, 0)}/{flow.total()} nodes done{failed}; "
             f"{seconds:.1f} s; {total['calls'] - total['cached']} model calls "
             f"(+{total['cached']} from the cache); tokens {total['input_tokens']:,} in"

@@ -492,21 +492,53 @@ def test_starter_setting_is_checked():
 
 
 def test_a_node_that_fails_after_its_working_start_still_shows_what_the_start_computed(tmp_path):
-    """A cut answer is never done; the working start that ran before it is still real output,
-    so the failed node's export holds that code and its figure (and says it failed)."""
+    """The endpoint refused the node's call (not a fault of the model's answer): the node fails;
+    the working start that ran before it is still real output, so the failed node's export
+    holds that code and its figure (and says it failed)."""
     import nbformat
 
     plan = {"task": "Explore anscombe.csv", "nodes": [
         {"id": "look", "requirement": "Plot the data.", "agent": "analyst"}], "edges": []}
-    with LoopbackServer(responder=lambda body: {"content": "and so on", "finish_reason": "length"}) as server:
+    with LoopbackServer(fail_first=10, fail_kind="401") as server:
         flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(plan, name="cut", inputs=[CSV], starter="on", max_attempts=1,
-                              continuations=0, update="off", consolidate=False)
+        flow = Flow.from_dict(plan, name="refused", inputs=[CSV], starter="on", max_attempts=2,
+                              update="off", consolidate=False)
         flow.run()
     look = flow.workflow.nodes["look"]
-    assert look.status == "failed" and "cut:" in look.error
-    nb = nbformat.read(str(flow.to_notebook(tmp_path / "cut.ipynb")), as_version=4)
-    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%flow_code cut look"))
+    assert look.status == "failed" and "working start" not in (look.error or "")
+    nb = nbformat.read(str(flow.to_notebook(tmp_path / "refused.ipynb")), as_version=4)
+    i = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%flow_code refused look"))
     assert "<strong>failed</strong>" in nb.cells[i - 1].source   # the note is sanitized HTML
     assert "working start" in nb.cells[i - 1].source
     assert nb.cells[i].outputs[-1]["data"]["image/png"]
+
+
+def test_answers_cut_on_every_attempt_leave_the_working_starts_result_said_as_such(tmp_path):
+    """The model's answers after the working start: code that fails, then answers cut at the
+    token limit. None of them is taken (a cut answer is never a result), the node's result is
+    the working start's real output with one line saying what the model's answers did, and the
+    run ends done (make demo's seed 28 ended incomplete on three cut answers)."""
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Plot the data.", "agent": "analyst"}], "edges": []}
+    asked = []
+
+    def responder(body):
+        asked.append(1)
+        if len(asked) == 1:
+            return "```python\nprint(df.nope)\n```"
+        return {"content": "and so on and so on", "finish_reason": "length"}
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="cut", inputs=[CSV], starter="on", max_attempts=3,
+                              continuations=0, update="off", consolidate=False)
+        flow.run()
+    look = flow.workflow.nodes["look"]
+    df = pd.read_csv(CSV)
+    assert (flow.status, look.status, len(asked)) == ("done", "done", 3)
+    assert look.execution["starter"] and look.execution["stdout"].startswith(f"{df.shape}")
+    assert "and so on" not in look.output and "print(df.nope)" not in look.output
+    assert ("no usable answer on any of its 3 attempt(s): 2x its answer reached the token "
+            "limit unfinished; 1x its code failed") in look.output
+    assert look.output.endswith("this result is the working start's real output above.")
+    assert [a.get("fallback") for a in look.attempts] == [None, None, "starter"]

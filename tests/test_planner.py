@@ -467,6 +467,23 @@ def test_stepwise_plans_steps_then_dependencies_and_ends_in_one_deliverable():
     assert wf.nodes[last].agent == "writer"
 
 
+def test_stepwise_plans_one_subtask_when_capped_at_one_with_one_call():
+    """max_subtasks=1 (make demo): a model that lists the one step asked for gets a plan of
+    it (it was refused as "a plan needs at least two"), and no question is asked about what
+    the one step needs from earlier ones."""
+    llm = fast_llm()
+    steps = ["Print the mean of x and y per dataset of anscombe.csv"]
+    with LoopbackServer(responder=stepwise_responder({0: steps, 7919: steps}, {})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(DS_TASK, k=1, llm=llm, method="stepwise",
+                                              max_subtasks=1), llm)
+        asked = [r for r in server.stats(bodies=True)["requests"]
+                 if r["path"].endswith("/chat/completions")]
+    assert cand.ok, cand.error
+    assert [n.requirement for n in cand.workflow.nodes.values()] == steps
+    assert len(asked) == 1 and "response_format" not in asked[0]["body"]
+
+
 def test_stepwise_retrieves_the_users_own_finished_runs_first():
     from flowmagic.engine.stepwise import retrieve
     from flowmagic.store import Store

@@ -485,16 +485,41 @@ def _ran_start(execution: dict | None) -> bool:
     return bool(execution) and bool(execution.get("starter") or execution.get(WORKING_START))
 
 
+def _model_side(attempt: dict) -> str:
+    """What the model's answer of a failed attempt did wrong, when that is all that went
+    wrong: "code" (its code failed), "cut" (it reached the token limit unfinished), "empty";
+    else "" (an injected failure, a validator's verdict, the workspace, the endpoint)."""
+    if attempt.get("error"):
+        return ""
+    if attempt.get("cut"):
+        return "cut"
+    feedback = str(attempt.get("feedback", ""))
+    if feedback.startswith(CODE_FAILED):
+        return "code"
+    return "empty" if feedback.startswith("empty answer") else ""
+
+
 def _fall_back_on_start(outcome: Outcome, attempts: list[dict], start: Execution,
                         started: str) -> None:
-    """When the model's code failed on every attempt (and nothing else went wrong), a
-    working start that ran is the node's result, and the result says so."""
-    failed_code = [a for a in attempts if str(a.get("feedback", "")).startswith(CODE_FAILED)]
-    if not (start.ok and attempts and len(failed_code) == len(attempts)):
+    """When the model's answer was unusable on every attempt (its code failed, it was cut at
+    the token limit, it was empty; nothing else went wrong), a working start that ran is the
+    node's result, and the result says so. Nothing of those answers becomes the result."""
+    kinds = [_model_side(a) for a in attempts]
+    if not (start.ok and attempts and all(kinds)):
         return
-    last = " ".join(str((attempts[-1].get("execution") or {}).get("error") or "").split())
+    n = len(attempts)
+    failed = [a for a, k in zip(attempts, kinds) if k == "code"]
+    last = " ".join(str((failed[-1].get("execution") or {}).get("error") or "").split()
+                    if failed else [])
+    if kinds.count("code") == n:
+        why = f"The model's own code failed on all {n} attempt(s) (last: {last[:200]})"
+    else:
+        said = {"code": f"its code failed (last: {last[:200]})",
+                "cut": "its answer reached the token limit unfinished",
+                "empty": "its answer was empty"}
+        why = (f"The model gave no usable answer on any of its {n} attempt(s): "
+               + "; ".join(f"{kinds.count(k)}x {said[k]}" for k in ("cut", "code", "empty")
+                           if k in kinds))
     attempts[-1]["fallback"] = "starter"
     outcome.ok, outcome.execution = True, start.to_dict()
-    outcome.output = (f"{started}\n\nThe model's own code failed on all {len(attempts)} "
-                      f"attempt(s) (last: {last[:200]}); this result is the working start's "
-                      "real output above.")
+    outcome.output = f"{started}\n\n{why}; this result is the working start's real output above."

@@ -221,7 +221,7 @@ def clean_steps(raw: Any, hi: int) -> list[str]:
         if len(text) >= 8 and text.lower() not in {s.lower() for s in out} \
                 and not _echoes_prompt(text):
             out.append(text)
-    if len(out) < 2:
+    if len(out) < min(2, hi):   # (a plan capped at one subtask needs one)
         raise PlanError(f"the model listed {len(out)} usable step(s); a plan needs at least two")
     return out[:hi]
 
@@ -304,6 +304,9 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
         if again is not None:
             raise problem
     n = len(steps)
+    if n == 1:   # one step needs no earlier one: nothing to ask
+        plan, warnings = build_plan(steps, {})
+        return plan, notes + warnings, asked
     try:
         # Room for every key and every earlier number, at a few tokens each.
         second = await llm.complete(needs_messages(task, steps, examples),
