@@ -244,6 +244,33 @@ def data_responder(body):
     return "The four datasets have the same mean of y."
 
 
+def test_run_says_which_node_is_done_on_the_working_start_not_the_models_answer(monkeypatch,
+                                                                              tmp_path, capsys):
+    """A node whose answers were all cut after the working start is done on the start's
+    output: the summary line says so where it counts the nodes done, and exits 0."""
+    from flowmagic.ops.nbrun import sample_data
+
+    def responder(body):
+        if body.get("response_format"):
+            return json.dumps(DATA_PLAN)
+        if "Your subtask (stats)" in body["messages"][-1]["content"]:
+            return {"content": "print(df", "finish_reason": "length"}
+        return "The four datasets have the same mean of y."
+
+    with LoopbackServer(responder=responder) as srv:
+        monkeypatch.setenv("FLOWMAGIC_BASE_URL", srv.base_url)
+        monkeypatch.setenv("FLOWMAGIC_MODEL", "m")
+        code, out, err = flowmagic(capsys, "run", "Explore anscombe.csv", "--k", "1",
+                                   "--inputs", sample_data("anscombe.csv"), "--name", "anscombe",
+                                   "--set", "starter=on", "--set", "continuations=0",
+                                   "--set", "max_attempts=2", "--set", "update=off",
+                                   "--out", tmp_path / "out")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("anscombe: done"))
+    assert "(stats: the working start's output, the model's answers were not usable)" in line
+    assert "stats (flowmagic's working start, ran" in out
+
+
 def test_run_with_inputs_shows_what_the_code_printed_and_writes_its_figure(monkeypatch,
                                                                            tmp_path, capsys):
     """`make demo`'s path on a loopback model: the CSV given with --inputs, the node's code run

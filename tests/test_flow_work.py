@@ -542,3 +542,35 @@ def test_answers_cut_on_every_attempt_leave_the_working_starts_result_said_as_su
             "limit unfinished; 1x its code failed") in look.output
     assert look.output.endswith("this result is the working start's real output above.")
     assert [a.get("fallback") for a in look.attempts] == [None, None, "starter"]
+
+
+def test_a_printout_the_working_start_already_gave_is_read_once_by_children_and_summary(tmp_path):
+    """The model's code after the working start prints the start's shape and describe() again
+    (what SmolLM2 does): the node's result, its child's prompt and the summary's prompt carry
+    that printout once, and say the model's code printed nothing new; the record keeps both."""
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Load the data and describe it.", "agent": "analyst"},
+        {"id": "tell", "requirement": "Say what the numbers show.", "agent": "writer"}],
+        "edges": [["look", "tell"]]}
+
+    def responder(body):
+        if subtask(body) == "look":
+            return "```python\nprint(df.shape)\nprint(df.describe())\n```"
+        return "The table has 44 rows."
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="once", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off")
+        flow.run()
+        sent = prompts(server)
+    described = str(pd.read_csv(CSV).describe())
+    look = flow.workflow.nodes["look"]
+    assert flow.status == "done" and look.execution["stdout"].rstrip().endswith(described)
+    assert look.execution["working_start"]["stdout"].count(described) == 1
+    assert look.output.count(described) == 1
+    assert "Printed output: only lines the working start printed (above)" in look.output
+    child = next(p for p in sent if "Your subtask (tell)" in p)
+    summary = sent[-1]
+    assert "Your subtask" not in summary and child.count(described) == 1
+    assert summary.count(described) == 1

@@ -484,6 +484,24 @@ def test_stepwise_plans_one_subtask_when_capped_at_one_with_one_call():
     assert len(asked) == 1 and "response_format" not in asked[0]["body"]
 
 
+def test_stepwise_asks_no_dependencies_for_steps_that_copy_a_worked_example():
+    """Steps that copy a worked example of the prompt fail the candidate whatever their
+    dependencies are: the dependency question is not asked for them (a model call less), and
+    the candidate fails as before, with its calls' tokens counted."""
+    from flowmagic.engine.stepwise import retrieve
+
+    copied = retrieve(DS_TASK, 2)[0].steps
+    llm = fast_llm()
+    with LoopbackServer(responder=stepwise_responder({0: copied, 7919: copied}, {})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        (cand,) = run(lambda: plan_candidates(DS_TASK, k=1, llm=llm, method="stepwise"), llm)
+        asked = [r["body"] for r in server.stats(bodies=True)["requests"]
+                 if r["path"].endswith("/chat/completions")]
+    assert cand.error.startswith("OffTopicError:") and "copy the prompt's example" in cand.error
+    assert asked and not any("response_format" in b for b in asked)
+    assert cand.tokens_out > 0
+
+
 def test_stepwise_retrieves_the_users_own_finished_runs_first():
     from flowmagic.engine.stepwise import retrieve
     from flowmagic.store import Store

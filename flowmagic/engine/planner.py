@@ -260,7 +260,7 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         if job["method"] == "stepwise":
             data, extra, replies = await stepwise.plan_stepwise(
                 llm, task, seed=seed, lo=job["lo"], hi=job["hi"], examples=job["examples"],
-                opts=dict(opts))
+                opts=dict(opts), refused=lambda steps: check_plan(steps, task, job["copyable"]))
         else:
             reply = await llm.complete(job["messages"], schema=job["schema"], seed=seed,
                                        purpose="plan", **opts)

@@ -417,7 +417,7 @@ class NodeRunner:
                                   feedback=f"A file of the answer was not saved: {ex.error}")
                     attempts.append(record)
                     continue
-                said = report(record["execution"])
+                said = _said_once(report(record["execution"]), ex, start)
                 if said:
                     output = f"{output.rstrip()}\n\n{said}"
             if start is not None:   # the working start's real results lead the node's result
@@ -477,6 +477,18 @@ class NodeRunner:
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome
+
+
+def _said_once(said: str, ex: Execution, start: Execution | None) -> str:
+    """The report of the model's code run, without a printout the working start's (shown
+    above it in the node's result) already holds whole: small models print the start's
+    shape and describe() again, and every child's prompt and the summary's read it twice."""
+    printed = (ex.stdout or "").rstrip()
+    if (start is None or not start.ran or not ex.ran or not printed.strip()
+            or printed not in (start.stdout or "")):
+        return said
+    return said.replace(f"Printed output:\n{printed}",
+                        "Printed output: only lines the working start printed (above)", 1)
 
 
 def _ran_start(execution: dict | None) -> bool:

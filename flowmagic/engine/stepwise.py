@@ -282,8 +282,11 @@ async def _ask_steps(llm, ask: list[dict], seed: int, cap: int, hi: int, opts: d
 
 
 async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
-                        examples: list[Example], opts: dict) -> tuple[dict, list[str], list]:
-    """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises."""
+                        examples: list[Example], opts: dict,
+                        refused=None) -> tuple[dict, list[str], list]:
+    """(plan dict, warnings, replies) from the two calls; raises what `llm.complete` raises.
+    `refused(steps)` (the planner's check for copies of the prompt's examples) says when the
+    steps already fail the candidate: no dependency question is asked for them."""
     cap = opts.pop("max_tokens", None) or steps_cap(hi)
     ask = steps_messages(task, examples, lo, hi, subject_words(task))
     asked: list = []
@@ -304,7 +307,7 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
         if again is not None:
             raise problem
     n = len(steps)
-    if n == 1:   # one step needs no earlier one: nothing to ask
+    if n == 1 or (refused is not None and refused(steps)):   # nothing to ask (or no use)
         plan, warnings = build_plan(steps, {})
         return plan, notes + warnings, asked
     try:

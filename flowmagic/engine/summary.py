@@ -72,7 +72,11 @@ def printed_outputs(workflow) -> list[tuple[str, str]]:
     for node in workflow.nodes.values():
         if node.status != Status.DONE:
             continue
-        text = "\n".join(str(r.get("stdout") or "").rstrip() for r in _runs(node.execution))
+        text = ""
+        for run in _runs(node.execution):   # a printout an earlier one holds whole: listed once
+            printed = str(run.get("stdout") or "").rstrip()
+            if printed.strip() and printed not in text:
+                text = f"{text}\n{printed}" if text else printed
         if text.strip():
             out.append((node.id, text.strip("\n")))
     return out
