@@ -230,14 +230,27 @@ def _printed(flow, lines_each: int = 16) -> str:
     return "\n".join(parts)
 
 
+# Control characters but tab and newline: a terminal would obey an escape sequence in model text.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _printed_by(node_id: str, ran: dict, lines_each: int) -> str:
     whose = "flowmagic's working start" if ran.get("starter") else "the model's code"
     text = (ran.get("stdout") or "").rstrip().splitlines()
     more = f"\n    … {len(text) - lines_each} more line(s)" if len(text) > lines_each else ""
-    shown = "\n".join("    " + line[:160] for line in text[:lines_each]) or "    (nothing)"
+    shown = "\n".join("    " + _CONTROL.sub("", line)[:160]   # printed by model code
+                      for line in text[:lines_each]) or "    (nothing)"
     figures = f"; figures: {', '.join(ran['figures'])}" if ran.get("figures") else ""
     state = "ran" if ran.get("ok") else f"failed: {one_line(ran.get('error') or '', 120)}"
     return f"  {node_id} ({whose}, {state}{figures}) printed:\n{shown}{more}"
+
+
+def _shown(text: str, lines: int = 40) -> str:
+    """Model text for a terminal: no control characters (an escape sequence could rewrite
+    what the terminal shows), indented, at most `lines` lines."""
+    rows = _CONTROL.sub("", text).rstrip().splitlines()
+    more = f"\n    … {len(rows) - lines} more line(s)" if len(rows) > lines else ""
+    return "\n".join("    " + row[:300] for row in rows[:lines]) + more
 
 
 def _prompt_cached(total: dict) -> str:
@@ -281,6 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         printed = _printed(flow)
         if printed:
             print("code run in the sandbox:\n" + printed)
+        if flow.result:
+            print("result (written by the model from those outputs):\n" + _shown(flow.result))
         path = export(flow, out / f"{flow.name}.ipynb")
         files = [path, *_drawings(flow, out, flow.name)]
         seconds = time.perf_counter() - started

@@ -241,7 +241,7 @@ def data_responder(body):
     text = body["messages"][-1]["content"]
     if "Your subtask (stats)" in text:
         return f"```python\n{STATS_CODE}```"
-    return "The four datasets have the same mean of y."
+    return "The four datasets have the same mean of y.\x1b[2J"
 
 
 def test_run_says_which_node_is_done_on_the_working_start_not_the_models_answer(monkeypatch,
@@ -294,5 +294,8 @@ def test_run_with_inputs_shows_what_the_code_printed_and_writes_its_figure(monke
         assert re.search(rf"^\s+{dataset}\s+{mean:.4f}$", printed, re.M), printed
     assert "0 model calls" in out.split("replayed")[1]
     assert (out_dir / "anscombe_files" / "stats_figure_1.png").is_file()   # the code's figure
+    shown = out.split("result (written by the model from those outputs):\n")[1]
+    assert shown.startswith("    The four datasets have the same mean of y")   # the findings
+    assert "\x1b" not in shown and "[2J" in shown   # a terminal escape is shown, not obeyed
     code, out, err = flowmagic(capsys, "run", "csv_eda", "--inputs", csv, "--out", out_dir)
     assert code == 1 and err.count("\n") == 1 and "-p (csv_path=FILE for csv_eda)" in err
