@@ -131,7 +131,11 @@ class Server:
         self.argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
                      "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
                      "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                     "--model_alias", MODEL_NAME]
+                     "--model_alias", MODEL_NAME,
+                     # a second client's request must queue, not cut the stream it finds
+                     # running (the server's default cuts it: a run of another client on the
+                     # same server then failed every call of a flow with "ended the answer")
+                     "--interrupt_requests", "False"]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
