@@ -540,7 +540,7 @@ def _eval_parser(sub) -> None:
 
 def _compare_task(args: argparse.Namespace) -> int:
     """Flow's task with its per-criterion table, beside the one-call and sequential baselines."""
-    from .ops.comparison import compare_task
+    from .evaluate.comparison import compare_task
 
     settings = _settings(args.set, model=args.model or None).given()
     model = settings.pop("model", None)
@@ -560,8 +560,8 @@ def _compare_task(args: argparse.Namespace) -> int:
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
-    from .ops.comparison import is_task_template
-    from .ops.trials import CONDITIONS, trials
+    from .evaluate.comparison import is_task_template
+    from .evaluate.trials import CONDITIONS, trials
 
     if is_task_template(args.template):
         if args.source:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import secrets
 import sys
 import time
@@ -18,6 +17,7 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from . import ops
 from ._internal.aio import in_loop, run_blocking
 from ._internal.bars import progress_bar, ticking
 from .view.frames import Candidates, cost_frame, rows_frame
@@ -36,7 +36,7 @@ from .model import status as transition
 from .settings import DEFAULTS, Settings
 from .model.status import RunState, Status
 
-__all__ = ["Flow", "plan", "aplan", "load", "DEFAULTS", "Settings"]
+__all__ = ["Flow", "plan", "aplan", "load", "flow_from_plan", "DEFAULTS", "Settings"]
 
 _NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool",
                           "waiting"))
@@ -777,7 +777,7 @@ class Flow:
 
     def to_notebook(self, path, **options: Any):
         """Write the executed workflow as a notebook whose cells replay it (flowmagic.ops.export)."""
-        return _ops().export_notebook(self, path, **options)
+        return ops.export_notebook(self, path, **options)
 
     # -- reading -------------------------------------------------------------------------
     def metrics(self) -> dict:
@@ -890,28 +890,28 @@ class Flow:
             if scorer is not None:
                 raise ConfigError("map(engine='dask') does not score yet; use the in-process "
                                   "engine (engine='inprocess') with a scorer")
-            return _ops().dask_map(self, inputs, engine=engine, concurrency=concurrency,
-                                   **options)
+            return ops.dask_map(self, inputs, engine=engine, concurrency=concurrency,
+                                **options)
         if options:
             raise ConfigError(f"map() options {sorted(options)} are for engine='dask'; "
                               "drop them or pass engine='dask'")
         size = len(inputs) if hasattr(inputs, "__len__") else None
         with progress_bar(f"{self.name}: map", size, "input") as bar:
-            return _ops().run_sync(self, lambda: _ops().amap(
+            return ops.run_sync(self, lambda: ops.amap(
                 self, inputs, concurrency=concurrency, scorer=scorer,
                 progress=ticking(bar, None)), "map")
 
     def map_file(self, path, engine: Any = "dask", **options: Any):
         """`map` over the rows of a .csv, .parquet or .jsonl file (columns as {{field}});
         a DataFrame in row order (`flowmagic map` and `%flow map` call this)."""
-        return _ops().map_file(self, path, engine=engine, **options)
+        return ops.map_file(self, path, engine=engine, **options)
 
     async def amap(self, inputs, concurrency: int | None = 4, scorer: Any = None):
-        return await _ops().amap(self, inputs, concurrency=concurrency, scorer=scorer)
+        return await ops.amap(self, inputs, concurrency=concurrency, scorer=scorer)
 
     def attach_probe(self, examples, scorer: Any, n: int | None = None, seed: int = 0):
         """Keep a probe set (a seeded shuffle of `examples`, first n) for importance() and slim()."""
-        self.probe = _ops().probe_set(examples, scorer, n=n, seed=seed)
+        self.probe = ops.probe_set(examples, scorer, n=n, seed=seed)
         self.emit("probe", None, {"size": len(self.probe), "seed": seed})
         return self.probe
 
@@ -920,11 +920,10 @@ class Flow:
         with progress_bar(f"{self.name}: importance", unit="configuration") as bar:
             options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
                                           _evaluated)
-            return _ops().run_sync(self, lambda: self.aimportance(probe, scorer, **options),
-                                   "importance")
+            return ops.run_sync(self, lambda: self.aimportance(probe, scorer, **options),
+                                "importance")
 
     async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
-        ops = _ops()
         options.setdefault("progress", lambda e: self.emit("slim", None, e))
         return await ops.aimportance(self, ops.resolve_probe(self, probe, scorer), **options)
 
@@ -934,13 +933,12 @@ class Flow:
         with progress_bar(f"{self.name}: slim", unit="configuration") as bar:
             options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
                                           _evaluated)
-            return _ops().run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
+            return ops.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
 
     def _slim_event(self, event: dict) -> None:
         self.emit("slim", None, event)
 
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
-        ops = _ops()
         options.setdefault("progress", lambda e: self.emit("slim", None, e))
         self.last_slim = await ops.aslim(self, ops.resolve_probe(self, probe, scorer), **options)
         return self.last_slim
@@ -949,13 +947,6 @@ class Flow:
 def _evaluated(event: Any) -> bool:
     """A step of slim's and importance's bars: one configuration scored on the probe set."""
     return isinstance(event, dict) and event.get("phase") == "evaluated"
-
-
-def _ops():
-    """The ops layer's facade (`flowmagic/ops/__init__.py`), imported when a Flow method first
-    needs it. ops sits above this module and drives flows; these few Flow methods are
-    conveniences for its work, and this is their one door up (see the facade's docstring)."""
-    return importlib.import_module(f"{__package__}.ops")
 
 
 async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
@@ -1020,6 +1011,16 @@ def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balan
     llm = kwargs.pop("llm", None) or get_llm()
     return run_blocking(lambda: aplan(task, k, model, strategy, llm=llm, **kwargs),
                         close=llm.aclose, name="flowmagic-plan")
+
+
+def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwargs: Any) -> Flow:
+    """The Flow a `%%flow_plan` cell makes from its plan (see ops.replay.plan_parts): nodes
+    pending, validators named "function:NAME" taken from `namespace`, origin "replay"."""
+    from .ops.replay import plan_parts
+
+    workflow, settings = plan_parts(plan, namespace)
+    kwargs.setdefault("origin", "replay")
+    return Flow(workflow, name=name, **kwargs, **settings)
 
 
 def load(run: str, *, llm: LLM | None = None, store: Store | None = None) -> Flow:

@@ -186,7 +186,7 @@ def test_trials_with_neither_a_task_nor_a_task_template_or_with_both_is_one_line
 
 
 def test_the_table_as_a_dataframe_means_over_trials_and_not_checkable_in_no_mean():
-    from flowmagic.ops.comparison import Arm, Comparison
+    from flowmagic.evaluate.comparison import Arm, Comparison
     from flowmagic.ops.criteria import Score
 
     def arm(method, trial, compiles, pages, time_s):

@@ -91,16 +91,20 @@ def test_the_contracts_hold_on_an_unchanged_copy(copy):
     # the stage-1 exceptions are gone: each of those imports, added back, breaks the build
     ([("engine/runner.py", "from flowmagic.flow import Flow")],
      "flowmagic.engine.runner -> flowmagic.flow"),
-    ([("flow.py", "from flowmagic.ops import batch")], "flowmagic.flow -> flowmagic.ops.batch"),
-    ([("flow.py", "from flowmagic.ops import slimming")],
-     "flowmagic.flow -> flowmagic.ops.slimming"),
-    ([("flow.py", "from flowmagic.ops.export import export")],
-     "flowmagic.flow -> flowmagic.ops.export"),
+    # ops sits below the flow: it is handed a Flow and never imports it
+    ([("ops/batch.py", "from flowmagic.flow import Flow")], "flowmagic.ops.batch -> flowmagic.flow"),
+    ([("ops/replay.py", "from flowmagic.flow import Flow")],
+     "flowmagic.ops.replay -> flowmagic.flow"),
+    ([("ops/export.py", "from flowmagic.jupyter import replay_magics")],
+     "flowmagic.ops.export -> flowmagic.jupyter.replay_magics"),
+    # the door to a notebook's outputs is filled in by registration, never by an import up
+    ([("_internal/outputs.py", "import flowmagic.jupyter")],
+     "flowmagic._internal.outputs -> flowmagic.jupyter"),
     ([("model/plans.py", "from flowmagic.model.graph import Workflow")],
      "No cycles are allowed in flowmagic.model."),
 ], ids=["model-imports-flow", "view-imports-flow", "llm-imports-engine", "ops-imports-evaluate",
-        "cycle-in-model", "runner-imports-flow", "flow-imports-batch", "flow-imports-slimming",
-        "flow-imports-export", "plans-imports-graph"])
+        "cycle-in-model", "runner-imports-flow", "batch-imports-flow", "replay-imports-flow",
+        "export-imports-magics", "outputs-imports-jupyter", "plans-imports-graph"])
 def test_an_upward_import_or_a_cycle_breaks_the_build(copy, edits, reported):
     for module, statement in edits:
         add_import(copy, module, statement)
@@ -199,3 +203,59 @@ def test_the_front_end_check_sees_a_lazy_import(tmp_path):
     probe = tmp_path / "render.py"
     probe.write_text("def f():\n    from IPython.display import display\n    import ipywidgets\n")
     assert [name for _, name in front_end_imports(probe)] == ["IPython.display", "ipywidgets"]
+
+
+def imports_by_name(path):
+    """(line, text) of every import of a flowmagic module that names it in a string:
+    `importlib.import_module("flowmagic.x")`, `import_module(".x", __package__)` and
+    `__import__(...)` of one of ours. The layer contracts cannot see such an import, so an
+    arrow up could hide in one."""
+    def ours(arg):
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value.startswith(("flowmagic", "."))
+        if isinstance(arg, ast.JoinedStr):   # an f-string: its first literal part decides
+            first = arg.values[0] if arg.values else None
+            return not isinstance(first, ast.Constant) or str(first.value).startswith(
+                ("flowmagic", "."))
+        return False
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+            node.func.id if isinstance(node.func, ast.Name) else ""
+        if name not in ("import_module", "__import__"):
+            continue
+        names_package = len(node.args) > 1 or any(k.arg == "package" for k in node.keywords)
+        if names_package or any(ours(a) for a in node.args[:1]):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_no_module_imports_one_of_ours_by_name():
+    """Every import of a flowmagic module is a plain import statement, so `lint-imports` sees
+    every arrow: none goes up a layer unseen."""
+    found = []
+    for path in (ROOT / "flowmagic").rglob("*.py"):
+        found += [f"{path.relative_to(ROOT)}:{line}: {text}"
+                  for line, text in imports_by_name(path)]
+    assert not found, "flowmagic modules imported by name, out of the contracts' sight:\n" + \
+        "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    'import importlib\nimportlib.import_module("flowmagic.ops")\n',
+    'import importlib\nimportlib.import_module(f"{__package__}.ops")\n',
+    'from importlib import import_module\nimport_module(".jupyter", "flowmagic")\n',
+    '__import__("flowmagic.flow")\n',
+])
+def test_the_by_name_check_sees_each_form(tmp_path, source):
+    probe = tmp_path / "probe.py"
+    probe.write_text(source)
+    assert list(imports_by_name(probe)), source
+
+
+def test_the_by_name_check_leaves_other_packages_alone(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('import importlib\nimportlib.import_module("pandas")\n'
+                     'importlib.import_module(name)\n__import__(gui)\n')
+    assert not list(imports_by_name(probe))

@@ -252,7 +252,7 @@ def test_an_exported_notebook_and_its_replay_show_hostile_text_as_text(hostile, 
 
 
 def test_a_trials_report_quoting_the_model_is_inert():
-    from flowmagic.ops.trials import Trial, TrialReport
+    from flowmagic.evaluate.trials import Trial, TrialReport
 
     report = TrialReport([Trial(condition="c", mask_rate=0.0, index=0, seed=0, error=HOSTILE[1])], {})
     data = {"text/html": report._repr_html_()} if hasattr(report, "_repr_html_") else {

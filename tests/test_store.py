@@ -312,7 +312,7 @@ def test_load_by_name_brings_back_the_real_run_not_a_replay(tmp_path):
     return it in place of the run that did the work."""
     import flowmagic
     from flowmagic.flow import Flow
-    from flowmagic.ops.replay import flow_from_plan
+    from flowmagic.flow import flow_from_plan
 
     store = Store(tmp_path / "s.db")
     plan = {"task": "t", "nodes": [{"id": "a", "requirement": "do a"}], "edges": []}

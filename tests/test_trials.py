@@ -11,7 +11,7 @@ import flowmagic
 from flowmagic.cli import main
 from flowmagic.llm import LLM
 from flowmagic.evaluate import compare
-from flowmagic.ops.trials import trials
+from flowmagic.evaluate.trials import trials
 from flowmagic.testing.loopback import LoopbackServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,7 +93,7 @@ def test_the_command_line_prints_the_tables(tmp_path, capsys):
 
 
 def test_the_trials_template_declares_its_checks():
-    from flowmagic.ops.trials import template_checks
+    from flowmagic.evaluate.trials import template_checks
     assert template_checks("trials") == ["1.", "2.", "3."]
     with pytest.raises(flowmagic.errors.ConfigError, match="declares no checks"):
         template_checks("gobang")
@@ -103,7 +103,7 @@ def test_table5_change_ratio_is_changed_original_subtasks_over_the_initial_plan(
     # A hand-made log of one trial on the plan a, b, c, d: the first update edits a, reruns
     # a and b and adds x; the second reruns a again, removes c and adds y; the third changes
     # nothing. Changed original subtasks: a, b, c (each once; x and y are not the plan's).
-    from flowmagic.ops.trials import Trial, TrialReport, changed_originals
+    from flowmagic.evaluate.trials import Trial, TrialReport, changed_originals
 
     def entry(no_change=False, **diff):
         return {"kind": "replan", "no_change": no_change, "diff": diff}
@@ -121,5 +121,5 @@ def test_table5_change_ratio_is_changed_original_subtasks_over_the_initial_plan(
 
 
 def test_the_with_updates_arm_is_the_papers_update_after_completion():
-    from flowmagic.ops.trials import CONDITIONS
+    from flowmagic.evaluate.trials import CONDITIONS
     assert CONDITIONS["with updates"] == {"update": "after-completion"}

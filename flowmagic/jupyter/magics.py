@@ -32,6 +32,7 @@ from ..parsers import (SUBCOMMANDS, Command, command_usage, flow_help, flow_opti
                        parse_command, parse_flow_line, parse_map_options, parse_slim_options,
                        single_brace_names)
 from ..model.status import AnswerState
+from .replay_magics import HANDLERS
 
 if TYPE_CHECKING:   # imported when a flow is made: %load_ext stays light
     from ..settings import Settings
@@ -505,20 +506,13 @@ class FlowMagics(Magics):
 
 
 def _notebook_magics(shell, magics: FlowMagics) -> None:
-    """`%%flow_plan` / `%%flow_node` when ops/export.py provides their handlers.
+    """`%%flow_plan`, `%%flow_record`, `%%flow_node` and `%%flow_code`: an exported notebook's
+    cells (replay_magics.HANDLERS).
 
     Their lines are written by an export and carry names a model or an endpoint gave, so
     IPython must take them as written: registered with `no_var_expand`, a `{expr}` or `$var`
     on such a line stays text and is never evaluated."""
-    try:
-        from ..ops import export as notebook
-    except ImportError:
-        return
-    for name in getattr(notebook, "MAGICS", ("flow_plan", "flow_node")):
-        handler = getattr(notebook, f"handle_{name}", None)
-        if handler is None:
-            continue
-
+    for name, handler in HANDLERS.items():
         def magic(line, cell=None, _handler=handler):
             debug = magics.debug or "--debug" in line.split()
             try:
@@ -570,5 +564,5 @@ def unload_ipython_extension(shell) -> None:
         shell.configurables.remove(magics)
     registry = shell.magics_manager.magics
     for kind in ("line", "cell"):
-        for name in ("flow", "flow_plan", "flow_record", "flow_node", "flow_code"):
+        for name in ("flow", *HANDLERS):
             registry[kind].pop(name, None)

@@ -1,11 +1,11 @@
 """Operations on a whole Flow: batches and probes (batch), slimming, export to a notebook
 (export) and its replay (replay), notebooks as programs (nbrun).
 
-This layer sits above `flowmagic.flow` and drives flows through their public API
-(`Flow.derive`, `Flow.emit`, ...). The functions below are the documented facade that
-`Flow.map` (also on Dask), `attach_probe`, `importance`, `slim` and `to_notebook` reach at call time
-(`flow._ops()`), the one door from `flow` up to this layer: `flow` never imports ops, so the
-layers contract in pyproject.toml holds with no exceptions.
+This layer sits below `flowmagic.flow`: it is handed a Flow and works through its public API
+(`Flow.derive`, `Flow.emit`, `type(flow)` for a replica, ...) and never imports it. The
+functions below are what `Flow.map` (also on Dask), `attach_probe`, `importance`, `slim` and
+`to_notebook` call: a plain import the layer contracts in pyproject.toml check. What drives
+flows from above (trials, the comparison with baselines) is in `flowmagic.evaluate`.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from ..model.graph import Workflow
 from ..model import status as transition
 from ..model.status import RunState, Status
 
+# "Flow" in annotations is flowmagic.flow.Flow: the layer above, which hands itself in.
 if TYPE_CHECKING:
-    from ..flow import Flow
     from ..llm.client import LLM
 
 __all__ = ["Item", "BatchRun", "Probe", "Evaluation", "amap", "evaluate", "probe_set",

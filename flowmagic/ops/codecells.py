@@ -29,13 +29,12 @@ from typing import Any
 from .celltext import magic_line
 from .._internal import outputs
 from ..engine.execution import WORKING_START
-from ..errors import ConfigError, NodeError
+from ..errors import NodeError
 from ..model import status as transition
 from ..model.status import Status
 
 __all__ = ["EXECUTE_ENV", "is_code_node", "code_run", "code_line", "code_outputs", "figure_data",
-           "FigureBudget", "left_out",
-           "handle_flow_code", "files_dir_for"]
+           "FigureBudget", "left_out", "code_cell", "prelude_cell", "files_dir_for"]
 
 EXECUTE_ENV = "FLOWMAGIC_EXECUTE_CODE"
 FIGURE_BYTES = 8 << 20          # of one figure embedded in a notebook or shown in the panel
@@ -166,69 +165,53 @@ def _run_of(rec: dict | None, seq: int | None, start: bool) -> dict | None:
                  and r.get("ran") and r.get("code")), None)
 
 
-def handle_flow_code(shell, line: str, cell: str | None) -> None:
-    """`%%flow_code NAME NODE [--execute]`: the recorded run of a code node, or a new run of
-    its body in the flow's sandboxed session; never a model call, never the code in this
-    kernel. `%%flow_code NAME --prelude`: the session's first cell."""
-    from .replay import (apply_record, fingerprint, node_parser, session, settle, split_line,
-                         user_flow)
+def code_cell(flow, node_id: str, cell: str | None, *, execute: bool = False,
+              start: bool = False, seq: int | None = None) -> None:
+    """A `%%flow_code NAME NODE [--execute]` cell: the recorded run of a code node, or a new
+    run of its body in the flow's sandboxed session; never a model call, never the code in
+    this kernel. `start`: the working start's cell; `seq`: an earlier run the session kept."""
+    from .replay import apply_record, fingerprint, session, settle
 
-    words = split_line(line)
-    if "--prelude" in words:
-        _prelude(shell, [w for w in words if w != "--prelude"], cell)
-        return
-    parser = node_parser()
-    parser.prog = "%%flow_code"
-    parser.add_argument("--execute", action="store_true")
-    parser.add_argument("--start", action="store_true")   # the working start's cell
-    parser.add_argument("--seq", type=int, default=None)  # an earlier run the session kept
-    args = parser.parse_args(words)
-    flow = user_flow(shell, args.name)
-    node = flow.workflow.node(args.node)
+    node = flow.workflow.node(node_id)
     state = session(flow)
-    rec = state.record.get("nodes", {}).get(args.node)
-    ran = _run_of(rec, args.seq, args.start)
+    rec = state.record.get("nodes", {}).get(node_id)
+    ran = _run_of(rec, seq, start)
     if ran is None:
-        what = "working start" if args.start else "code run"
-        raise NodeError(f"the record has no {what} of {args.node!r}; export the flow again")
-    waiting = [p for p in flow.workflow.parents(args.node)
+        what = "working start" if start else "code run"
+        raise NodeError(f"the record has no {what} of {node_id!r}; export the flow again")
+    waiting = [p for p in flow.workflow.parents(node_id)
                if flow.workflow.nodes[p].status != Status.DONE]
     if waiting:
-        raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
+        raise NodeError(f"node {node_id!r} waits for {', '.join(waiting)}; run their cells first")
     code = (cell or "").strip("\n") + "\n"
-    own = not args.start and (args.seq is None or ran is code_run(rec))
+    own = not start and (seq is None or ran is code_run(rec))
     if own:   # an earlier run's cell only shows (or runs again); the node's own cell settles it
-        stale = _stale_because(flow, args.node, rec, state.executed, fingerprint)
-        apply_record(flow, args.node, rec)
-        state.replayed.add(args.node)
+        stale = _stale_because(flow, node_id, rec, state.executed, fingerprint)
+        apply_record(flow, node_id, rec)
+        state.replayed.add(node_id)
         settle(flow)
         if stale:   # the record was made from other inputs: never shown as if it were current
-            print(f"{args.node}: {stale} in this session, so the recorded outputs are stale; "
+            print(f"{node_id}: {stale} in this session, so the recorded outputs are stale; "
                   "running this code again in the sandbox", file=sys.stderr)
-            ex = _execute(flow, args.node, code, state.record, ran.get("seq"))
-            _adopt(flow, args.node, ex)
-            state.replayed.discard(args.node)
-            state.executed.add(args.node)
+            ex = _execute(flow, node_id, code, state.record, ran.get("seq"))
+            _adopt(flow, node_id, ex)
+            state.replayed.discard(node_id)
+            state.executed.add(node_id)
             return
-    if args.execute or os.environ.get(EXECUTE_ENV) == "1":
-        _execute(flow, args.node, code, state.record, ran.get("seq"))
+    if execute or os.environ.get(EXECUTE_ENV) == "1":
+        _execute(flow, node_id, code, state.record, ran.get("seq"))
         return
     if own and code.strip() != (ran.get("code") or "").strip():
-        print(f"{args.node}: the code differs from the recorded run; add --execute to the "
+        print(f"{node_id}: the code differs from the recorded run; add --execute to the "
               "line to run it in the sandbox (the recorded outputs follow)", file=sys.stderr)
     _show(code_outputs(flow.run_id, node.id, ran, rec.get("figures_png") or {}))
 
 
-def _prelude(shell, words: list[str], cell: str | None) -> None:
+def prelude_cell(flow, cell: str | None, *, execute: bool = False) -> None:
     """`%%flow_code NAME --prelude [--execute]`: what the session ran first; run, it starts
     the flow's session in this kernel with this text (nothing to show otherwise)."""
-    from .replay import session, user_flow
+    from .replay import session
 
-    execute = "--execute" in words
-    names = [w for w in words if w != "--execute"]
-    if len(names) != 1:
-        raise ConfigError("usage: %%flow_code NAME --prelude [--execute], then the prelude's code")
-    flow = user_flow(shell, names[0])
     if execute or os.environ.get(EXECUTE_ENV) == "1":
         from .nbsession import python
 

@@ -115,7 +115,6 @@ class _Runner:
     the store's connection are made once per map, not once per input."""
 
     def __init__(self, payload: bytes, tag: str):
-        from ..flow import Flow
         from ..llm import endpoints
         from ..llm.client import LLM
         from ..store import Store
@@ -130,8 +129,8 @@ class _Runner:
         self.store = Store(self.path)
         llm = LLM(self.store, rpm=None, concurrency=spec["llm_concurrency"])
         llm.gate = ClusterGate(spec["rpm"], spec["at_once"], spec["window_s"])
-        self.flow = Flow(spec["workflow"], name=spec["name"], llm=llm, store=self.store,
-                         save=False, **spec["settings"])
+        self.flow = spec["flow_class"](spec["workflow"], name=spec["name"], llm=llm,
+                                       store=self.store, save=False, **spec["settings"])
         if spec["tools"] is not None:   # else the tools registered in this process
             self.flow.tools = spec["tools"]
         self.concurrency = spec["concurrency"]

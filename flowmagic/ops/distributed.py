@@ -29,14 +29,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..model.status import RunState, Status
 from .batch import NOT_RUN, canonical, fingerprint, fresh_copy, result_frame
 
-if TYPE_CHECKING:
-    from ..flow import Flow
+# "Flow" in annotations is flowmagic.flow.Flow: the layer above, which hands itself in.
 
 __all__ = ["dask_map", "map_file", "to_inputs", "MapProgress", "read_inputs", "write_results",
            "batch_frame", "ENV", "task_payload"]
@@ -238,6 +237,7 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
     import cloudpickle   # Dask's own: the user's tool functions from a notebook go by value
 
     return cloudpickle.dumps({
+        "flow_class": type(flow),   # by reference: the worker imports flowmagic as we do
         "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
         "tools": flow.chosen_tools,
         "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},

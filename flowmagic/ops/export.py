@@ -34,22 +34,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .celltext import comment, literal, magic_line
 from .codecells import (FigureBudget, code_line, code_outputs, code_run, figure_data,
-                        files_dir_for, handle_flow_code, is_code_node)
+                        files_dir_for, is_code_node)
 from ..engine.session import kept_cells, recorded_cells
 from ..errors import ConfigError, NodeError, write_error
 from ..view.safe import markdown_cell
-from .replay import (apply_record, attach_record, fingerprint, flow_from_plan, record_signature,
-                     handle_flow_node, handle_flow_plan, handle_flow_record, node_bundle,
-                     plan_summary, result_bundle, setting_value, settle, show_result,
-                     tables)
+from .replay import (apply_record, attach_record, fingerprint, node_bundle, plan_parts,
+                     plan_summary, record_signature, result_bundle, setting_value, settle,
+                     show_result, tables)
 from ..model.status import Status
 from .._internal.outputs import show as display_output
 
 __all__ = ["export", "build", "plan_json", "drawing_bundles", "show_result", "show_drawings",
-           "handle_flow_plan", "handle_flow_record", "handle_flow_node", "handle_flow_code", "load_cache",
-           "save_cache", "MAGICS", "NBVAL_IGNORE", "RECORD_FORMAT"]
+           "load_cache", "save_cache", "NBVAL_IGNORE", "RECORD_FORMAT"]
 
-MAGICS = ("flow_plan", "flow_record", "flow_node", "flow_code")
 NBVAL_IGNORE = "nbval-ignore-output"
 RECORD_FORMAT = 2   # 2: signed (replay.record_signature)
 _ATTEMPT_KEYS = ("attempt", "start", "end", "passed", "feedback", "error", "call_id",
@@ -196,8 +193,9 @@ def _replica(flow, name: str, files_dir: str | None = None):
     from .._internal.version import __version__
 
     folder = flow.workspace.root if flow.files() else None
-    replica = flow_from_plan(_plan(flow), name, run_id=flow.run_id, llm=flow.llm,
-                             store=flow.store, save=False)
+    workflow, settings = plan_parts(_plan(flow))
+    replica = type(flow)(workflow, name=name, origin="replay", run_id=flow.run_id,
+                         llm=flow.llm, store=flow.store, save=False, **settings)
     nodes: dict[str, dict] = {}
     budget = FigureBudget()   # one notebook's figures, over all its nodes
     for node_id in replica.workflow.order():   # parents first: a fingerprint reads their outputs

@@ -1,4 +1,5 @@
-"""Replaying an exported notebook: the `%%flow_plan`, `%%flow_record` and `%%flow_node` cells.
+"""Replaying an exported notebook: what its `%%flow_plan`, `%%flow_record` and `%%flow_node`
+cells do (their magics, which read the lines, are in `flowmagic.jupyter.replay_magics`).
 
 A node's *fingerprint* is a hash of everything that decides its model call: the prompt
 it would get now (task, requirement, agent role, its parents' outputs, its children's
@@ -27,10 +28,8 @@ none), so a replay is byte-for-byte the exported output; where the output came f
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import shlex
 import weakref
 from typing import Any, Callable
 
@@ -40,10 +39,9 @@ from .._internal.aio import run_blocking
 from ..model import status as transition
 from ..model.status import STATUSES, RunState, Status
 
-__all__ = ["fingerprint", "record_signature", "flow_from_plan", "handle_flow_plan", "handle_flow_record",
-           "handle_flow_node", "show_result", "node_bundle", "result_bundle", "attach_record",
-           "apply_record", "plan_summary", "settle", "setting_value", "tables",
-           "node_parser", "user_flow", "session", "split_line"]
+__all__ = ["fingerprint", "record_signature", "plan_parts", "use_record", "replay_node",
+           "show_result", "node_bundle", "result_bundle", "attach_record", "apply_record",
+           "plan_summary", "settle", "setting_value", "tables", "session", "json_body"]
 
 class _Replay:
     """What one notebook session knows about a Flow: its record and what ran how."""
@@ -62,7 +60,8 @@ class _Replay:
 _STATES: "weakref.WeakKeyDictionary[Any, _Replay]" = weakref.WeakKeyDictionary()
 
 
-def _state(flow) -> _Replay:
+def session(flow) -> _Replay:
+    """What this notebook session knows about `flow` (made on first use)."""
     if flow not in _STATES:
         _STATES[flow] = _Replay()
     return _STATES[flow]
@@ -128,7 +127,7 @@ def node_bundle(flow, node_id: str, *, replayed: bool | None = None) -> tuple[di
             "model": _model_of(flow, node), "replayed": replayed, "stale": node.stale,
             "seeds": [a.get("seed") for a in attempts if a.get("seed") is not None],
             "cache_keys": [a.get("cache_key") for a in attempts if a.get("cache_key")],
-            "source_run": _state(flow).record.get("run")}
+            "source_run": session(flow).record.get("run")}
     from ..view.safe import model_bundle   # model text: sanitized HTML, never raw Markdown
     return model_bundle(text), {"flowmagic": meta}
 
@@ -146,7 +145,7 @@ def _cost_rows(flow) -> tuple[list[list[str]], dict]:
         total["tokens_in"] += node.tokens_in
         total["tokens_out"] += node.tokens_out
         total["cost_usd"] += node.cost_usd
-    extra = _state(flow).record.get("overhead") or {}
+    extra = session(flow).record.get("overhead") or {}
     if extra.get("calls"):
         rows.append(["(planning, updates, write-up)", "", "", str(extra.get("input_tokens", 0)),
                      str(extra.get("output_tokens", 0)), f"{extra.get('cost_usd', 0.0):.6f}", ""])
@@ -187,7 +186,7 @@ def result_bundle(flow) -> tuple[dict, dict]:
         ["node", "agent", "model", "tokens in", "tokens out", "USD", "seconds"], rows)
     text = f"Result\n\n{result}\n\nCost\n\n{text_table}"
     meta = {"flowmagic": {"run": flow.run_id, "what": "result", "total": total,
-                          "source_run": _state(flow).record.get("run")}}
+                          "source_run": session(flow).record.get("run")}}
     from ..view.safe import markdown_html
     # the model's result on its own, so a fence it left open cannot swallow the cost table
     html = markdown_html(f"### Result\n\n{result}") + markdown_html(f"### Cost\n\n{md_table}")
@@ -200,7 +199,7 @@ def _show(flow, what: str, bundle: tuple[dict, dict], *, update: bool = False) -
     Each display gets a new id, remembered per node: an update must reach the output now
     on screen, not one a re-run cell has already cleared (nbclient trips over those)."""
     data, meta = bundle
-    state = _state(flow)
+    state = session(flow)
     if update:
         if what in state.shown:
             outputs.show(data, meta, display_id=state.shown[what], update=True)
@@ -210,63 +209,22 @@ def _show(flow, what: str, bundle: tuple[dict, dict], *, update: bool = False) -
     outputs.show(data, meta, display_id=state.shown[what])
 
 
-# ----------------------------------------------------------------------------- the magics
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):   # argparse would exit the kernel's process
-        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")   # one line
-        raise ConfigError(f"{self.prog}: {message}; usage: {usage}")
-
-
-def _node_parser() -> _Parser:
-    p = _Parser(prog="%%flow_node", add_help=False)
-    p.add_argument("name")
-    p.add_argument("node")
-    p.add_argument("--after", default="")
-    p.add_argument("--agent", default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--allow-calls", dest="allow_calls", action="store_true")
-    return p
-
-
-def _name_and_allow(line: str, magic: str, body: str) -> tuple[str, bool]:
-    args = _split(line)
-    allow = "--allow-calls" in args
-    args = [a for a in args if a != "--allow-calls"]
-    if len(args) != 1:
-        raise ConfigError(f"usage: %%{magic} NAME [--allow-calls], then {body} in the cell")
-    return args[0], allow
-
-
-def _split(line: str) -> list[str]:
-    try:
-        return shlex.split(line)
-    except ValueError as exc:
-        raise ConfigError(f"cannot read the magic's line ({exc}); check its quotes") from None
-
-
-def _user_flow(shell, name: str):
-    from ..flow import Flow
-
-    flow = shell.user_ns.get(name)
-    if not isinstance(flow, Flow):
-        raise ConfigError(f"no flow named {name!r}; run its %%flow_plan {name} cell first")
-    return flow
-
-
-def _json_body(cell: str | None, magic: str) -> Any:
+# ----------------------------------------------------------------------------- the cells
+def json_body(cell: str | None, magic: str) -> Any:
+    """The JSON body of a `%%flow_plan` / `%%flow_record` cell, or one line saying it is not."""
     try:
         return json.loads(cell or "")
     except ValueError as exc:
         raise PlanError(f"the body of %%{magic} is not JSON ({exc}); fix it or export again") from None
 
 
-def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwargs: Any):
-    """The Flow a `%%flow_plan` cell makes: nodes pending (pruned ones stay pruned).
+def plan_parts(plan: dict, namespace: dict | None = None) -> tuple[Any, dict]:
+    """(workflow, settings) of the Flow a `%%flow_plan` cell makes: nodes pending (pruned
+    ones stay pruned); the caller makes the Flow (`flowmagic.flow.flow_from_plan`).
 
     A setting "function:NAME" (a validator) becomes the function NAME of `namespace` when
     the notebook defines it; else it stays a name, and a node that runs again reports
     its validator as unavailable."""
-    from ..flow import Flow
     from ..model.graph import Workflow
     from ..settings import DEFAULTS
 
@@ -284,26 +242,7 @@ def flow_from_plan(plan: dict, name: str, namespace: dict | None = None, **kwarg
             found = (namespace or {}).get(value.split(":", 1)[1])
             if callable(found):
                 settings[key] = found
-    kwargs.setdefault("origin", "replay")
-    return Flow(workflow, name=name, **kwargs, **settings)
-
-
-def handle_flow_plan(shell, line: str, cell: str | None) -> None:
-    """`%%flow_plan NAME`: make the Flow from the JSON body and bind it to NAME."""
-    from ..model.answers import plan_from_notebook
-    from ..parsers import check_name
-
-    name, allow = _name_and_allow(line, "flow_plan", "the plan as JSON")
-    name = check_name(name) or name
-    # The cell can be edited like any text: read as strictly as a model's plan (safe names,
-    # no state but a prune), so what it names can be written on a magic line again.
-    plan = _json_body(cell, "flow_plan")
-    if not isinstance(plan, dict) or "nodes" not in plan:
-        plan = None   # flow_from_plan says what the body should be
-    flow = flow_from_plan(plan and plan_from_notebook(plan), name, shell.user_ns)
-    shell.user_ns[name] = flow
-    _state(flow).allow_calls = allow
-    print(plan_summary(flow))
+    return workflow, settings
 
 
 def settle(flow) -> bool:
@@ -322,14 +261,13 @@ def plan_summary(flow) -> str:
             f"{len(flow.workflow.edges())} dependencies")
 
 
-def handle_flow_record(shell, line: str, cell: str | None) -> None:
-    """`%%flow_record NAME`: what every node of NAME produced when it was exported."""
-    name, allow = _name_and_allow(line, "flow_record", "the record as JSON")
-    flow = _user_flow(shell, name)
-    state = _state(flow)
+def use_record(flow, cell: str | None, allow: bool) -> None:
+    """A `%%flow_record NAME` cell: what every node of `flow` produced when it was exported,
+    checked against its signature before anything is replayed from it."""
+    state = session(flow)
     state.allow_calls = state.allow_calls or allow
     state.record, state.rejected = {}, "its %%flow_record cell did not give a usable record"
-    record = _json_body(cell, "flow_record")
+    record = json_body(cell, "flow_record")
     if not isinstance(record, dict) or not isinstance(record.get("nodes"), dict):
         raise PlanError('a %%flow_record body is {"run": ..., "nodes": {...}}; export again')
     signed = record.get("signature")
@@ -337,7 +275,7 @@ def handle_flow_record(shell, line: str, cell: str | None) -> None:
     if (signed is not None or record.get("format", 1) >= 2) and signed != record_signature(record):
         state.rejected = "its record was changed after export"
         raise PlanError(
-            f"the record of {name!r} does not match its signature (it was changed after "
+            f"the record of {flow.name!r} does not match its signature (it was changed after "
             "export), so nothing is replayed from it; export the notebook again, or add "
             "--allow-calls to let its node cells call the model")
     attach_record(flow, record)
@@ -346,7 +284,7 @@ def handle_flow_record(shell, line: str, cell: str | None) -> None:
 
 def attach_record(flow, record: dict) -> None:
     """Give `flow` the record its `%%flow_node` cells replay from."""
-    _state(flow).record = record
+    session(flow).record = record
 
 
 def apply_record(flow, node_id: str, rec: dict) -> None:
@@ -418,35 +356,35 @@ def _mark_stale(flow, node_id: str) -> list[str]:
     return stale
 
 
-def handle_flow_node(shell, line: str, cell: str | None) -> None:
-    """`%%flow_node NAME NODE --after A,B --agent ROLE [--model M]`: replay or run one node."""
-    args = _node_parser().parse_args(_split(line))
-    flow = _user_flow(shell, args.name)
+def replay_node(flow, node_id: str, cell: str | None, *, after: str, agent: str | None,
+                model: str | None, allow: bool) -> None:
+    """A `%%flow_node NAME NODE --after A,B --agent ROLE [--model M]` cell: replay or run
+    one node by the replay rule, and show its output."""
     wf = flow.workflow
-    node = wf.node(args.node)
+    node = wf.node(node_id)
     if node.status == Status.PRUNED:
-        raise NodeError(f"node {args.node!r} is pruned; delete its cell or restore it in the plan")
-    _check_after(flow, args.node, args.after)
+        raise NodeError(f"node {node_id!r} is pruned; delete its cell or restore it in the plan")
+    _check_after(flow, node_id, after)
     requirement = (cell or "").strip()
     if not requirement:
-        raise NodeError(f"the cell of {args.node!r} is empty; its body is the node's requirement")
-    rec = _state(flow).record.get("nodes", {}).get(args.node)
-    waiting = [p for p in wf.parents(args.node) if wf.nodes[p].status != Status.DONE]
+        raise NodeError(f"the cell of {node_id!r} is empty; its body is the node's requirement")
+    rec = session(flow).record.get("nodes", {}).get(node_id)
+    waiting = [p for p in wf.parents(node_id) if wf.nodes[p].status != Status.DONE]
     if waiting:
         if rec is not None and rec.get("status") == Status.PENDING:
-            _show(flow, args.node, node_bundle(flow, args.node))
+            _show(flow, node_id, node_bundle(flow, node_id))
             return   # it never ran when exported, and cannot run now: same output as then
-        raise NodeError(f"node {args.node!r} waits for {', '.join(waiting)}; run their cells first")
-    changed = _edit(flow, args.node, requirement, args.agent or node.agent, args.model)
-    replayed, stale = _replay_or_run(flow, args.node, rec, changed, args.allow_calls)
-    _show(flow, args.node, node_bundle(flow, args.node, replayed=replayed))
+        raise NodeError(f"node {node_id!r} waits for {', '.join(waiting)}; run their cells first")
+    changed = _edit(flow, node_id, requirement, agent or node.agent, model)
+    replayed, stale = _replay_or_run(flow, node_id, rec, changed, allow)
+    _show(flow, node_id, node_bundle(flow, node_id, replayed=replayed))
     if stale:
-        print(f"{args.node} ran again; stale now: {', '.join(stale)} (re-run their cells to update)")
+        print(f"{node_id} ran again; stale now: {', '.join(stale)} (re-run their cells to update)")
 
 
 def _before_call(flow, node_id: str, rec: dict | None, allow: bool) -> None:
     """Say that a replay is about to call a model, or refuse when there is no trusted record."""
-    state = _state(flow)
+    state = session(flow)
     if not state.record and not (allow or state.allow_calls):
         why = state.rejected or f"no %%flow_record {flow.name} cell has run"
         raise NodeError(
@@ -475,7 +413,7 @@ def _model_named(model: str | None) -> str:
 def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
                    allow: bool = False) -> tuple[bool, list[str]]:
     """(replayed, descendants now stale): the replay rule of the module docstring."""
-    state = _state(flow)
+    state = session(flow)
     node = flow.workflow.nodes[node_id]
     fp = fingerprint(flow, node_id)
     stale: list[str] = []
@@ -503,7 +441,7 @@ def _replay_or_run(flow, node_id: str, rec: dict | None, changed: bool,
 
 def show_result(flow) -> None:
     """The result (replayed when every node was, else written again) and the cost table."""
-    state = _state(flow)
+    state = session(flow)
     wf = flow.workflow
     active = wf.order()
     fresh = not any(wf.nodes[i].stale for i in active)
@@ -522,6 +460,3 @@ def show_result(flow) -> None:
             _block(flow, flow.arun)   # nothing left to run: only the final write-up
     _show(flow, "result", result_bundle(flow))
 
-
-# The same parsing and session state for the `%%flow_code` cells (flowmagic.codecells).
-node_parser, user_flow, session, split_line = _node_parser, _user_flow, _state, _split

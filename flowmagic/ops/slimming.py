@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import networkx as nx
 
@@ -46,8 +46,7 @@ from ..view.pareto import pareto_front, pareto_svg
 from ..view.safe import text_html
 from ..model.status import Status
 
-if TYPE_CHECKING:
-    from ..flow import Flow
+# "Flow" in annotations is flowmagic.flow.Flow: the layer above, which hands itself in.
 
 __all__ = ["WEIGHTS", "METRICS", "Importance", "SlimReport", "rank", "fuse", "kappa_for",
            "without", "with_model", "cheaper_for", "aimportance", "aslim", "resolve_probe",

@@ -183,7 +183,7 @@ def template_checks(name: str) -> list[str]:
     """The `checks` a template declares in its metadata (flowmagic.template.checks)."""
     import nbformat
 
-    from .nbrun import template_path
+    from ..ops.nbrun import template_path
 
     nb = nbformat.read(str(template_path(name)), as_version=4)
     checks = ((nb.metadata.get("flowmagic") or {}).get("template") or {}).get("checks")
@@ -225,7 +225,7 @@ async def _one(source, trial: Trial, settings: dict, *, llm, judge: Callable, ex
     from ..errors import FlowError
     from ..flow import Flow, aplan
     from ..model.graph import Workflow
-    from . import batch
+    from ..ops import batch
 
     started = time.perf_counter()
     name = f"trial_{trial.index}"
@@ -280,7 +280,7 @@ async def atrials(source: Any, *, n: int = 5, conditions: Any = None,
     `lambda wf: flowmagic.evaluate.compare(wf, gold)` (its Scores are read as a dict).
     """
     from ..settings import Settings
-    from .batch import get_scorer
+    from ..ops.batch import get_scorer
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"n is the number of trials per condition, a whole number >= 1, not {n!r}")

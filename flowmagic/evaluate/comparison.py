@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
-from .criteria import CRITERIA, Score, score
+from ..ops.criteria import CRITERIA, Score, score
 
 __all__ = ["TASKS", "METHODS", "Arm", "Comparison", "template_task", "is_task_template",
            "acompare", "compare_task"]
@@ -44,7 +44,7 @@ def _template_name(name: str) -> str:
 def _read_template(name: str):
     import nbformat
 
-    from .nbrun import template_path
+    from ..ops.nbrun import template_path
 
     return nbformat.read(str(template_path(_template_name(name))), as_version=4)
 
@@ -68,7 +68,7 @@ def template_task(name: str, params: Any = None) -> tuple[str, dict, list[str]]:
     """(the task as the template's %%flow cell says it, with its parameters filled in, the
     parameters, the criteria it declares)."""
     from ..parsers import interpolate
-    from .nbrun import parameters_of, parse_params
+    from ..ops.nbrun import parameters_of, parse_params
 
     nb = _read_template(name)
     criteria = _criteria_of(nb)
@@ -250,7 +250,7 @@ async def _one_call(task: str, arm: Arm, *, llm, model, seed: int, max_tokens) -
 
 
 async def _run_plan(base, arm: Arm, name: str, **settings: Any) -> None:
-    from .batch import fresh_copy
+    from ..ops.batch import fresh_copy
     from ..flow import Flow
 
     flow = Flow(fresh_copy(base.workflow), name=name, llm=base.llm, **settings)
