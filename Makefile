@@ -60,7 +60,7 @@ test-fast: setup
 DEMO_TASK ?= Explore the data in anscombe.csv with pandas and matplotlib: print the mean of x and y and the correlation of x and y per dataset, draw a scatter plot of y against x, and write three findings that quote the printed numbers
 DEMO_SEED ?= 0
 demo: setup
-	$(VENV)/bin/flowmagic run "$(DEMO_TASK)" --inputs flowmagic/templates/data/anscombe.csv --name anscombe --k 1 --max-tokens 200 --set continuations=1 --set max_attempts=3 --set max_subtasks=1 --set update=off --set seed=$(DEMO_SEED) --out out
+	$(VENV)/bin/flowmagic run "$(DEMO_TASK)" --inputs flowmagic/templates/data/anscombe.csv --name anscombe --k 1 --max-tokens 200 --set continuations=1 --set max_attempts=2 --set max_subtasks=1 --set update=off --set seed=$(DEMO_SEED) --out out
 
 # A text-only flow: no data, no code.
 demo-text: setup
