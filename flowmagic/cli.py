@@ -216,7 +216,7 @@ def _summary(flow, seconds: float) -> str:
             f"{total['output_tokens']:,} out; ${total['cost_usd']:.4f}")
 
 
-def _printed(flow, lines_each: int = 16) -> str:
+def _printed(flow, lines_each: int = 30) -> str:
     """What the nodes' code printed in the sandbox, node by node (clipped), and the figures it
     drew: the numbers a data flow shows come from here, not from the model's words."""
     from .engine.execution import WORKING_START

@@ -269,6 +269,9 @@ def test_run_says_which_node_is_done_on_the_working_start_not_the_models_answer(
     line = next(x for x in out.splitlines() if x.startswith("anscombe: done"))
     assert "(stats: the working start's output, the model's answers were not usable)" in line
     assert "stats (flowmagic's working start, ran" in out
+    import pandas as pd   # the start's whole printout is shown, the correlations at its end too
+    corr = pd.read_csv(sample_data("anscombe.csv")).groupby("dataset")[["x", "y"]].corr()
+    assert str(corr).splitlines()[-1] in out
 
 
 def test_run_with_inputs_shows_what_the_code_printed_and_writes_its_figure(monkeypatch,

@@ -106,6 +106,23 @@ def test_the_working_start_runs_on_the_real_columns_and_draws_a_figure(tmp_path,
     assert ex.figures == ["start_figure_1.png"]
 
 
+def test_the_working_start_prints_the_correlation_per_group(tmp_path):
+    """A table with a group column and two numeric ones (make demo's Anscombe quartet): the
+    start prints the correlation of the two per group as pandas computes it on the file, so
+    the numbers the demo asks for come from code that ran even when the model's code fails."""
+    from flowmagic.ops.nbrun import sample_data
+
+    ws = Workspace(tmp_path / "ws")
+    ws.add([str(sample_data("anscombe.csv"))])
+    session = Session(ws)
+    ex = execute(ws, "start", f"```python\n{ws.example()}```", session=session)
+    session.close()
+    assert ex.ok and ex.ran, ex.stderr
+    df = pd.read_csv(sample_data("anscombe.csv"))
+    assert str(df.groupby("dataset")[["x", "y"]].corr()) in ex.stdout
+    assert "0.816" in ex.stdout   # Anscombe's point: the same correlation in all four
+
+
 def test_no_table_input_no_working_start(tmp_path):
     ws = Workspace(tmp_path / "ws")
     assert ws.example() == ""

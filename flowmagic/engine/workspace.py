@@ -317,7 +317,8 @@ class Workspace:
         """A short pandas + matplotlib cell that works on the first table input in the flow's
         Python session (flowmagic.engine.session), where the prelude has imported pd, np and
         plt and read the table: it prints the table's shape, describe() and (with a text
-        column) the means per group, and draws a plot of its real columns. '' without a
+        column) the means and the correlation of two numeric columns per group, and draws a
+        plot of its real columns. '' without a
         table input.
 
         Small models (the embedded SmolLM2-135M) write code that rarely runs; given a start
@@ -464,6 +465,9 @@ def _starter(name: str, frame: Any) -> str:
     lines = [f"print({name}.shape)", f"print({name}.describe())"]
     if text and numeric:
         lines.append(f"print({name}.groupby({str(text[0])!r})[{[str(c) for c in numeric[:3]]!r}].mean())")
+    if text and len(numeric) >= 2:   # what a relationship per group is: its correlation
+        pair = [str(numeric[0]), str(numeric[1])]
+        lines.append(f"print({name}.groupby({str(text[0])!r})[{pair!r}].corr())")
     if len(numeric) >= 2:
         x, y = str(numeric[0]), str(numeric[1])
         lines += [f"{name}.plot.scatter(x={x!r}, y={y!r})", f"plt.title({f'{y} against {x}'!r})"]
