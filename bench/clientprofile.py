@@ -31,7 +31,7 @@ _BUCKETS = [
     ("JSON encode/decode", ("/json/", "_json.")),
     ("flowmagic: LLM door (cache key, call log rows, reply)", ("flowmagic/llm/",)),
     ("flowmagic: store (SQLite: call log, cache, node states)", ("flowmagic/store", "sqlite3")),
-    ("flowmagic: node runner and prompt", ("flowmagic/engine/runner",)),
+    ("flowmagic: node runner and prompt", ("flowmagic/engine/node_runner",)),
     ("flowmagic: executor, Flow events, graph", ("flowmagic/",)),
     ("asyncio event loop and sockets", ("/asyncio/", "select", "socket", "_ssl", "ssl.py")),
     ("Python's dataclasses, copy, re (flowmagic's callers)", ("/dataclasses.py", "/copy.py", "/re/")),

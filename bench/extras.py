@@ -33,7 +33,7 @@ def _module(name: str):
 def _executed_flow(dag: dict, home: Path, task: str = "Benchmark workflow: drawing."):
     """A Flow of the DAG whose nodes all ran (no-op work), so the drawing has statuses and
     durations for the critical path, like a drawing after a real run."""
-    from flowmagic.engine.executor import Executor, Outcome
+    from flowmagic.engine.scheduler import Executor, Outcome
     from flowmagic.flow import Flow
     from flowmagic.llm import LLM
     from flowmagic.store import Store

@@ -42,7 +42,7 @@ _REPLY = {"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model"
 
 
 async def _noop(node_id: str):
-    from flowmagic.engine.executor import Outcome
+    from flowmagic.engine.scheduler import Outcome
     # Not "": the Flow's default update strategy treats an empty output as a failed
     # node and would call the updater (a model) after it.
     return Outcome(ok=True, output="ok")
@@ -164,7 +164,7 @@ def node_runner_overhead(n: int, repeats: int) -> dict:
 
 def executor_only(n: int, repeats: int) -> dict:
     """The executor with no hooks at all: the floor that store writes add to."""
-    from flowmagic.engine.executor import Executor
+    from flowmagic.engine.scheduler import Executor
 
     dag = family("layered", n)
     best = float("inf")
@@ -233,7 +233,7 @@ def memory(n: int, langgraph: bool = False, traced: bool = True) -> dict:
     tracemalloc counts Python allocations exactly but slows the run and adds its own
     memory to the process's, so the peak RSS is also measured in a run without it.
     """
-    import flowmagic.engine.executor  # noqa: F401 - imports are not the workflow's memory
+    import flowmagic.engine.scheduler  # noqa: F401 - imports are not the workflow's memory
     import flowmagic.flow  # noqa: F401
     if langgraph:
         import langgraph.graph  # noqa: F401

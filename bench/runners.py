@@ -10,7 +10,7 @@
   connections in a list): no SDK, no HTTP library, so what is left is this machine.
 
 All of them send the same request body for a node: the messages come from
-`flowmagic.engine.runner.node_messages` on a Flow of the same DAG whose parents hold the
+`flowmagic.engine.node_runner.node_messages` on a Flow of the same DAG whose parents hold the
 replies, with the same model, seed and max_tokens. The server's latency is a hash of
 the body, so a node waits the same time under every runner; `latencies()` reads back
 what the server applied so the harness can check that.
@@ -134,7 +134,7 @@ class _Shadow:
     """Builds each node's messages exactly as flowmagic would, from the replies so far."""
 
     def __init__(self, dag: dict, task: str, max_tokens: int, home: Path):
-        from flowmagic.engine.runner import node_messages
+        from flowmagic.engine.node_runner import node_messages
 
         self._messages = node_messages
         self.flow = _flow(dag, task, home, max_tokens, save=False)

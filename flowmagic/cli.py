@@ -22,7 +22,7 @@ from .errors import ConfigError, FlowError, write_error
 from ._internal.text import one_line
 from ._internal.version import __version__
 from .model.status import RunState, Status
-from .parsers import add_map_options, map_options
+from .magic_grammar import add_map_options, map_options
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -113,7 +113,7 @@ def _settings(pairs: list[str] | None, **options: Any) -> Settings:
     """The flow settings of the command's own options (those not None) with `--set key=value`
     on top (typed on purpose, where an option may be its default), checked once: an unknown
     key or a bad value is one line, before any model call."""
-    from .parsers import parse_assignments
+    from .magic_grammar import parse_assignments
     from .settings import Settings
 
     try:
@@ -219,7 +219,7 @@ def _summary(flow, seconds: float) -> str:
 def _printed(flow, lines_each: int = 30) -> str:
     """What the nodes' code printed in the sandbox, node by node (clipped), and the figures it
     drew: the numbers a data flow shows come from here, not from the model's words."""
-    from .engine.execution import WORKING_START
+    from .engine.answer_code import WORKING_START
 
     parts = []
     for node_id in flow.workflow.order():

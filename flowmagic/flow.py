@@ -25,12 +25,12 @@ from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
 from .engine import numbers, summary
-from .engine.execution import made_files
-from .engine.executor import Executor, Work
+from .engine.answer_code import made_files
+from .engine.scheduler import Executor, Work
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.context import RunContext
-from .engine.runner import NodeRunner
+from .engine.node_runner import NodeRunner
 from .store import Store, get_store
 from .model import status as transition
 from .settings import DEFAULTS, Settings

@@ -77,7 +77,7 @@ class Settings(BaseModel):
     max_tokens: Any = None
     context_chars: Any = 16000
     continuations: Any = 2
-    # code (flowmagic.execution): "auto" runs the Python an answer holds in the sandbox, in the
+    # code (engine/answer_code): "auto" runs the Python an answer holds in the sandbox, in the
     # run's workspace (workdir, default <home>/runs/<run>/workspace); "off" keeps text only
     execute: str = "auto"
     code_timeout: Any = 60.0

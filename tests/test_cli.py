@@ -17,7 +17,7 @@ import pytest
 from flowmagic import cli
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.ops.nbrun import parameters_of, templates
-from flowmagic.parsers import interpolate
+from flowmagic.magic_grammar import interpolate
 from flowmagic.store import get_store
 
 from conftest import ROOT

@@ -152,6 +152,6 @@ def test_a_continuation_that_opens_its_code_block_again_is_stitched_into_the_ope
     ("~~~python\nimport os\nx = 1", "~~~python\nx = 1\n~~~", "~~~python\nimport os\nx = 1\n~~~"),
 ])
 def test_join_continued(text, more, joined):
-    from flowmagic.extract import join_continued
+    from flowmagic.json_extract import join_continued
 
     assert join_continued(text, more) == joined

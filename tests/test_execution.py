@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from flowmagic.errors import ConfigError
-from flowmagic.engine.execution import execute, report, split_answer
+from flowmagic.engine.answer_code import execute, report, split_answer
 from flowmagic.engine.session import Session
 from flowmagic.engine.workspace import Workspace
 
@@ -143,6 +143,6 @@ def test_no_table_input_no_working_start(tmp_path):
 def test_about_files_or_code_matches_its_word_list(text, expected):
     """The quick check before the regex (plain substrings, for ASCII texts) says exactly
     what the regex says: a prompt explains code and files only when a text asks for them."""
-    from flowmagic.engine.execution import about_files_or_code
+    from flowmagic.engine.answer_code import about_files_or_code
     assert about_files_or_code(text) is expected
     assert about_files_or_code("Write a haiku", text) is expected

@@ -411,7 +411,7 @@ def test_concurrency_none_means_no_limit():
 def test_a_flow_runs_other_work_through_its_executor_and_keeps_every_state(tmp_path):
     """`Flow.executor(work)`: the flow's own hooks with other work in place of the model
     (what bench/overhead.py measures); every finished node is in the store."""
-    from flowmagic.engine.executor import Outcome
+    from flowmagic.engine.scheduler import Outcome
     from flowmagic.store import Store
 
     store = Store(tmp_path / "flowmagic.db")

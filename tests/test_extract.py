@@ -5,7 +5,7 @@ import json
 import pytest
 
 from flowmagic.errors import ModelOutputError, TruncatedError
-from flowmagic.extract import extract_json
+from flowmagic.json_extract import extract_json
 
 from conftest import DATA
 

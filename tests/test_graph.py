@@ -345,7 +345,7 @@ def test_node_and_execution_dicts_hold_every_field_as_copies():
     including fields added later, and share no container with the object."""
     from dataclasses import asdict
 
-    from flowmagic.engine.execution import Execution
+    from flowmagic.engine.answer_code import Execution
     from flowmagic.model.graph import Node
 
     node = Node(id="a", requirement="r", attempts=[{"x": [1, {"y": 2}], "t": (1, 2)}],

@@ -89,8 +89,8 @@ def test_the_contracts_hold_on_an_unchanged_copy(copy):
       ("model/merge.py", "from flowmagic.model import metrics")],
      "No cycles are allowed in flowmagic.model."),
     # the stage-1 exceptions are gone: each of those imports, added back, breaks the build
-    ([("engine/runner.py", "from flowmagic.flow import Flow")],
-     "flowmagic.engine.runner -> flowmagic.flow"),
+    ([("engine/node_runner.py", "from flowmagic.flow import Flow")],
+     "flowmagic.engine.node_runner -> flowmagic.flow"),
     # ops sits below the flow: it is handed a Flow and never imports it
     ([("ops/batch.py", "from flowmagic.flow import Flow")], "flowmagic.ops.batch -> flowmagic.flow"),
     ([("ops/replay.py", "from flowmagic.flow import Flow")],
@@ -163,8 +163,8 @@ def test_no_module_takes_a_private_name_of_another():
 
 def test_the_private_name_check_sees_a_reach_in(tmp_path):
     """The check above can fail: both forms of a reach-in, in a module of the package."""
-    path = ROOT / "flowmagic" / "engine" / "runner.py"
-    probe = tmp_path / "runner.py"
+    path = ROOT / "flowmagic" / "engine" / "node_runner.py"
+    probe = tmp_path / "node_runner.py"
     probe.write_text(path.read_text() + "\nfrom ..model.similarity import _canon\n"
                      "from ..llm import endpoints as ep\nep._Endpoint = None\n")
     hits = list(private_reach_ins(probe, "flowmagic.engine"))

@@ -8,7 +8,7 @@ import io
 from IPython.core.completer import provisionalcompleter
 
 import flowmagic
-from flowmagic.parsers import SUBCOMMANDS, flow_option_strings
+from flowmagic.magic_grammar import SUBCOMMANDS, flow_option_strings
 
 from conftest import ipython_shell
 

@@ -16,7 +16,7 @@ from traitlets.config import Config
 import flowmagic
 from flowmagic.flow import Flow
 from flowmagic.testing.loopback import LoopbackServer
-from flowmagic.parsers import interpolate, parse_command, parse_flow_line
+from flowmagic.magic_grammar import interpolate, parse_command, parse_flow_line
 
 from conftest import ROOT, ipython_shell
 

@@ -169,7 +169,7 @@ def test_cycle_breaking_removes_the_edge_that_closes_it(order, dropped):
 
 
 def test_without_the_extract_module_text_must_be_plain_json(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flowmagic.extract", None)
+    monkeypatch.setitem(sys.modules, "flowmagic.json_extract", None)
     assert list(parse_plan('["a", "b"]').nodes) == ["task_1", "task_2"]
     with pytest.raises(PlanError, match="no JSON plan could be read"):
         parse_plan('Here: ["a", "b"]')

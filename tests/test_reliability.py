@@ -500,7 +500,7 @@ def template_expressions(draw):
 @given(st.lists(template_expressions(), min_size=1, max_size=3), st.text(max_size=20))
 def test_cell_interpolation_fills_or_is_one_line(expressions, filler):
     from flowmagic.errors import ConfigError
-    from flowmagic.parsers import interpolate
+    from flowmagic.magic_grammar import interpolate
 
     text = filler.join("{{" + e + "}}" for e in expressions)
     try:

@@ -120,7 +120,7 @@ def test_true_usage_is_taken_as_reported(capsys):
 # ------------------------------------------------------------------------- budget
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
 def test_a_budget_that_is_not_a_number_is_refused(value):
-    from flowmagic.parsers import parse_flow_line
+    from flowmagic.magic_grammar import parse_flow_line
 
     with pytest.raises(ConfigError) as info:
         parse_flow_line(f"report --budget-usd {value}")

@@ -26,7 +26,7 @@ from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.cli import build_parser
 from flowmagic.engine.sandbox import NONE_WARNING, run_code, sandbox_status
 from flowmagic.errors import ConfigError
-from flowmagic.parsers import parse_assignments, parse_flow_line
+from flowmagic.magic_grammar import parse_assignments, parse_flow_line
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,6 +13,7 @@ import pytest
 
 from flowmagic.errors import StoreError
 from flowmagic import store as store_module
+from flowmagic.store import migrations
 from flowmagic.store import Store
 
 COLUMNS = {
@@ -84,7 +85,7 @@ def _old_store(path, runs: list[tuple]) -> None:
     last change and result in the `runs` row."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied REAL)")
-    for fn in (store_module.m001_initial, store_module.m002_tools, store_module.m003_map_inputs):
+    for fn in (migrations.m001_initial, migrations.m002_tools, migrations.m003_map_inputs):
         fn(db)
         db.execute("INSERT INTO _migrations VALUES (?, 0)", (fn.__name__,))
     for run_id, name, status, updated, result in runs:

@@ -4,7 +4,7 @@ import pytest
 
 from flowmagic._internal.text import cut
 from flowmagic.engine import repairs, updater
-from flowmagic.engine.runner import cut as runner_cut
+from flowmagic.engine.node_runner import cut as runner_cut
 
 TEXT = "abcdefghijklmnopqrstuvwxyz0123456789"   # 36 characters
 

@@ -13,7 +13,7 @@ from flowmagic.flow import Flow
 from flowmagic.llm import LLM
 from flowmagic.llm.client import CONTINUE_PROMPT
 from flowmagic.testing.loopback import LoopbackServer
-from flowmagic.parsers import parse_flow_line
+from flowmagic.magic_grammar import parse_flow_line
 
 pytestmark = pytest.mark.timeout(120)
 

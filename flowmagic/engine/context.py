@@ -1,7 +1,7 @@
 """`RunContext`: what running a node needs from its flow, and the only ways back to it.
 
 The engine sits below `flowmagic.flow`, so the node runner is not handed the Flow. The Flow
-makes a RunContext (`Flow.context()`); the runner, the node prompt (`runner.node_messages`)
+makes a RunContext (`Flow.context()`); the runner, the node prompt (`node_runner.node_messages`)
 and replay's fingerprint read the workflow, settings, model door, store and workspace through
 it, and report through callables: `emit` (persist an event, then tell subscribers),
 `spend` (add to the run's spending), `text_sink` (where a node's streamed text goes) and

@@ -5,7 +5,7 @@ temperature so the plans differ. Every reply goes through the gate (`answers.pla
 a strict schema and `plans.repair_plan`'s repairs; a model a plan names must be one its
 endpoint serves), is cut to the caps (`max_subtasks`, `max_agents`) with a warning per cut, and scored with
 `metrics`. A candidate whose reply could not be used keeps its one-line error and is
-never chosen. `selection.select` (re-exported here) chooses one and writes each usable
+never chosen. `plan_selection.select` (re-exported here) chooses one and writes each usable
 candidate's one-line `note` saying why it won or lost.
 """
 
@@ -24,7 +24,7 @@ from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
 from ..model.plan_checks import check_plan, data_task, loads_only, same_task, topic_share
-from .selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
+from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
            "plan_schema", "planning_messages", "score", "coverage", "multi_step",

@@ -59,7 +59,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, SandboxError
-from ..extract import FENCE_LINE
+from ..json_extract import FENCE_LINE
 from .._internal.text import keep_ends
 from .._internal.waiting import readable
 from ..llm.endpoints import scrub

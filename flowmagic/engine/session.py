@@ -116,7 +116,7 @@ def prelude(workspace, available: Iterable[str] | None = None) -> str:
 def kept_cells(items: Iterable[tuple]) -> list[dict]:
     """The code runs a session kept, from (node id, execution, attempts) records, in their
     order: each an execution record with its `node`."""
-    from .execution import WORKING_START
+    from .answer_code import WORKING_START
 
     found: dict[int, dict] = {}
     for node_id, execution, attempts in items:

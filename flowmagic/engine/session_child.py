@@ -202,7 +202,7 @@ def _save_figures(prefix):
     if plt is None or not prefix:
         return []
     saved = []
-    for i, number in enumerate(plt.get_fignums()[:20], 1):   # (as execution._FIGURES_SAVED)
+    for i, number in enumerate(plt.get_fignums()[:20], 1):   # (as answer_code._FIGURES_SAVED)
         name = f"{prefix}_{i}.png"
         plt.figure(number).savefig(name, dpi=90, bbox_inches="tight")
         saved.append(name)

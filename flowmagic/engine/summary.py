@@ -29,7 +29,7 @@ from .._internal.text import cut as text_cut
 from ..model.status import Status
 from . import answerform, numbers
 from .answerform import Form
-from .runner import shares
+from .node_runner import shares
 
 __all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
            "untraced_values", "SYSTEM"]

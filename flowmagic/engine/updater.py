@@ -26,7 +26,7 @@ from ..model.answers import update_from_answer
 from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
 from ..model.status import Status
-from .selection import BaseCandidate
+from .plan_selection import BaseCandidate
 
 __all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]

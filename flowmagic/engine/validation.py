@@ -188,7 +188,7 @@ async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm",
     """The verdict on `output` for `node` (see the module docstring for the modes).
 
     `run_output_code=False` when the output's code already ran in the run's workspace
-    (flowmagic.execution): its report is part of the output the judge reads.
+    (engine/answer_code): its report is part of the output the judge reads.
 
     Raises ConfigError for an unknown mode or a broken user validator, SandboxError when
     code must run and the sandbox cannot, and lets EndpointError through when the judge's

@@ -67,7 +67,7 @@ def is_task_template(name: str | None) -> bool:
 def template_task(name: str, params: Any = None) -> tuple[str, dict, list[str]]:
     """(the task as the template's %%flow cell says it, with its parameters filled in, the
     parameters, the criteria it declares)."""
-    from ..parsers import interpolate
+    from ..magic_grammar import interpolate
     from ..ops.nbrun import parameters_of, parse_params
 
     nb = _read_template(name)
@@ -234,7 +234,7 @@ def _judge(llm, model: str | None, seed: int) -> Callable:
 
 
 async def _one_call(task: str, arm: Arm, *, llm, model, seed: int, max_tokens) -> None:
-    from ..engine.execution import execute
+    from ..engine.answer_code import execute
     from ..engine.workspace import Workspace
 
     messages = [{"role": "system", "content": _ONE_CALL}, {"role": "user", "content": task}]

@@ -26,7 +26,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 
 from ..view.display import Report, table
 from ..errors import BudgetError, ConfigError, FlowError
-from ..parsers import (SUBCOMMANDS, Command, command_usage, flow_help, flow_option_strings,
+from ..magic_grammar import (SUBCOMMANDS, Command, command_usage, flow_help, flow_option_strings,
                        interpolate,
                        parse_assignments, subcommand_help,
                        parse_command, parse_flow_line, parse_map_options, parse_slim_options,

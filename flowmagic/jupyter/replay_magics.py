@@ -12,7 +12,7 @@ import shlex
 from typing import Callable
 
 from ..errors import ConfigError
-from ..parsers import check_name
+from ..magic_grammar import check_name
 
 __all__ = ["HANDLERS", "handle_flow_plan", "handle_flow_record", "handle_flow_node",
            "handle_flow_code"]

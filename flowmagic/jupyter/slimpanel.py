@@ -51,7 +51,7 @@ def derive_cheaper(flow: Any, target: str | None) -> dict[str, str]:
 def bind_slimmed(ns: dict | None, base: str, slim: Any) -> str | None:
     """Bind `slim` to BASE_slim in `ns` when that name is free or holds an earlier Flow."""
     from ..flow import Flow
-    from ..parsers import is_flow_name
+    from ..magic_grammar import is_flow_name
 
     name = f"{base}_slim"
     if ns is None or not is_flow_name(name):
@@ -121,7 +121,7 @@ class SlimControls:
     # -- actions ------------------------------------------------------------------------------
     def cheaper_map(self) -> dict[str, str]:
         """The text field's map, else every node's model to the model picked above."""
-        from ..parsers import parse_cheaper
+        from ..magic_grammar import parse_cheaper
 
         if self.cheaper.value.strip():
             return parse_cheaper(self.cheaper.value)

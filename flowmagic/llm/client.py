@@ -44,21 +44,21 @@ from .endpoints import Endpoint, cached_price_of, configure, price_of, scrub
 from ..errors import ConfigError, EndpointError, ModelOutputError, TruncatedError
 from .._internal.aio import run_blocking
 from .._internal.jsontext import encoder
-from ..extract import extract_json, join_continued
+from ..json_extract import extract_json, join_continued
 from ..store import Store, get_store
 
 __all__ = ["LLM", "Reply", "configure", "get_llm", "cache_key", "ToolsUnsupportedError",
            "EmbeddingsUnsupportedError", "LOCAL_MAX_TOKENS", "CONTINUE_PROMPT", "run_closing"]
 
-# The embedded model rambles until it is stopped, so it keeps a cap (~25 s of writing);
-# a configured endpoint gets the model's own limit unless the caller names one.
-LOCAL_MAX_TOKENS = 1024
+# The embedded model rambles until it is stopped, so every call on it is capped (a caller
+# may lower the cap); a configured endpoint gets the model's own limit unless the caller
+# names one.
+LOCAL_MAX_TOKENS = 512
 CONTINUE_PROMPT = ("Your answer stopped at the length limit. Continue it exactly where it "
                    "stopped, mid-word if need be: no repetition, no preamble, no apology.")
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 _MODES = ("json_schema", "json_object", "text")
-LOCAL_MAX_TOKENS = 512   # every call on the embedded model is capped (a caller may lower it)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

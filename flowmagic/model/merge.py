@@ -110,7 +110,7 @@ class UpdateRead:
 # ---------------------------------------------------------------------------- reading
 def _load(update: Any) -> Any:
     if isinstance(update, (str, bytes)):
-        from ..extract import extract_json
+        from ..json_extract import extract_json
         try:
             return extract_json(update if isinstance(update, str) else update.decode("utf-8", "replace"))
         except (FlowError, ValueError, RecursionError):

@@ -55,7 +55,7 @@ class Node:
     stale: bool = False
     # what prune() changed, so unprune() can undo it: {"status", "parents", "children", "added"}
     pruned_from: dict | None = None
-    execution: dict | None = None   # code run, its outputs, files and figures (flowmagic.execution)
+    execution: dict | None = None   # code run, its outputs, files and figures (engine/answer_code)
 
     def __post_init__(self) -> None:
         if self.status in STATUSES:   # a plain string from JSON or the store; an unknown one

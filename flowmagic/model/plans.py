@@ -169,9 +169,9 @@ def _load(obj: Any) -> Any:
     if not obj.strip():
         raise PlanError("the plan is empty text; ask the planner again or write the subtasks as JSON")
     try:
-        from ..extract import extract_json
+        from ..json_extract import extract_json
     except ModuleNotFoundError as exc:  # the text extractor is optional
-        if exc.name != __package__.rpartition(".")[0] + ".extract":
+        if exc.name != __package__.rpartition(".")[0] + ".json_extract":
             raise
         extract_json = json.loads
     try:

@@ -113,7 +113,7 @@ def test_the_ai_plays_an_empty_cell_and_takes_a_win():
 
 def check_gobang(path: Path, timeout: float = 30.0) -> Check:
     """The logic of gobang.py (new_board, place, winner, ai_move) under tests, in the sandbox."""
-    from ..engine.execution import run_python
+    from ..engine.answer_code import run_python
     from ..engine.workspace import Workspace
 
     name = path.name

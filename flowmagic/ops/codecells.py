@@ -1,6 +1,6 @@
 """Code nodes in an exported notebook: `%%flow_code NAME NODE` cells.
 
-A node whose answer held Python that ran (flowmagic.execution) is exported as a code cell:
+A node whose answer held Python that ran (engine/answer_code) is exported as a code cell:
 the code as the agent wrote it under a `%%flow_code` line, with the outputs that run
 recorded (what it printed, its figures as image/png). Running the cell shows those
 recorded outputs again and makes no model call; the code does *not* run in the kernel.
@@ -28,7 +28,7 @@ from typing import Any
 
 from .celltext import magic_line
 from .._internal import outputs
-from ..engine.execution import WORKING_START
+from ..engine.answer_code import WORKING_START
 from ..errors import NodeError
 from ..model import status as transition
 from ..model.status import Status
@@ -231,7 +231,7 @@ def _stale_because(flow, node_id: str, rec: dict, executed: set, fingerprint) ->
 
 def _adopt(flow, node_id: str, ex: dict) -> None:
     """The node becomes what its new run did, so the cells after it see the new outputs."""
-    from ..engine.execution import report
+    from ..engine.answer_code import report
 
     node = flow.workflow.nodes[node_id]
     answer = next((a.get("output") for a in reversed(node.attempts) if a.get("output")), "")

@@ -257,7 +257,7 @@ print("CRITERIA " + json.dumps(out))
 def _gobang(folder: Path, sandbox: str, timeout: float) -> dict[str, list]:
     """The probe's verdicts, each [0|1, note]; every criterion 0 with the reason when the
     file is missing or the probe could not finish."""
-    from ..engine.execution import run_python
+    from ..engine.answer_code import run_python
     from ..engine.workspace import Workspace
     from ..errors import SandboxError
 

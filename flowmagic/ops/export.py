@@ -132,7 +132,7 @@ def show_drawings(flow) -> None:
 # ----------------------------------------------------------------------------- export
 def _identifier(name: str) -> str:
     from ..model.graph import slugify
-    from ..parsers import is_flow_name
+    from ..magic_grammar import is_flow_name
 
     slug = slugify(name, "flow")
     return slug if slug[0].isalpha() and is_flow_name(slug) else f"flow_{slug}"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .._internal.text import short_repr
-from ..engine.execution import run_python
+from ..engine.answer_code import run_python
 from ..engine.session import Session, kept_cells
 from ..engine.workspace import Workspace
 from ..errors import ConfigError

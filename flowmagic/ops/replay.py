@@ -83,7 +83,7 @@ def setting_value(value: Any) -> Any:
 
 def fingerprint(flow, node_id: str) -> str:
     """The hash of what decides a node's model call (see the module docstring)."""
-    from ..engine.runner import node_messages
+    from ..engine.node_runner import node_messages
 
     node = flow.workflow.nodes[node_id]
     # the prompt's parts in a fixed order (not the layout sent), so exports stay valid

@@ -37,7 +37,7 @@ class Outcome:
     tokens_out: int = 0
     cost_usd: float = 0.0
     masked: bool = False
-    execution: dict | None = None   # what the node's code did in the sandbox (flowmagic.execution)
+    execution: dict | None = None   # what the node's code did in the sandbox (engine/answer_code)
 
 
 Work = Callable[[str], Awaitable[Outcome]]

@@ -17,12 +17,12 @@ from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
-from .execution import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
+from .answer_code import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
                         has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
 from .session import names_for, session_text
 from .._internal.text import cut as text_cut
-from .executor import Outcome
+from .scheduler import Outcome
 from .validation import retry_prompt
 from .calls import attempt_why
 from .diagnosis import CODE_FAILED, code_feedback
