@@ -108,6 +108,40 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
                                 "@mean_y[mean_value]]")
 
 
+def test_a_subtask_is_not_shown_the_answer_form_so_it_writes_code_and_the_summary_fills_it():
+    """Shown "Answer format: @mean_y[...]", the bench model answered a code subtask with the
+    form and a made-up value, no code (dabench-dev q6, q9, q521), again when sent back."""
+    node_prompts = []
+
+    def agent(body):
+        messages = body["messages"]
+        prompt = messages[-1]["content"]
+        if _is_summary(messages):
+            printed = re.search(r"^mean of y (\S+)$", prompt, re.MULTILINE)
+            return f"@mean_y[{printed.group(1)}]" if "@mean_y[" in prompt and printed else "?"
+        node_prompts.append(prompt)
+        if "@mean_y[" in prompt:   # drawn into the form, as the bench model is
+            return "@mean_y[7.1234]"
+        return STATS if "Your subtask (stats)" in prompt else "The mean of y is as printed."
+
+    flow, summaries = run_flow(agent)
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}, flow.result
+    assert node_prompts and not any("@mean_y[" in p for p in node_prompts)
+    assert "Using anscombe.csv, calculate the mean of y." in node_prompts[0]   # the rest is kept
+    assert FORM in summaries[0][-1]["content"]
+
+
+@pytest.mark.parametrize("task, seen", [
+    (TASK, "Using anscombe.csv, calculate the mean of y."),
+    ("Count the rows. Report it as @rows[n] where n is an integer. Then plot y.\n\nData: a.csv",
+     "Count the rows. Then plot y.\n\nData: a.csv"),
+    ("Describe the data in the following format: a JSON object {\"rows\": n}.",   # no pairs: as is
+     "Describe the data in the following format: a JSON object {\"rows\": n}."),
+])
+def test_a_subtask_sees_the_task_without_its_pair_form(task, seen):
+    assert answerform.without_pairs(task) == seen
+
+
 COUNT_TASK = ("How many of the 44 rows of anscombe.csv have a y above 9?\n\n"
               "Answer format: @rows_above[count] where \"count\" is an integer.")
 COUNT_PLAN = {"task": COUNT_TASK,

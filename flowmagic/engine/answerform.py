@@ -26,7 +26,8 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Form", "prescribed", "missing", "in_form", "form_feedback", "FORM_MISSING"]
+__all__ = ["Form", "prescribed", "without_pairs", "missing", "in_form", "form_feedback",
+           "FORM_MISSING"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -98,6 +99,29 @@ def prescribed(task: str) -> Form | None:
         return None
     pairs = tuple(dict((name, value.strip()) for name, value in _WORDS_PAIR.findall(words)).items())
     return Form(words, pairs, () if pairs else _json_keys(words))
+
+
+def without_pairs(task: str) -> str:
+    """The task as a subtask's agent sees it: without its words about an `@name[...]` form
+    (the closing summary writes that form from what the code printed). Shown the form, the
+    bench model answered a code subtask with the form and invented values, no code: on the
+    stored first calls of three dabench-dev flows, 2 of 2 such answers became code once the
+    words were left out, and the 2 that were code stayed code. Paragraphs without a cue are
+    kept byte for byte; a task whose form has no pairs is returned as it is."""
+    form = prescribed(task)
+    if form is None or not form.pairs:
+        return task
+    kept = []
+    for para in re.split(r"(\n\s*\n)", task):
+        if _HEAD.match(para):
+            continue
+        if _CUE.search(para):
+            lines = [" ".join(s.strip() for s in _SENTENCE.split(line) if not _CUE.search(s))
+                     for line in para.splitlines()]
+            para = "\n".join(x for x in lines if x)
+        kept.append(para)
+    text = re.sub(r"\n\s*\n(\s*\n)+", "\n\n", "".join(kept)).strip()
+    return text or task
 
 
 def _filled(value: str, placeholder: str) -> bool:

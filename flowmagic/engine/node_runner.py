@@ -17,6 +17,7 @@ from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
+from .answerform import without_pairs
 from .answer_code import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
                         has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
@@ -115,7 +116,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
     inputs = "\n\n".join(f"[{p}] ({n.agent}): {t if len(t) <= k else cut(t, k)}"
                          for (p, n), t, k in zip(done, texts, allowed))
     later = "\n".join(f"- {nodes[c].requirement}" for c in wf.children(node_id))
-    task = wf.task or ""
+    task = without_pairs(wf.task or "")   # the summary writes the task's answer form
     parts = {"agent": node.agent, "task": "Overall task:\n"
              + (task if len(task) <= budget // 2 else cut(task, budget // 2)),
              "subtask": f"Your subtask ({node_id}):\n{node.requirement}",
