@@ -1,16 +1,16 @@
 """Event-driven execution of a workflow: a node starts the moment its last parent is done.
 
-In graphlib's spirit the `Executor` keeps only counts of unfinished parents, hands out
-ready nodes, and is told when each is done; the work itself is a coroutine supplied by
-the caller (`Flow` supplies `NodeRunner.run`, benchmarks a no-op). One asyncio task per
-running node, a cap on how many run at once, and cancellation that puts in-flight nodes
-back to pending, so nothing finished is ever lost.
+Two parts, in graphlib's shape: `ready_set.ReadySet` knows which nodes can start (counts of
+unfinished parents, the ready queue: plain data, no asyncio), and the `Executor` here is the
+thin asyncio driver around it: it hands each ready node to the caller's work (`Flow`
+supplies `NodeRunner.run`, benchmarks a no-op), one asyncio task per running node, a cap on
+how many run at once, and tells the ready set when each is done. Cancellation puts
+in-flight nodes back to pending, so nothing finished is ever lost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 from ..model.graph import Node, Workflow
 from ..model import status as transition
 from ..model.status import RunState, Status
+from .ready_set import ReadySet
 
 __all__ = ["Executor", "Outcome", "RUN_STATES"]
 
@@ -76,10 +77,7 @@ class Executor:
         self._update = update
         self._concurrent_update = concurrent_update
         self._running: dict[asyncio.Task, str] = {}
-        self._slots: dict[str, tuple[str, int]] = {}   # running node -> (agent, clone number)
-        self._free: dict[str, tuple[list[int], list[int]]] = {}   # agent -> (freed heap, [top])
-        self._waiting: dict[str, int] = {}
-        self._ready: deque[str] = deque()
+        self._nodes = ReadySet()
         self._paused = False
         self._stopping = False
         self._update_due = False
@@ -100,21 +98,7 @@ class Executor:
     # -- counts -----------------------------------------------------------------
     def recount(self) -> None:
         """Derive the waiting counts and the ready queue from the graph (after any edit)."""
-        wf = self.workflow
-        nodes, graph = wf.nodes, wf.graph
-        running = set(self._running.values())
-        self._waiting = {}
-        ready = []
-        for node_id, node in nodes.items():
-            if node.status == Status.PRUNED:
-                continue
-            waiting = sum(1 for p in graph.predecessors(node_id) if nodes[p].status != Status.DONE)
-            self._waiting[node_id] = waiting
-            if node.status == Status.READY and node_id not in running:
-                transition.requeue(node)
-            if node.status == Status.PENDING and waiting == 0 and node_id not in running:
-                ready.append(node_id)
-        self._ready = deque(ready)
+        self._nodes.prepare(self.workflow, self._running.values())
 
     def _emit(self, kind: str, node_id: str | None = None, **data: Any) -> None:
         if self._on_event is not None:
@@ -159,7 +143,7 @@ class Executor:
         self._done.clear()
         self.recount()
         if only is not None:
-            self._ready = deque(i for i in only if i in self._ready)
+            self._nodes.keep_only(only)
         stepping = step or only is not None
         started = False
         try:
@@ -188,7 +172,8 @@ class Executor:
         if self._paused or self._stopping or (self._update_due and not self._concurrent_update):
             return
         wf = self.workflow
-        while self._ready and (self.concurrency is None or len(self._running) < self.concurrency):
+        while self._nodes.ready and (self.concurrency is None
+                                     or len(self._running) < self.concurrency):
             if self._can_start is not None:
                 reason = self._can_start()
                 if reason:
@@ -196,34 +181,18 @@ class Executor:
                     self._paused = True
                     self._emit("budget", None, message=reason)
                     return
-            node_id = self._ready.popleft()
-            node = wf.nodes.get(node_id)
-            if node is None or node.status != Status.PENDING or self._waiting.get(node_id, 1):
-                continue
-            self._start(node)
+            node_id = self._nodes.get_ready(wf)
+            if node_id is None:
+                return
+            self._start(wf.nodes[node_id])
 
     def _start(self, node: Node) -> None:
-        # Clone labels name free slots, not running counts: with #1 and #2 running and #1
-        # done, the next instance is #1 again, never a second #2. Each agent keeps its freed
-        # numbers in a heap (the lowest first) and its highest number: O(log n) a start, not
-        # a scan of every running node (a 500-wide level made that quadratic).
-        freed, top = self._free.setdefault(node.agent, ([], [0]))
-        if freed:
-            n = heapq.heappop(freed)
-        else:
-            top[0] += 1
-            n = top[0]
-        self._slots[node.id] = (node.agent, n)
+        n = self._nodes.take_slot(node.id, node.agent)
         transition.start(node, clone=f"{node.agent}#{n}" if n > 1 else None)
         task = asyncio.ensure_future(self.work(node.id))
         task.add_done_callback(self._ended)
         self._running[task] = node.id
         self._emit("started", node.id, agent=node.agent, clone=node.clone)
-
-    def _free_slot(self, node_id: str | None) -> None:
-        slot = self._slots.pop(node_id, None)
-        if slot is not None:
-            heapq.heappush(self._free[slot[0]][0], slot[1])
 
     def _ended(self, task: asyncio.Task) -> None:
         # A done callback instead of asyncio.wait over every running task: waking up for
@@ -248,7 +217,7 @@ class Executor:
         node_id = self._running.pop(task)
         wf = self.workflow
         node = wf.nodes.get(node_id)
-        self._free_slot(node_id)
+        self._nodes.free_slot(node_id)
         if node_id in self._restart:   # its inputs changed while it ran: whatever came back is moot
             self._restart.discard(node_id)
             self._unstart(node)
@@ -267,11 +236,7 @@ class Executor:
             return  # removed or reset by an update while it ran; its outcome is moot
         self._apply(node, outcome)
         if outcome.ok:
-            for child in wf.graph.successors(node_id):
-                left = self._waiting.get(child, 1) - 1
-                self._waiting[child] = left
-                if left == 0 and wf.nodes[child].status == Status.PENDING:
-                    self._ready.append(child)
+            self._nodes.done(wf, node_id)
         if self._after_node is not None and self._after_node(node_id, outcome.ok, outcome):
             if self._concurrent_update:
                 if self._update_task is None:
@@ -309,7 +274,7 @@ class Executor:
         for task in tasks:
             node_id = self._running.pop(task, None)
             node = wf.nodes.get(node_id) if node_id else None
-            self._free_slot(node_id)
+            self._nodes.free_slot(node_id)
             self._unstart(node)
         if self._update_task is not None:
             self._update_task.cancel()
