@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from . import ops
 from ._internal.aio import in_loop, run_blocking
+from ._internal.live import LiveRun
 from ._internal.bars import progress_bar, ticking
 from .view.frames import Candidates, cost_frame, rows_frame
 from .model import metrics as _metrics
@@ -71,7 +72,7 @@ def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-class Flow:
+class Flow(LiveRun):
     """A planned workflow with its run; see the module docstring."""
 
     def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
@@ -93,9 +94,8 @@ class Flow:
         self.message: str | None = None
         self.spent_usd = 0.0
         self.unpriced: set[str] = set()   # models used with no known price (cost unknown)
-        self._subscribers: list[Callable[[dict], None]] = []
+        LiveRun.__init__(self)
         self._executor: Executor | None = None
-        self._task: asyncio.Task | None = None
         self._streaming = False
         self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
         self._pending: list[tuple] = []   # events not yet written (see emit)
@@ -144,11 +144,6 @@ class Flow:
             candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
             settings={**self.settings, "chosen": self.chosen,
                       **({"origin": self.origin} if self.origin else {})})
-
-    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
-        """Call `callback(event)` after every state change; returns the unsubscribe function."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     def emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
         """Persist a state change, then tell the subscribers.
@@ -241,8 +236,7 @@ class Flow:
         for kind, node_id, data, event in pending:
             if kind == "text":   # what partial_output() says is what subscribers were told
                 self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
-            for callback in list(self._subscribers):
-                callback(event)
+            self.tell(event)
 
     def _store_failed(self, exc: StoreError) -> None:
         """A write failed during the run: nothing new starts; the nodes running finish and
@@ -445,8 +439,7 @@ class Flow:
 
     def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
         if in_loop():
-            self._task = asyncio.get_running_loop().create_task(coro_fn())
-            self._task.add_done_callback(self._background_done)
+            self.in_task(coro_fn()).add_done_callback(self._background_done)
             return self
 
         async def main():

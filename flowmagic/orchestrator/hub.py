@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, FlowError
 from .._internal.aio import run_blocking
+from .._internal.live import LiveRun
 from .._internal.text import cut as text_cut
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
 from .consensus import VOTE_SCHEMA, read_vote, refusal, vote_prompt
@@ -71,7 +72,7 @@ def _where(endpoint) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-class Orchestrator:
+class Orchestrator(LiveRun):
     """One orchestrator run: `await orch.run()`, or `start()` on the kernel's loop.
 
     Events for the live chat view, `callback(event)` with "kind": "turn" (turn), "working"
@@ -129,7 +130,7 @@ class Orchestrator:
                                consensus=self.consensus, **self.opts)
         self.result = Orchestration(run_id or new_run_id(), self.task, self.agents, settings,
                                     name=name)
-        self._subscribers: list[Callable[[dict], None]] = [on_event] if on_event else []
+        LiveRun.__init__(self, on_event)
         self._memory: dict[str, list[tuple[str, str]]] = {a.name: [] for a in self.agents}
         self._exchanges: list[tuple[str, str, str]] = []   # (agent, message, reply) as fed
         self._inflight: dict[int, tuple[asyncio.Task, str, str, int]] = {}   # send seq -> work
@@ -139,17 +140,10 @@ class Orchestrator:
         self._stopped: asyncio.Event | None = None
         self._stop_asked = False
         self._deadline = self._hard_deadline = None
-        self._task: asyncio.Task | None = None
 
     # -- events, store, usage ----------------------------------------------------------------
-    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
-
     def _emit(self, kind: str, **data: Any) -> None:
-        event = {"kind": kind, "run": self.result.run_id, "time": time.time(), **data}
-        for callback in list(self._subscribers):
-            callback(event)
+        self.tell({"kind": kind, "run": self.result.run_id, "time": time.time(), **data})
 
     def _add(self, turn: int, sender: str, recipient: str, kind: str, content: str,
              reply=None) -> Message:
@@ -604,11 +598,11 @@ class Orchestrator:
     def start(self) -> "Orchestrator":
         """Run as a task on the running loop (a notebook) and return at once; see wait()."""
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             raise ConfigError("start() needs a running event loop (a notebook); in a script "
                               "use flowmagic.orchestrate(...)") from None
-        self._task = loop.create_task(self.run())
+        self.in_task(self.run())
         return self
 
     async def wait(self) -> Orchestration:
@@ -619,11 +613,6 @@ class Orchestrator:
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
-
-    @property
-    def busy(self) -> bool:
-        """Started in a notebook and not finished (stop() ends it)."""
-        return self._task is not None and not self._task.done()
 
 
 async def aorchestrate(task: str, agents: Any = None, *, budget_s: float | None = 300.0,
