@@ -105,7 +105,8 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
                                              else nodes(body["messages"])))
     assert len(summaries) == 2 and flow.result.count(PARAPHRASE) == 1
     assert flow.result.endswith("[the answer form the task prescribes is missing: "
-                                "@mean_y[mean_value]]")
+                                "a value for mean_y]")
+    assert pairs(flow.result) == {}   # the mark holds no pair a reader would take for the answer
 
 
 def test_a_subtask_is_not_shown_the_answer_form_so_it_writes_code_and_the_summary_fills_it():
