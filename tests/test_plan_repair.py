@@ -15,7 +15,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from flowmagic.errors import PlanError
@@ -210,6 +210,7 @@ def check(obj) -> None:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(JSONISH)
+@example({"subtasks": "0", "  ": None})   # a warning quoting white space read back folded
 def test_any_json_like_input_is_a_valid_dag_or_a_plan_error(obj):
     check(obj)
 

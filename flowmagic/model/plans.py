@@ -91,7 +91,8 @@ class _Repair:
         self.strict = strict   # a model's answer: unknown and state fields refused
 
     def warn(self, sentence: str) -> None:
-        self.warnings.append(sentence)
+        # folded as a stored plan's warnings are when read back, so a saved plan reads the same
+        self.warnings.append(" ".join(sentence.split()))
 
 
 def _key(k: Any) -> str:
