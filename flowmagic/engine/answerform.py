@@ -26,8 +26,8 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Form", "prescribed", "without_pairs", "missing", "in_form", "form_feedback",
-           "FORM_MISSING"]
+__all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
+           "form_feedback", "FORM_MISSING"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -61,14 +61,21 @@ class Form:
         return bool(self.pairs or self.keys)
 
 
+def _partition(para: str) -> tuple[list[str], list[str]]:
+    """(the paragraph's words about the form, its other lines without them): the one rule
+    for both what is quoted to the summary and what a subtask is not shown."""
+    if _HEAD.match(para):
+        return [para.strip()], []
+    form, rest = [], []
+    for line in para.splitlines():
+        sentences = [s.strip() for s in _SENTENCE.split(line)]
+        form += [s for s in sentences if _CUE.search(s)]
+        rest.append(" ".join(s for s in sentences if not _CUE.search(s)))
+    return form, rest
+
+
 def _words(task: str) -> str:
-    kept: list[str] = []
-    for para in re.split(r"\n\s*\n", task or ""):
-        if _HEAD.match(para):
-            kept.append(para.strip())
-            continue
-        for line in para.splitlines():
-            kept += [s.strip() for s in _SENTENCE.split(line) if _CUE.search(s)]
+    kept = [k for para in re.split(r"\n\s*\n", task or "") for k in _partition(para)[0]]
     text = "\n".join(dict.fromkeys(k for k in kept if k))
     return text if len(text) <= _WORDS_CHARS else text[:_WORDS_CHARS] + " [...]"
 
@@ -112,14 +119,9 @@ def without_pairs(task: str) -> str:
     if form is None or not form.pairs:
         return task
     kept = []
-    for para in re.split(r"(\n\s*\n)", task):
-        if _HEAD.match(para):
-            continue
-        if _CUE.search(para):
-            lines = [" ".join(s.strip() for s in _SENTENCE.split(line) if not _CUE.search(s))
-                     for line in para.splitlines()]
-            para = "\n".join(x for x in lines if x)
-        kept.append(para)
+    for para in re.split(r"(\n\s*\n)", task):   # (the separators are kept as parts)
+        form, rest = _partition(para)
+        kept.append("\n".join(x for x in rest if x) if form else para)
     text = re.sub(r"\n\s*\n(\s*\n)+", "\n\n", "".join(kept)).strip()
     return text or task
 
@@ -179,6 +181,14 @@ def missing(form: Form | None, text: str) -> list[str]:
 
 
 FORM_MISSING = "the answer form the task prescribes is missing"
+
+
+def missing_mark(lacking: list[str]) -> str:
+    """The result's mark for what `missing` found: values named, never written as
+    @name[placeholder], which a reader or a scorer looking for the pairs would take for the
+    answer."""
+    named = [re.sub(r"^@(\w+)\[.*\]$", r"a value for \1", x, flags=re.S) for x in lacking]
+    return f"[{FORM_MISSING}: {', '.join(named)}]"
 
 
 def form_feedback(form: Form, lacking: list[str], only: bool = False) -> str:

@@ -224,8 +224,5 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
     if loose:
         text += f"\n\n{numbers.untraced_mark(loose)}"
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
-        # named, not written as @name[placeholder]: a reader or a scorer that looks for the
-        # pairs would take the placeholder for the answer
-        names = [re.sub(r"^@(\w+)\[.*\]$", r"a value for \1", x, flags=re.S) for x in lacking]
-        text += f"\n\n[{answerform.FORM_MISSING}: {', '.join(names)}]"
+        text += f"\n\n{answerform.missing_mark(lacking)}"
     return Summary(text, cut=reply.cut, calls=calls, untraced=loose, lacking=lacking)
