@@ -31,6 +31,7 @@ from .engine.scheduler import Executor, Work
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .engine.context import RunContext
+from .engine.recorder import Recorder
 from .engine.node_runner import NodeRunner
 from .store import Store, get_store
 from .model import status as transition
@@ -39,33 +40,7 @@ from .model.status import RunState, Status
 
 __all__ = ["Flow", "plan", "aplan", "load", "flow_from_plan", "DEFAULTS", "Settings"]
 
-_NODE_EVENTS = frozenset(("started", "finished", "failed", "stopped", "text", "tool",
-                          "waiting"))
-# Shown as they come and never stored: streamed text, and a call's place in a local
-# server's queue ("waiting for the model (N ahead)"; ahead None: its request went out).
-_PASSING = frozenset(("text", "waiting"))
-# The turns a node started in this one takes to put its request on the wire: its first
-# step (prompt, cache look-up, the HTTP client's request), and a turn more for aiohttp's
-# writer task, for which this was measured (llm/http1 writes in the first step).
-_FLUSH_TURNS = 3
-
-
 _TOOLS_MODULE = f"{__package__}.engine.tools"
-
-
-def _after_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable[[], Any]) -> None:
-    """`callback()` after `turns` turns of `loop` (1: as call_soon)."""
-    if turns <= 1:
-        loop.call_soon(callback)
-    else:
-        loop.call_soon(_after_turns, loop, turns - 1, callback)
-
-
-def _name_calls(calls: list[tuple[dict, dict]], ids: list[int]) -> None:
-    """Each deferred call's row id into its attempt record (the last call of an attempt,
-    a continued answer's, is the one the record names)."""
-    for (_, record), call_id in zip(calls, ids):
-        record["call_id"] = call_id
 
 
 def _new_run_id() -> str:
@@ -96,15 +71,10 @@ class Flow(LiveRun):
         self.unpriced: set[str] = set()   # models used with no known price (cost unknown)
         LiveRun.__init__(self)
         self._executor: Executor | None = None
-        self._streaming = False
-        self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
-        self._pending: list[tuple] = []   # events not yet written (see emit)
-        self._calls: list[tuple[dict, dict]] = []   # node calls' log rows not yet written
-        self._flush_in: int | None = None   # turns to the scheduled write of node events
-        # what a failed write left (events, call rows): written first by the next one
-        self._held: tuple[list, list] = ([], [])
-        self._store_error: StoreError | None = None   # the store failed during this run
-        self._in_run = False   # a store failure stops the run instead of raising (see _flush)
+        # every state change is written through the recorder before anyone is told
+        self.recorder = Recorder(self.store, self.run_id, lambda: self.workflow, self.tell)
+        self.emit = self.recorder.emit
+        self.partial_output = self.recorder.partial_output
         self._tools = None   # None: every @flowmagic.tool; a list: exactly these
         if tools is not None:
             self.tools = tools
@@ -144,132 +114,6 @@ class Flow(LiveRun):
             candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
             settings={**self.settings, "chosen": self.chosen,
                       **({"origin": self.origin} if self.origin else {})})
-
-    def emit(self, kind: str, node_id: str | None = None, data: dict | None = None) -> None:
-        """Persist a state change, then tell the subscribers.
-
-        The executor's node events of one event-loop turn are written in one transaction
-        (one commit per turn instead of two per node); subscribers hear of them only
-        after that commit, so the UI never shows what the store does not have. The commit
-        waits a few turns (`_FLUSH_TURNS`), so that the nodes started in this one have sent
-        their requests first: a chain's next call does not wait for its parent's write.
-        Every other event is written and announced at once.
-        """
-        event = {"kind": kind, "node": node_id, "time": time.time(), **(data or {})}
-        self._pending.append((kind, node_id, data or None, event))
-        # streamed text is shown as it comes: the next turn, not after the requests
-        if kind in _NODE_EVENTS and self._flush_later(1 if kind in _PASSING else _FLUSH_TURNS):
-            return
-        self._flush()
-
-    def _flush_later(self, turns: int) -> bool:
-        """Schedule `_flush` in `turns` turns of the running loop (or sooner, as scheduled
-        already); False when no loop runs."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        if self._flush_in is None or turns < self._flush_in:
-            self._flush_in = turns
-            _after_turns(loop, turns, self._flush_scheduled)
-        return True
-
-    def _flush_scheduled(self) -> None:
-        """`_flush` as a loop callback: it has no caller to raise to."""
-        try:
-            self._flush()
-        except StoreError as exc:
-            self._store_failed(exc)
-
-    def _log_later(self, row: dict, record: dict) -> None:
-        """A node call's log row (from the LLM door, `defer_log`), written by the next
-        `_flush` in the commit of the node's state, before it: the node's attempt `record`
-        gets the row's id there. The result is shown final only after that commit, so the
-        rule holds that a call's log row is durable before its result is shown; a node's
-        answer and its log row are one commit instead of two."""
-        self._calls.append((row, record))
-        if not self._flush_later(_FLUSH_TURNS):
-            self._flush()
-
-    def _flush(self) -> None:
-        """Write the pending node states, events and call rows in one commit (after what
-        an earlier failed write left), then tell the subscribers. When the store fails
-        (disk full, read-only, locked) everything stays here for the next write and the
-        subscribers are told anyway: during a run the run stops (`_store_failed`) and
-        nothing more is tried until the next run, otherwise the StoreError is raised."""
-        self._flush_in = None
-        pending, self._pending = self._pending, []
-        calls, self._calls = self._calls, []
-        held_events, held_calls = self._held
-        if not (pending or calls or held_events or held_calls):
-            return
-        try:
-            if self._in_run and self._store_error is not None:
-                # (a locked store would stall the loop 5 s a try; a full disk stays full)
-                raise self._store_error
-            self._write(held_events + pending, held_calls + calls)
-            self._held = ([], [])
-        except StoreError as exc:
-            self._held = (held_events + pending, held_calls + calls)
-            self._announce(pending)
-            if not self._in_run:
-                raise
-            self._store_failed(exc)
-            return
-        self._announce(pending)
-
-    def _write(self, pending: list[tuple], calls: list[tuple[dict, dict]]) -> None:
-        nodes = self.workflow.nodes
-        # A node that starts for the first time keeps its stored state (pending, as planned)
-        # until it ends: its "started" event says it began, and load() turns a running node
-        # back into a pending one anyway. A node that ran before is written at its start,
-        # so a kill cannot leave its old result looking current.
-        changed = dict.fromkeys(n for kind, n, _, _ in pending if n is not None and n in nodes
-                                and (kind != "started" or nodes[n].attempts))
-        self.store.write_batch(
-            # A shallow view: it is serialised right away, so no deep copy is needed.
-            self.run_id, [vars(nodes[n]) for n in changed],
-            [(kind, n, data) for kind, n, data, _ in pending if kind not in _PASSING],
-            calls=[row for row, _ in calls], logged=lambda ids: _name_calls(calls, ids))
-
-    def _announce(self, pending: list[tuple]) -> None:
-        for kind, node_id, data, event in pending:
-            if kind == "text":   # what partial_output() says is what subscribers were told
-                self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
-            self.tell(event)
-
-    def _store_failed(self, exc: StoreError) -> None:
-        """A write failed during the run: nothing new starts; the nodes running finish and
-        are held with the rest; the run ends in error with one line (see `arun`)."""
-        self._store_error = exc
-        if self._executor is not None:
-            self._executor.pause()
-
-    def _unstored(self) -> str:
-        """What the run's end says about a store that failed: what is held, and what to do."""
-        held = list(dict.fromkeys(n for kind, n, _, _ in self._held[0]
-                                  if kind in ("finished", "failed") and n))
-        if not held:
-            return f"{self._store_error}; the run stopped, with every finished node stored"
-        names = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-        return (f"{self._store_error}; the run stopped with {len(held)} finished node"
-                f"{'s' if len(held) != 1 else ''} ({names}) held in this session only, not in "
-                "the store: run() again saves them first (flow.to_notebook(path) has them now)")
-
-    def _text_sink(self, node_id: str):
-        self._partial[node_id] = ""
-        if not self._streaming:
-            return None
-        return lambda piece: self.emit("text", node_id, {"text": piece})
-
-    def _wait_sink(self, node_id: str):
-        return lambda ahead: self.emit("waiting", node_id, {"ahead": ahead})
-
-    def partial_output(self, node_id: str) -> str:
-        """The text a running node has streamed so far ("" when none has arrived or
-        `streaming` was off when it started)."""
-        self.workflow.node(node_id)
-        return self._partial.get(node_id, "")
 
     def _spend(self, usd: float, *, unpriced: str | None = None) -> None:
         """Add to what the run cost; `unpriced` names a model whose calls have no known price
@@ -354,11 +198,11 @@ class Flow(LiveRun):
                           llm=self.llm, store=self.store, run_id=self.run_id,
                           open_workspace=lambda: self.workspace, list_inputs=self._inputs,
                           open_session=self.session,
-                          emit=self.emit,
-                          spend=self._spend, text_sink=self._text_sink, wait_sink=self._wait_sink,
+                          emit=self.emit, spend=self._spend, text_sink=self.recorder.text_sink,
+                          wait_sink=self.recorder.wait_sink,
                           offer_tools=self.atools_for, has_tools=self._has_tools,
                           # the door's own commit when the flow writes to another store
-                          defer_log=self._log_later if self.store is self.llm.store else None)
+                          defer_log=self.recorder.log_later if self.store is self.llm.store else None)
 
     def derive(self, workflow: Workflow, *, name: str, **settings: Any) -> "Flow":
         """A new Flow on `workflow` with this flow's settings (`settings` override them), its
@@ -383,16 +227,17 @@ class Flow(LiveRun):
             raise NodeError(f"flow {self.name!r} is already running; pause() or stop() it first")
         import openai  # noqa: F401 - loaded before the clock of the first node starts
 
-        self._executor = self.executor()
+        self._executor = executor = self.executor()
         self.status, self.message, self._capped = RunState.RUNNING, None, False
-        self._store_error, self._in_run = None, True
+        # a failed write stops what the run starts; the nodes running finish and are held
+        self.recorder.begin(on_failure=lambda _exc: executor.pause())
         state = RunState.STOPPED
         try:
             self.store.set_run_status(self.run_id, RunState.RUNNING)
-            self._flush()   # what a failed write held in an earlier run, before anything starts
-            while self._store_error is None:
+            self.recorder.flush()   # what a failed write held in an earlier run, before anything starts
+            while self.recorder.error is None:
                 state = await self._executor.run(step=step, only=only)
-                if self._store_error is not None:
+                if self.recorder.error is not None:
                     break
                 if state == RunState.BUDGET:
                     self.message = self._executor.stop_reason
@@ -408,7 +253,7 @@ class Flow(LiveRun):
                         and self.counts().get(Status.PENDING)):
                     break
         except StoreError as exc:   # a write of its own (the run's status, a tool call, an update)
-            self._store_error = exc
+            self.recorder.error = exc
         finally:
             state = self._end_run(state)
         return state
@@ -419,19 +264,19 @@ class Flow(LiveRun):
         is never reported done."""
         try:
             self._executor = None
-            self._flush()   # the run's last node events (a failure lands in _store_error)
-            if self._store_error is None:
+            self.recorder.flush()   # the run's last node events (a failure lands in recorder.error)
+            if self.recorder.error is None:
                 try:
                     self.store.set_run_status(self.run_id, state, self.result)
                 except StoreError as exc:
-                    self._store_error = exc
-            if self._store_error is not None:   # (the store still says "running")
-                state, self.message = RunState.ERROR, self._unstored()
+                    self.recorder.error = exc
+            if self.recorder.error is not None:   # (the store still says "running")
+                state, self.message = RunState.ERROR, self.recorder.unstored()
                 print(f"flowmagic: {self.message}", file=sys.stderr)
             self.status = state
             self.emit("run", None, {"state": self.status, "message": self.message})
         finally:
-            self._in_run = False
+            self.recorder.end()
         return state
 
     async def astep(self) -> str:
@@ -523,11 +368,11 @@ class Flow(LiveRun):
     @property
     def streaming(self) -> bool:
         """Whether node outputs arrive piece by piece as "text" events (Show output uses it)."""
-        return self._streaming
+        return self.recorder.streaming
 
     @streaming.setter
     def streaming(self, on: bool) -> None:
-        self._streaming = bool(on)
+        self.recorder.streaming = bool(on)
 
     @property
     def tools(self) -> list:
