@@ -108,8 +108,8 @@ class Flow(LiveRun):
 
     # -- persistence and events ---------------------------------------------------------
     def _save_run(self) -> None:
-        self.store.save_run(
-            self.run_id, task=self.task, name=self.name, status=self.status,
+        self.recorder.save_run(
+            task=self.task, name=self.name, status=self.status,
             workflow=self.workflow.to_dict(), result=self.result,
             candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
             settings={**self.settings, "chosen": self.chosen,
@@ -233,7 +233,7 @@ class Flow(LiveRun):
         self.recorder.begin(on_failure=lambda _exc: executor.pause())
         state = RunState.STOPPED
         try:
-            self.store.set_run_status(self.run_id, RunState.RUNNING)
+            self.recorder.set_status(RunState.RUNNING)
             self.recorder.flush()   # what a failed write held in an earlier run, before anything starts
             while self.recorder.error is None:
                 state = await self._executor.run(step=step, only=only)
@@ -267,7 +267,7 @@ class Flow(LiveRun):
             self.recorder.flush()   # the run's last node events (a failure lands in recorder.error)
             if self.recorder.error is None:
                 try:
-                    self.store.set_run_status(self.run_id, state, self.result)
+                    self.recorder.set_status(state, self.result)
                 except StoreError as exc:
                     self.recorder.error = exc
             if self.recorder.error is not None:   # (the store still says "running")
@@ -498,7 +498,7 @@ class Flow(LiveRun):
             self._restart_running(entry["diff"]["stale"])
             self._save_run()
         self.update_log.append(entry)
-        self.store.add_update(self.run_id, entry)
+        self.recorder.add_update(entry)
         self.emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
 
     def _restart_running(self, node_ids) -> None:

@@ -139,6 +139,17 @@ class Recorder:
         self._workflow().node(node_id)   # an unknown node: its NodeError
         return self._partial.get(node_id, "")
 
+    # -- the run's own rows ------------------------------------------------------------------
+    def save_run(self, **row: Any) -> None:
+        """The run's row: task, plan, candidates, settings (after a change of plan)."""
+        self.log.save_run(self.run_id, **row)
+
+    def set_status(self, status: str, result: str | None = None) -> None:
+        self.log.set_run_status(self.run_id, status, result)
+
+    def add_update(self, entry: dict) -> None:
+        self.log.add_update(self.run_id, entry)
+
     # -- writing --------------------------------------------------------------------------
     def _flush_later(self, turns: int) -> bool:
         """Schedule `flush` in `turns` turns of the running loop (or sooner, as scheduled
