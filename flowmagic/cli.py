@@ -164,6 +164,9 @@ def _plan(args, progress: Progress):
     name = args.name or _name_from(args.task)
     inputs = getattr(args, "inputs", None) or None
     progress.doing = "planning"
+    if settings.k is None:
+        from .engine.planner import default_k
+        settings.k = default_k(settings.model)
     progress.say(f"planning {args.task!r}: {settings.k} candidate plan(s) on "
                  f"{settings.model or 'the default model'}")
     flow = plan(args.task, name=name, inputs=inputs, **settings.given())
@@ -657,7 +660,8 @@ def _trials_parser(sub) -> None:
 
 
 def _planning_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=3, help="candidate plans (default 3, at most --max-k)")
+    p.add_argument("--k", type=int, help="candidate plans (default 3, or a server you run's "
+                   "slots when fewer; at most --max-k)")
     p.add_argument("--max-k", type=int, help="allow more than 10 candidate plans (paid calls), "
                    "up to this many")
     p.add_argument("--model", help="model id, e.g. gpt-4o-mini, cheap:llama3.2, local")

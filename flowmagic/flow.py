@@ -787,12 +787,14 @@ def _evaluated(event: Any) -> bool:
     return isinstance(event, dict) and event.get("phase") == "evaluated"
 
 
-async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
+async def aplan(task: str, k: int | None = None, model: str | None = None,
+                strategy: str = "balanced",
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
                 progress: Callable[[dict], Any] | None = None, inputs: Any = None,
                 **settings: Any) -> Flow:
     """Plan `task` as K candidate graphs and keep the best by `planner.RULE` (connected and
-    covering first, then the most parallel, then the least tangled); `progress(event)` hears
+    covering first, then the most parallel, then the least tangled); K left out is
+    `planner.default_k` (3, or a server you run's slots when fewer); `progress(event)` hears
     each step (see planner.plan_candidates). `inputs` (file paths, or {name: DataFrame / value
     / path}) are saved in the run's workspace; the planner and every agent are told what they
     hold."""
@@ -801,6 +803,8 @@ async def aplan(task: str, k: int = 3, model: str | None = None, strategy: str =
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; write what you want done in words")
     llm = llm or get_llm()
+    if k is None:
+        k = await asyncio.to_thread(planner.default_k, model)
     settings = Settings(**{**settings, "k": k, "model": model, "strategy": strategy})
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
     say_where_code_cannot_run(settings)
@@ -842,7 +846,7 @@ def say_where_code_cannot_run(settings: Settings) -> None:
               "on a machine you accept that on", file=sys.stderr)
 
 
-def plan(task: str, k: int = 3, model: str | None = None, strategy: str = "balanced",
+def plan(task: str, k: int | None = None, model: str | None = None, strategy: str = "balanced",
          **kwargs: Any) -> Flow:
     """`aplan` to its end, in a script or a notebook cell (the cell waits, as `%%flow` does;
     `await flowmagic.aplan(...)` leaves it free)."""

@@ -58,7 +58,7 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(validate_assignment=True)
 
-    k: Any = 3                  # candidate plans
+    k: Any = None               # candidate plans; None: by the endpoint (planner.default_k)
     model: str | None = None
     strategy: str = "balanced"
     update: str = "on-failure"
@@ -162,6 +162,8 @@ class Settings(BaseModel):
     @field_validator("k", "update_k", "max_k", mode="before")
     @classmethod
     def _plans(cls, value: Any, info) -> Any:
+        if value is None and info.field_name == "k":
+            return None   # decided when planning starts, by the endpoint's slots
         top = HARD_MAX_K if info.field_name == "max_k" else math.inf
         if not _whole(value) or not 1 <= value <= top:
             raise ValueError(_SAY[info.field_name].format(value=value))
@@ -225,7 +227,7 @@ class Settings(BaseModel):
     def _k_within_limit(self) -> Settings:
         for key in ("k", "update_k"):
             value, limit = getattr(self, key), self.max_k
-            if value > limit:
+            if value is not None and value > limit:
                 raise ValueError(
                     f"{key}={value} would send {value} paid planning calls at once; the limit is "
                     f"max_k={limit}: lower {key}, or raise the limit on purpose "

@@ -4,6 +4,7 @@ a line that says what happened. The loopback plays the local server: slots, a sl
 steady stream, a stalled one, and the seconds it spent on answers nobody read."""
 
 import asyncio
+import json
 import io
 import socket
 import time
@@ -186,3 +187,32 @@ def test_the_panel_says_which_nodes_wait_for_the_model():
                for line in lines)
     assert any("w7" in head and "waiting for the model (" in head for _, head in said)
     assert "waiting for the model" not in panel.message.value   # all answered
+
+
+PLAN = json.dumps({"subtasks": [
+    {"id": "brew", "requirement": "Say how to brew green tea.", "agent": "writer", "depends_on": []},
+    {"id": "serve", "requirement": "Say how to serve it.", "agent": "writer",
+     "depends_on": ["brew"]}]})
+
+
+@pytest.mark.parametrize("slots, hosting, asked", [
+    (1, None, 1),     # a server you run with one slot: one plan, not three queued
+    (2, None, 2),     # as many as it answers at once
+    (8, None, 3),     # never more than the papers' 3 unless asked
+    (1, "hosted", 3),  # a hosted API answers them side by side
+])
+def test_k_left_out_follows_the_slots_of_a_server_you_run(slots, hosting, asked, monkeypatch):
+    if hosting:
+        monkeypatch.setenv("FLOWMAGIC_SELF_HOSTED", "0")
+    with LoopbackServer(slots=slots, latency=0.01, responder=lambda body: PLAN) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        flow = run(lambda: flowmagic.aplan("Write a short guide to green tea", llm=llm), llm)
+        plans = chat_requests(server)
+    assert len(plans) == asked and len(flow.candidates) == asked
+    assert flow.settings.k == asked   # what the run and its export record
+    with LoopbackServer(slots=1, latency=0.01, responder=lambda body: PLAN) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        llm = fast_llm()
+        run(lambda: flowmagic.aplan("Write a short guide to green tea", k=3, llm=llm), llm)
+        assert len(chat_requests(server)) == 3   # k given: asked for as given

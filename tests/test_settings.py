@@ -80,11 +80,13 @@ def test_unknown_keys_are_refused_naming_them_and_the_known_ones():
         Settings().budget = 3
 
 
-def test_none_takes_the_default_except_where_it_means_no_limit():
+def test_none_takes_the_default_except_where_it_means_no_limit_or_by_the_endpoint():
     s = Settings(k=None, seed=None, concurrency=None, max_tokens=None)
-    assert (s.k, s.seed, s.concurrency, s.max_tokens) == (3, 0, None, None)
+    # k None: decided when planning starts, by the endpoint (planner.default_k)
+    assert (s.k, s.seed, s.concurrency, s.max_tokens) == (None, 0, None, None)
+    s.k = 2
     s.k = None
-    assert s.k == 3
+    assert s.k is None
 
 
 def test_the_model_is_the_one_source_of_defaults_and_reads_as_a_dict():

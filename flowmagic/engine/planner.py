@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import stepwise
-from ..errors import ConfigError, EndpointError, ModelOutputError, OffTopicError, PlanError
+from ..errors import (ConfigError, EndpointError, FlowError, ModelOutputError, OffTopicError,
+                      PlanError)
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
@@ -28,7 +29,7 @@ from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
            "plan_schema", "planning_messages", "score", "coverage", "multi_step",
-           "candidate_line", "plan_candidates", "select", "plan"]
+           "candidate_line", "plan_candidates", "select", "plan", "K", "default_k"]
 
 # strategy -> (instruction, usual subtask count as (lo, hi) or None)
 STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
@@ -64,6 +65,25 @@ METHODS = ("auto", "oneshot", "stepwise")
 # The embedded model's bound per candidate (K candidates: K x 300 s). A capped candidate
 # takes ~10-20 s at load 1; 120 s cut a plan at load 30 on this 2-core machine.
 PLAN_TIME_S = 300.0
+K = 3   # candidate plans where the endpoint answers them side by side
+
+
+def default_k(model: str | None = None) -> int:
+    """Candidate plans when k is not given: K, or as many as a server you run answers at once
+    (its slots, llm.queue). There the candidates queue one behind the other, so K of them cost
+    K plans' time: on the bench model's one slot (issue 29's second sample) the plan phase of
+    K=3 took 116-791 s, and three of five such flows ran out of time where K=1 flows did not.
+    Blocking (it may ask the server, once per process): call it in a thread from a loop."""
+    from ..llm import endpoints, queue
+
+    try:
+        endpoint, _ = endpoints.resolve(model)
+    except FlowError:   # planning itself says what is wrong with the model
+        return K
+    if not endpoint.self_hosted:
+        return K
+    slots = queue.slots_of(endpoint, endpoint.base_url)
+    return K if slots is None else max(1, min(K, slots))
 _TOKENS_PER_SUBTASK = 70
 
 

@@ -88,7 +88,8 @@ def _run_blocking(make: Callable[[], Any], llm: Any = None) -> Any:
 class FlowMagics(Magics):
     """`%%flow` plans and shows a workflow; `%flow SUBCOMMAND` steers it (see `%flow help`)."""
 
-    default_k = Int(3, help="candidate plans per %%flow cell (--k)").tag(config=True)
+    default_k = Int(None, allow_none=True, help="candidate plans per %%flow cell (--k; None: 3, "
+                    "or a server you run's slots when fewer)").tag(config=True)
     default_model = Unicode(None, allow_none=True,
                             help="model id for planning and nodes (--model)").tag(config=True)
     default_strategy = Unicode("balanced", help="planning strategy (--strategy)").tag(config=True)
@@ -154,6 +155,9 @@ class FlowMagics(Magics):
         from ..flow import aplan
 
         self._stop_previous(args.name)
+        if settings.k is None:   # said in the planning line, so decided here
+            from ..engine.planner import default_k
+            settings.k = default_k(settings.model)
         progress = self._planning_progress(args.name, settings)
         flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, inputs=inputs,
                                            progress=progress,
