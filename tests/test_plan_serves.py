@@ -9,7 +9,7 @@ import pytest
 import flowmagic
 from flowmagic.engine import stepwise
 from flowmagic.engine.planner import DATA_RULES, plan_candidates, planning_messages
-from flowmagic.model.plan_checks import data_task, loads_only
+from flowmagic.model.plan_checks import data_task, loads_only, states_only
 from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm, run
@@ -72,3 +72,53 @@ def test_a_loading_subtask_is_left_out_of_a_plan_and_its_links_kept():
     assert list(wf.nodes) == ["fit", "plot", "answer"]
     assert wf.edges() == [("fit", "plot"), ("fit", "answer"), ("plot", "answer")]
     assert any("left out load: a subtask that only loads data" in w for w in cand.warnings)
+
+
+SKEW = ("Check if the fare distribution is skewed.\n\nConstraints: Calculate the skewness of the "
+        "fare column using Pearson's moment coefficient of skewness.\n\nAnswer format: "
+        "@skewness_fare[skewness_value], a float rounded to 2 decimal places.\n\n"
+        "The data is the input file titanic.csv.")
+
+
+@pytest.mark.parametrize("requirement, only", [   # the bench model's own last subtasks
+    ("Output the results in the format @mean_fare[mean_value] @std_dev_fare[std_dev_value].", True),
+    ("Format the calculated mean as a string @mean_close_price[mean_value].", True),
+    ("Output the count of each category in 'time_of_day', formatted as @morning[integer]", True),
+    ("Display the formatted result in the console.", True),
+    ("Round the final output to 2 decimal places and format as @skewness_fare[value].", True),
+    ("Calculate the skewness of the Fare column using Pearson's moment coefficient.", False),
+    ("Count the number of passengers in each category and report the results.", False),
+    ("Report the number of passengers in each category for the 'AgeGroup' feature.", False),
+    ("Display the accuracy score of the model, rounded to two decimal places.", False),
+    ("Show the results as a bar chart of the mean fare per class", False),   # it draws
+    ("Report the results and then compute the median fare", False),          # and works
+])
+def test_a_step_that_only_states_the_answer_is_told_apart(requirement, only):
+    assert states_only(requirement) is only
+
+
+def _skew_chain():
+    return {"subtasks": [
+        {"id": "skew", "requirement": "Calculate the skewness of the Fare column using "
+         "Pearson's moment coefficient of skewness.", "agent": "coder", "depends_on": []},
+        {"id": "format_output", "requirement": "Format the skewness value as a string in the "
+         "format '@skewness_fare[skewness_value]'.", "agent": "coder", "depends_on": ["skew"]},
+        {"id": "display_result", "requirement": "Display the formatted result in the console.",
+         "agent": "coder", "depends_on": ["format_output"]}]}
+
+
+@pytest.mark.parametrize("task, kept", [
+    (SKEW, ["skew"]),   # its form is written by the closing summary from the printed value
+    (SKEW.split("\n\nAnswer format")[0], ["skew", "format_output", "display_result"]),
+])
+def test_last_subtasks_that_only_state_the_answer_are_left_out_where_the_task_has_a_form(
+        task, kept):
+    llm = fast_llm()
+    with LoopbackServer(responder=lambda body: json.dumps(_skew_chain())) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        [cand] = run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
+    assert list(cand.workflow.nodes) == kept
+    said = [w for w in cand.warnings if "only states the answer" in w]
+    assert bool(said) is (len(kept) == 1)
+    if said:
+        assert "left out display_result, format_output" in said[0]

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import stepwise
+from .answerform import prescribed
 from ..errors import (ConfigError, EndpointError, FlowError, ModelOutputError, OffTopicError,
                       PlanError)
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
-from ..model.plan_checks import check_plan, data_task, loads_only, same_task, topic_share
+from ..model.plan_checks import (check_plan, data_task, loads_only, same_task, states_only,
+                                 topic_share)
 from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -225,6 +227,33 @@ def _drop_loading(wf: Workflow) -> None:
                            "imports libraries (every subtask's code has them at hand)")
 
 
+def _drop_stating(wf: Workflow, task: str) -> None:
+    """Remove the last subtasks that only state, format or show the answer
+    (plan_checks.states_only) when the task prescribes its answer's form: the closing summary
+    writes that form from what the code printed, and such a step would see the form the
+    subtasks are not shown (answerform.without_pairs). Of 29 last subtasks in the bench
+    model's dabench-dev plans, 12 were such steps, each one or two calls that compute
+    nothing. A step that fed only such steps is one too once they are gone; a plan made of
+    nothing else keeps its first subtask."""
+    if prescribed(task) is None:
+        return
+    dropped: list[str] = []
+    while len(wf.nodes) > 1:
+        last = [i for i, n in wf.nodes.items()
+                if not wf.children(i) and states_only(n.requirement)]
+        if not last:
+            break
+        if len(last) == len(wf.nodes):
+            last = last[1:]
+        for d in last:
+            _bypass(wf, d)
+        dropped += last
+    if dropped:
+        wf.warnings.append(f"left out {', '.join(dropped)}: a last subtask that only states the "
+                           "answer (the closing summary writes it in the task's form from what "
+                           "the code printed)")
+
+
 def _cap_agents(wf: Workflow, cap: int) -> None:
     """Keep the `cap` most common roles; any other goes to a kept one of similar name, else
     to the most common (so "Coder" joins "coder" rather than "writer")."""
@@ -300,6 +329,7 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         return cand
     wf.warnings.extend(extra)
     _drop_loading(wf)
+    _drop_stating(wf, task)
     if topic_share([n.requirement for n in wf.nodes.values()], task) == 0.0:
         wf.warnings.append("no subtask shares a word with the task; check that the plan is "
                            "about it (a stronger model plans better)")

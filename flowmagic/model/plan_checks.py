@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
-           "copied", "check_plan", "data_task", "loads_only"]
+           "copied", "check_plan", "data_task", "loads_only", "states_only"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -140,6 +140,32 @@ def loads_only(requirement: str) -> bool:
     text = requirement or ""
     return (_LOADS.match(text) is not None and _DATA_OBJECT.search(text) is not None
             and _WORK.search(text) is None)
+
+
+# A step that only hands on the answer: its first word says so, and it computes nothing.
+_STATES = re.compile(r"^\W*(?:finally,?\s+|then,?\s+)?(?:format|output|display|print|present|"
+                     r"state|return|give|write|show|report|provide|round|combine|compile)\b",
+                     re.IGNORECASE)
+# ... about the answer others computed (its form, "the result", "the calculated mean") ...
+_REFERS = re.compile(r"@\w+\[|\bformat|\banswers?\b|\bresults?\b|\bcalculated\b|"
+                     r"\bcomputed\b|\bfinal\b", re.IGNORECASE)
+# ... and it draws nothing and does no work of its own in a second clause.
+_WORKS = re.compile(
+    r"\b(?:plot|chart|histogram|figure|graph|draw|visuali)|"
+    r"\b(?:and|then)\s+(?:also\s+)?(?:calculat|comput|count|fit|train|split|group|filter|"
+    r"estimat|predict|evaluat|creat|extract|convert|transform|encod|imput|fill|drop|remov|"
+    r"select|aggregat|test|measur|determin|find|identif|detect|clean|normali|scal|analy)",
+    re.IGNORECASE)
+
+
+def states_only(requirement: str) -> bool:
+    """Whether a subtask only states, formats or shows a result others computed ("Output the
+    mean fares in the format @mean_fare_child[...]", "Display the formatted result"): where
+    the task prescribes its answer's form, the closing summary writes it from what the code
+    printed, so such a step is a model call that computes nothing."""
+    text = requirement or ""
+    return (_STATES.match(text) is not None and _REFERS.search(text) is not None
+            and _WORKS.search(text) is None)
 
 
 def topic_share(requirements: list[str], task: str) -> float:
