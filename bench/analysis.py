@@ -157,7 +157,7 @@ def run_one(q: dabench.Question, system: str, *, data: Path, base_url: str, mode
             "subs_right": sum(scored["subs"].values()), "subs": len(scored["subs"]),
             "got": scored["got"], "labels": q.labels, "right_in_outputs": in_outputs["right"],
             "answer": (result.get("answer") or "")[:6000], "error": error,
-            "timed_out": timed_out, "status": result.get("status"),
+            "timed_out": timed_out, "status": result.get("status"), "k": result.get("k"),
             "attempts": result.get("attempts"), "nodes": result.get("nodes"),
             "untraced": result.get("untraced") or [], "untraced_rule": result.get("untraced_rule"),
             "wall_s": round(wall, 1), **_usage(home),

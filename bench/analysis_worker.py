@@ -6,7 +6,7 @@ prints one JSON line: the answer and what the system did. The harness counts cal
 tokens from that folder, so a question killed at its time limit still has them.
 
 Systems: `baseline` (bench/onecall.py), `flow` (flowmagic as a `%%flow` cell with its
-defaults: the question, constraints and format as the task, the CSV as the input) and
+defaults, k left out: the question, constraints and format as the task, the CSV as the input) and
 `flow-k1` (the same with k=1).
 """
 
@@ -25,7 +25,9 @@ import untraced  # noqa: E402
 
 __all__ = ["SYSTEMS", "main"]
 
-SYSTEMS = {"baseline": None, "flow": 3, "flow-k1": 1}   # name -> k of a flow
+# name -> the k a flow is given ("default": left out, as `%%flow` leaves it: 3 on a hosted
+# API, a server you run's slots when fewer, planner.default_k)
+SYSTEMS = {"baseline": None, "flow": "default", "flow-k1": 1}
 
 
 def task_of(q: dabench.Question) -> str:
@@ -72,8 +74,9 @@ def _nodes(flow) -> list[dict]:
              "error": (n.error or "")[:300]} for n in flow.workflow.nodes.values()]
 
 
-def run_flow(q: dabench.Question, k: int, sandbox: str, call_timeout: float) -> dict:
-    """As `flowmagic run` does it: plan (K candidates), run to the end, read the result.
+def run_flow(q: dabench.Question, k: int | None, sandbox: str, call_timeout: float) -> dict:
+    """As `flowmagic run` does it: plan (K candidates; None: flowmagic's default), run to the
+    end, read the result.
 
     The LLM waits `call_timeout` for an answer, as the baseline's client does: its default
     120 s for a whole answer is shorter than one plan takes on 2 busy cores (~1,000 prompt
@@ -88,6 +91,7 @@ def run_flow(q: dabench.Question, k: int, sandbox: str, call_timeout: float) -> 
     outputs = _outputs(flow)
     numbers, rule = _trace(flow, answer, outputs)
     return {"answer": answer, "status": str(status), "error": flow.message or None,
+            "k": flow.settings.k,
             "nodes": _nodes(flow), "outputs": outputs, "untraced": numbers,
             "untraced_rule": rule}
 
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ.update(FLOWMAGIC_BASE_URL=args.base_url, FLOWMAGIC_MODEL=args.model,
                           FLOWMAGIC_DISCOVER="0")
-        out = run_flow(q, SYSTEMS[args.system], args.sandbox, args.call_timeout)
+        k = SYSTEMS[args.system]
+        out = run_flow(q, None if k == "default" else k, args.sandbox, args.call_timeout)
     print(json.dumps(out, default=str))
     return 0
 
