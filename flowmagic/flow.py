@@ -1,9 +1,11 @@
 """`Flow`: the public API every button, magic and CLI command calls.
 
-A Flow owns one workflow, its candidates, its settings and its run. Every state change
-is written to the store before anyone is told, so a kernel restart loses nothing
-(`flowmagic.load(run_id)` resumes). In a notebook (a running event loop) `run()` starts
-an asyncio task on the kernel's loop and returns at once; in a script it blocks.
+A Flow is the user's facade over one run: its plan and state are a `RunRecord`, the run
+itself (the loop, the budget, the update and repair policy) is the `RunCore`, and every state
+change goes through the `Recorder`, which writes it to the store before anyone is told, so
+a kernel restart loses nothing (`flowmagic.load(run_id)` resumes); all three are in engine/.
+In a notebook (a running event loop) `run()` starts an asyncio task on the kernel's loop and
+returns at once; in a script it blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import secrets
 import sys
 import time
 import traceback
-import weakref
 from typing import Any, Callable
 
 from . import ops
@@ -25,14 +26,14 @@ from .view.frames import Candidates, cost_frame, rows_frame
 from .model import metrics as _metrics
 from .llm.endpoints import check_model, resolve
 from .errors import ConfigError, FlowError, NodeError, StoreError
-from .engine import numbers, summary
-from .engine.answer_code import made_files
-from .engine.scheduler import Executor, Work
+from .engine import numbers
+from .engine.recorder import Recorder
+from .engine.run_core import RunCore
+from .engine.run_record import RECORD_FIELDS, RunRecord
+from .engine.run_space import RunSpace
+from .engine.tool_choice import ToolChoice
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
-from .engine.context import RunContext
-from .engine.recorder import Recorder
-from .engine.node_runner import NodeRunner
 from .store import Store, get_store
 from .model import status as transition
 from .settings import DEFAULTS, Settings
@@ -40,55 +41,72 @@ from .model.status import RunState, Status
 
 __all__ = ["Flow", "plan", "aplan", "load", "flow_from_plan", "DEFAULTS", "Settings"]
 
-_TOOLS_MODULE = f"{__package__}.engine.tools"
-
-
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 class Flow(LiveRun):
-    """A planned workflow with its run; see the module docstring."""
+    """A planned workflow with its run; see the module docstring.
+
+    Its fields (`workflow`, `settings`, `run_id`, `name`, `candidates`, `chosen`, `origin`,
+    `status`, `result`, `message`, `update_log`, `spent_usd`, `unpriced`) are those of its
+    `record` (engine/run_record.py), which the run core changes as the run goes: reading or
+    setting `flow.status` reads or sets `flow.record.status`."""
+
+    workflow: Workflow
+    settings: Settings
+    run_id: str
+    name: str
+    status: str
+    result: str | None
+    message: str | None
+    update_log: list[dict]
+    spent_usd: float
 
     def __init__(self, workflow: Workflow, *, name: str = "flow", candidates: list | None = None,
                  chosen: int = 0, run_id: str | None = None, llm: LLM | None = None,
                  store: Store | None = None, save: bool = True, tools: Any = None,
                  origin: str | None = None, inputs: Any = None, **settings: Any):
-        self.workflow = workflow
-        self.name = name
-        self.candidates = Candidates(candidates or [])
-        self.chosen = chosen
-        self.settings = Settings(**settings)
-        self.run_id = run_id or _new_run_id()
-        self.origin = origin   # "replay": made by an exported notebook's cells (see load())
+        # origin "replay": made by an exported notebook's cells (see load())
+        self.record = RunRecord(workflow, Settings(**settings), run_id or _new_run_id(),
+                                name=name, candidates=Candidates(candidates or []),
+                                chosen=chosen, origin=origin)
         self.llm = llm or get_llm()
         self.store = store or self.llm.store
-        self.update_log: list[dict] = []
-        self.result: str | None = None
-        self.status = RunState.PLANNED
-        self.message: str | None = None
-        self.spent_usd = 0.0
-        self.unpriced: set[str] = set()   # models used with no known price (cost unknown)
         LiveRun.__init__(self)
-        self._executor: Executor | None = None
-        # every state change is written through the recorder before anyone is told
-        self.recorder = Recorder(self.store, self.run_id, lambda: self.workflow, self.tell)
+        # every state change is written through the recorder before a listener is told
+        self.recorder = Recorder(self.store, self.record, self._subscribers)
+        self.space = RunSpace(self.store.path.parent, self.record)   # workspace and session
+        self.core = RunCore(self.record, llm=self.llm, store=self.store, recorder=self.recorder,
+                            space=self.space, tools=ToolChoice(tools))
+        # the engine's own calls, under the names scripts, ops/ and UIs use
         self.emit = self.recorder.emit
         self.partial_output = self.recorder.partial_output
-        self._tools = None   # None: every @flowmagic.tool; a list: exactly these
-        if tools is not None:
-            self.tools = tools
+        self.context = self.core.context
+        self.executor = self.core.make_executor
+        self.session = self.space.session
+        self.close = self.space.close
+        self.add_inputs = self.space.add
+        self.files = self.space.files
         self.probe = None   # a flowmagic.ops.batch.Probe once attach_probe() was called
         self.last_slim = None   # (slimmed Flow, SlimReport) of the last slim(), for UIs
-        self._workspace = None
-        self._session = None      # the sandboxed Python session of its code (see session())
-        self._no_folder = False   # this run has no workspace folder yet (see _inputs)
         if inputs is not None:
             self.add_inputs(inputs)
-        self._triggers: list[dict] = []   # what called the next update: [{"node", "why"}]
-        self._capped = False              # max_updates already said so in this run
         if save:
             self._save_run()
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found on the object itself: the record's fields
+        record = self.__dict__.get("record")
+        if record is not None and name in RECORD_FIELDS:
+            return getattr(record, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in RECORD_FIELDS:
+            setattr(self.record, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -106,181 +124,26 @@ class Flow(LiveRun):
         return (f"<Flow {self.name!r} run={self.run_id} {self.status}: "
                 f"{counts.get('done', 0)}/{self.total()} done, ${self.spent_usd:.4f}>")
 
-    # -- persistence and events ---------------------------------------------------------
     def _save_run(self) -> None:
-        self.recorder.save_run(
-            task=self.task, name=self.name, status=self.status,
-            workflow=self.workflow.to_dict(), result=self.result,
-            candidates=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.candidates],
-            settings={**self.settings, "chosen": self.chosen,
-                      **({"origin": self.origin} if self.origin else {})})
+        self.recorder.save_run()
 
-    def _spend(self, usd: float, *, unpriced: str | None = None) -> None:
-        """Add to what the run cost; `unpriced` names a model whose calls have no known price
-        (their cost is unknown, not $0)."""
-        self.spent_usd += usd or 0.0
-        if unpriced and unpriced not in self.unpriced:
-            self.unpriced.add(unpriced)
-            if self.settings.budget_usd is not None:   # said once per model and Flow
-                print(f"flowmagic: budget_usd cannot count the calls to {unpriced}: no price is "
-                      "known for it, so they count as $0; give one with flowmagic.configure("
-                      "prices={MODEL: (USD per 1M in, per 1M out)})", file=sys.stderr)
-
-    def _budget_left(self) -> str | None:
-        budget = self.settings.budget_usd
-        if budget is not None and self.spent_usd >= float(budget):
-            return (f"budget of ${float(budget):.4f} reached (spent ${self.spent_usd:.4f}); "
-                    "nothing new starts, finished nodes are kept; raise budget_usd and run() again")
-        return None
-
-    # -- the workspace (flowmagic.workspace) ------------------------------------------------
     @property
     def workspace(self):
         """The folder of this run's inputs and files (made when first needed)."""
-        if self._workspace is None:
-            from .engine.workspace import Workspace
-            self._workspace = Workspace.for_run(self.store.path.parent, self.run_id,
-                                                self.settings.workdir,
-                                                self.settings.workdir_writes)
-        return self._workspace
-
-    def add_inputs(self, inputs: Any) -> list:
-        """Declare inputs: file paths, or {name: DataFrame / value / path}; see Workspace.add."""
-        return self.workspace.add(inputs)
-
-    def files(self) -> list[str]:
-        """The files in the workspace now: inputs, deliverables, what code wrote, figures."""
-        made = (self._workspace is not None or self.settings.workdir
-                or self._workspace_dir().is_dir())
-        return self.workspace.files() if made else []
-
-    def _workspace_dir(self):
-        """Where this run's workspace is (or would be) when no workdir is set."""
-        return self.store.path.parent / "runs" / self.run_id / "workspace"
-
-    def _inputs(self) -> list:
-        """The declared inputs, without making the workspace folder: a run with none (no
-        input added, no workdir, no folder left on disk by an earlier session) needs no
-        folder for its prompts, and asks for every node."""
-        if self._workspace is None and not self.settings.workdir:
-            if self._no_folder or not self._workspace_dir().is_dir():
-                self._no_folder = True   # (add_inputs makes the workspace, which is seen first)
-                return []
-        return self.workspace.inputs
-
-    # -- the Python session (flowmagic.engine.session) -----------------------------------
-    def session(self):
-        """The flow's sandboxed Python session, where its nodes' code runs one cell at a time
-        (started when first needed; after a restart it runs the recorded cells again)."""
-        if self._session is None:
-            from .engine.session import Session, recorded_cells
-            me = weakref.ref(self)   # the session must not keep its flow alive
-
-            def history() -> list[dict]:
-                flow = me()
-                return recorded_cells(flow.workflow) if flow is not None else []
-
-            self._session = Session(self.workspace, sandbox=self.settings.sandbox,
-                                    history=history)
-            weakref.finalize(self, self._session.close)
-        return self._session
-
-    def close(self) -> None:
-        """End the flow's Python session and every process it started (a later code run
-        starts a new one, which first runs the recorded cells again)."""
-        if self._session is not None:
-            self._session.close()
-
-    # -- running ----------------------------------------------------------------------
-    def context(self) -> RunContext:
-        """This flow's run as the engine sees it (the node runner, prompts, fingerprints)."""
-        return RunContext(current_workflow=lambda: self.workflow, settings=self.settings,
-                          llm=self.llm, store=self.store, run_id=self.run_id,
-                          open_workspace=lambda: self.workspace, list_inputs=self._inputs,
-                          open_session=self.session,
-                          emit=self.emit, spend=self._spend, text_sink=self.recorder.text_sink,
-                          wait_sink=self.recorder.wait_sink,
-                          offer_tools=self.atools_for, has_tools=self._has_tools,
-                          # the door's own commit when the flow writes to another store
-                          defer_log=self.recorder.log_later if self.store is self.llm.store else None)
+        return self.space.workspace
 
     def derive(self, workflow: Workflow, *, name: str, **settings: Any) -> "Flow":
         """A new Flow on `workflow` with this flow's settings (`settings` override them), its
         model door, store and tool choice: a batch item, a slimmed copy."""
         child = Flow(workflow, name=name, llm=self.llm, store=self.store,
                      **{**self.settings, **settings})
-        child._tools = self._tools
+        child.core.tools.chosen = self.core.tools.chosen
         return child
 
-    def executor(self, work: Work | None = None) -> Executor:
-        """The executor a run of this flow uses: its hooks persist every state change
-        (`emit`), stop starting nodes at the budget and call the updater. `work(node_id) ->
-        Outcome` replaces the node runner when given (a benchmark's zero-latency stand-in)."""
-        return Executor(lambda: self.workflow, work or NodeRunner(self.context()).run,
-                        concurrency=self.settings.concurrency, on_event=self.emit,
-                        can_start=self._budget_left, after_node=self._wants_update,
-                        update=self._update, concurrent_update=self.settings.update == "concurrent")
-
+    # -- running ----------------------------------------------------------------------
     async def arun(self, *, step: bool = False, only: list[str] | None = None) -> str:
         """Run (or step) to completion on the current loop; returns the run state."""
-        if self._executor is not None:
-            raise NodeError(f"flow {self.name!r} is already running; pause() or stop() it first")
-        import openai  # noqa: F401 - loaded before the clock of the first node starts
-
-        self._executor = executor = self.executor()
-        self.status, self.message, self._capped = RunState.RUNNING, None, False
-        # a failed write stops what the run starts; the nodes running finish and are held
-        self.recorder.begin(on_failure=lambda _exc: executor.pause())
-        state = RunState.STOPPED
-        try:
-            self.recorder.set_status(RunState.RUNNING)
-            self.recorder.flush()   # what a failed write held in an earlier run, before anything starts
-            while self.recorder.error is None:
-                state = await self._executor.run(step=step, only=only)
-                if self.recorder.error is not None:
-                    break
-                if state == RunState.BUDGET:
-                    self.message = self._executor.stop_reason
-                elif (self.message or "").startswith("pausing"):
-                    self.message = None
-                if state == RunState.DONE and self.settings.consolidate and self.result is None:
-                    try:
-                        await self._consolidate()
-                    except FlowError as exc:   # every node is done and stored; only the summary is missing
-                        self.message = f"the final consolidation failed ({exc}); run() again to retry it"
-                # A rerun or an edit asked for while the run was finishing joins this run.
-                if not (state == RunState.DONE and not step and only is None
-                        and self.counts().get(Status.PENDING)):
-                    break
-        except StoreError as exc:   # a write of its own (the run's status, a tool call, an update)
-            self.recorder.error = exc
-        finally:
-            state = self._end_run(state)
-        return state
-
-    def _end_run(self, state: str) -> str:
-        """Store and announce how the run ended. A store that failed during it makes the end
-        an error, said in one line (also on stderr): a run whose results are not all stored
-        is never reported done."""
-        try:
-            self._executor = None
-            self.recorder.flush()   # the run's last node events (a failure lands in recorder.error)
-            if self.recorder.error is None:
-                try:
-                    self.recorder.set_status(state, self.result)
-                except StoreError as exc:
-                    self.recorder.error = exc
-            if self.recorder.error is not None:   # (the store still says "running")
-                state, self.message = RunState.ERROR, self.recorder.unstored()
-                print(f"flowmagic: {self.message}", file=sys.stderr)
-            self.status = state
-            self.emit("run", None, {"state": self.status, "message": self.message})
-        finally:
-            self.recorder.end()
-        return state
-
-    async def astep(self) -> str:
-        return await self.arun(step=True)
+        return await self.core.run(step=step, only=only)
 
     def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
         if in_loop():
@@ -316,7 +179,7 @@ class Flow(LiveRun):
 
     def step(self) -> "Flow":
         """Run the nodes that are ready now, and return when they finish."""
-        return self._launch(self.astep)
+        return self._launch(lambda: self.arun(step=True))
 
     def run_node(self, node_id: str) -> "Flow":
         node = self.workflow.node(node_id)
@@ -337,30 +200,24 @@ class Flow(LiveRun):
 
     def pause(self) -> None:
         """Nothing new starts; running nodes finish (`message` says how many it waits for)."""
-        if self._executor is not None:
-            self._executor.pause()
-            running = sum(n.status == Status.RUNNING for n in self.workflow.nodes.values())
-            self.message = (f"pausing: waiting for {running} running node"
-                            f"{'s' if running != 1 else ''} to finish" if running else "pausing")
-            self.emit("pausing", None, {"running": running, "message": self.message})
+        self.core.pause()
 
     def resume(self) -> "Flow":
         return self.run()
 
     def stop(self) -> None:
         """Cancel in-flight calls; those nodes go back to pending; nothing finished is lost."""
-        if self._executor is not None:
-            self._executor.stop()
+        self.core.stop()
 
     @property
     def running(self) -> bool:
-        return self._executor is not None
+        return self.core.executor is not None
 
     @property
     def busy(self) -> bool:
         """A run was started and has not finished (in a notebook it may not have begun yet)."""
         task = self._task
-        if self._executor is not None:
+        if self.core.executor is not None:
             return True
         # Seen from inside the run's own task (its last "run" event), the run is over.
         return task is not None and not task.done() and task is not asyncio.current_task()
@@ -377,162 +234,27 @@ class Flow(LiveRun):
     @property
     def tools(self) -> list:
         """The functions nodes may call: those set here, else every @flowmagic.tool."""
-        from .engine.tools import registry
-        return list(self._tools) if self._tools is not None else list(registry().values())
+        return self.core.tools.all()
 
     @tools.setter
     def tools(self, value: Any) -> None:
-        from .engine.tools import as_tools
-        self._tools = None if value is None else as_tools(value)
-
-    def _has_tools(self) -> bool:
-        """Whether nodes are offered any tool (asked once per node: no list is built, and no
-        import statement run: no tool is registered before the tools module is loaded)."""
-        if self._tools is not None:
-            return bool(self._tools)
-        tools = sys.modules.get(_TOOLS_MODULE)
-        return tools is not None and bool(tools.registry())
+        self.core.tools.set(value)
 
     @property
     def chosen_tools(self) -> list | None:
         """The tools set on this flow, or None when it offers every @flowmagic.tool (a copy
         of the flow elsewhere, a Dask worker say, then offers that process's tools)."""
-        return None if self._tools is None else list(self._tools)
+        chosen = self.core.tools.chosen
+        return None if chosen is None else list(chosen)
 
     def tools_for(self, node_id: str) -> list:
         """The tools offered to a node: the `tools_top_n` most similar to its requirement."""
-        from .engine.tools import select_tools
-        similarity = self.settings.tool_similarity
-        similarity = "tfidf" if similarity in ("auto", "embeddings") else similarity
-        return select_tools(self.workflow.node(node_id).requirement, self.tools,
-                            top_n=self.settings.tools_top_n,
-                            similarity=similarity)
-
-    async def atools_for(self, node_id: str) -> list:
-        """The tools offered to a node, by meaning when the endpoint embeds (see
-        flowmagic.engine.tools.aselect_tools; `tool_similarity` "auto" by default)."""
-        from .engine.tools import aselect_tools
-        node = self.workflow.node(node_id)
-        return await aselect_tools(node.requirement, self.tools, top_n=self.settings.tools_top_n,
-                                   similarity=self.settings.tool_similarity, llm=self.llm,
-                                   model=node.model or self.settings.model)
+        return self.core.tools.for_requirement(self.workflow.node(node_id).requirement,
+                                               self.settings)
 
     def tool_calls(self, node_id: str | None = None) -> list[dict]:
         """Every tool call of this run (or of one node): tool, arguments, result, duration, error."""
         return self.store.tool_calls(self.run_id, node_id)
-
-    # -- updates ---------------------------------------------------------------------------
-    def _replans(self) -> int:
-        """Updates made by the updater so far (cheap repairs are bounded per node instead)."""
-        return sum(1 for e in self.update_log if e.get("kind") == "replan")
-
-    def _wants_update(self, node_id: str, ok: bool, outcome) -> bool:
-        strategy = self.settings.update
-        if strategy == "off":
-            return False
-        # Read from the output itself, never from the fault injector's flag: Flow's masking
-        # experiment asks whether the system notices an output that reads "none".
-        text = (outcome.output or "").strip().lower()
-        problem = "failed" if not ok else "empty" if text in ("", "none") else None
-        if strategy == "on-failure" and problem is None:
-            return False
-        repair_due = problem == "failed" and self.settings.repairs
-        if self._replans() >= int(self.settings.max_updates) and not repair_due:
-            self._say_capped(node_id)
-            return False
-        self._triggers.append({"node": node_id, "why": problem or "finished"})
-        return True
-
-    def _say_capped(self, node_id: str) -> None:
-        """One line, once per run, when max_updates stops an update."""
-        if self._capped:
-            return
-        self._capped = True
-        self.message = (f"max_updates ({int(self.settings.max_updates)}) reached: no update "
-                        f"after {node_id}; raise max_updates (%%flow --max-updates N) to allow more")
-        self.emit("update_capped", node_id, {"message": self.message})
-
-    async def _update(self) -> None:
-        """Repair cheaply first (refine the instruction, then substitute the agent of a
-        failed node), and re-plan with the updater only when no repair is left."""
-        from .engine import repairs
-        from .engine import updater
-
-        trigger, self._triggers = self._triggers, []
-        before = self.workflow.copy()
-        fix = None
-        if self.settings.repairs:
-            fix = await repairs.plan_repair(before, self.update_log, self.llm,
-                                            model=self.settings.model, seed=self.settings.seed,
-                                            run_id=self.run_id, max_tokens=self.settings.max_tokens)
-        if fix is not None:
-            self._spend(fix.usage.get("cost_usd", 0.0))
-            entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
-                     "no_change": False, "errors": [], "calls": 1}
-            update = fix.update
-        elif self._replans() >= int(self.settings.max_updates):
-            self._say_capped(trigger[-1]["node"] if trigger else "the last node")
-            return
-        else:
-            # Not the nodes' cap: a restructure cut at 512 tokens silently became "no change";
-            # an answer cut anyway is continued (updater._ask).
-            result = await updater.propose(before, llm=self.llm, k=int(self.settings.update_k),
-                                           model=self.settings.model, seed=self.settings.seed,
-                                           run_id=self.run_id, max_tokens=updater.UPDATE_MAX_TOKENS,
-                                           trigger=trigger)
-            for candidate in result.candidates or []:
-                self._spend(getattr(candidate, "cost_usd", 0.0))
-            called = {t["node"] for t in trigger if t["why"] != "finished"}
-            entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
-                     "calls": len(result.candidates or []),
-                     "diff": result.diff, "errors": list(result.errors or []),
-                     "rationale": result.rationale, "chosen": result.chosen,
-                     "trigger": [i for i, n in before.nodes.items()   # plan order
-                                 if n.status == Status.FAILED or i in called]}
-            update = None if result.no_change else result.update
-        entry.update(time=time.time(), strategy=self.settings.update)
-        if update is not None:
-            # Merge onto the live workflow: nodes may have finished since the snapshot.
-            self.workflow, entry["diff"] = updater.merge(self.workflow, update)
-            entry["stats"] = updater.stats(entry["diff"], before)
-            self._restart_running(entry["diff"]["stale"])
-            self._save_run()
-        self.update_log.append(entry)
-        self.recorder.add_update(entry)
-        self.emit("updated", None, {"no_change": entry["no_change"], "kind": entry["kind"]})
-
-    def _restart_running(self, node_ids) -> None:
-        """Running nodes whose inputs were just reset are cancelled and run again after."""
-        running = [i for i in node_ids if i in self.workflow.nodes
-                   and self.workflow.nodes[i].status == Status.RUNNING]
-        if running and self._executor is not None:
-            self._executor.restart(running)
-
-    async def _summary(self, messages: list[dict]):
-        reply = await self.llm.complete_whole(messages, model=self.settings.model,
-                                              seed=self.settings.seed,
-                                              continuations=int(self.settings.continuations),
-                                              max_tokens=self.settings.max_tokens,
-                                              run_id=self.run_id, purpose="consolidate")
-        self._spend(reply.cost_usd)
-        return reply
-
-    async def _consolidate(self) -> None:
-        """The final write-up (engine/summary.py): a summary of what the nodes did, or the
-        answer a node gave in the task's form; it never rewrites their work."""
-        wf = self.workflow
-        active = [n for n in wf.nodes.values() if n.status == Status.DONE]
-        written = await summary.write(wf, self._summary, budget=int(self.settings.context_chars),
-                                      data=self.settings.execute != "off" and bool(self._inputs()))
-        self.result = written.text
-        made = [f for n in active for f in made_files(n.execution)]
-        if made:   # the deliverables are files: listed as they are, never rewritten
-            self.result += ("\n\nFiles of this run (in flow.workspace, next to an exported "
-                            "notebook): " + ", ".join(made))
-        if written.cut:   # shown, never passed off as whole
-            self.result += ("\n\n[cut: this summary reached the token limit and is unfinished; "
-                            "the subtasks' results are complete]")
-            self.message = "the final summary was cut at the token limit; raise max_tokens to get all of it"
 
     # -- steering (every button is one of these) ----------------------------------------------
     def _not_running(self, node_id: str):
@@ -541,23 +263,17 @@ class Flow(LiveRun):
             raise NodeError(f"node {node_id!r} is running; stop() the flow first")
         return node
 
-    def _changed(self, kind: str, node_id: str, **data: Any) -> None:
-        self._save_run()
-        if self._executor is not None:
-            self._executor.recount()
-        self.emit(kind, node_id, data)
-
     def prune(self, node_id: str) -> None:
         """Remove a node: every predecessor is linked to every successor; history kept."""
         self._not_running(node_id)
         self.workflow.prune(node_id)
-        self._changed("pruned", node_id)
+        self.core.changed("pruned", node_id)
 
     def unprune(self, node_id: str) -> None:
         """Undo prune(): the node and its edges come back, the bypass edges go."""
         self.workflow.unprune(node_id)
         self.result = None
-        self._changed("unpruned", node_id)
+        self.core.changed("unpruned", node_id)
 
     def downgrade(self, node_id: str, model: str) -> None:
         """Run this node on another (cheaper) model from now on."""
@@ -566,11 +282,7 @@ class Flow(LiveRun):
         check_model(model)
         node.downgraded_from = node.downgraded_from or node.model or self.settings.model or "default"
         node.model = model
-        self._changed("downgraded", node_id, model=model)
-
-    def _reset(self, node_id: str) -> None:
-        node = self.workflow.nodes[node_id]
-        transition.reset(node)
+        self.core.changed("downgraded", node_id, model=model)
 
     def rerun(self, node_id: str, *, run: bool = True) -> "Flow":
         """Run a node again; its descendants become pending (their old outputs stay in attempts)."""
@@ -580,11 +292,11 @@ class Flow(LiveRun):
         descendants = self.workflow.descendants(node_id)
         for i in [node_id, *descendants]:
             if self.workflow.nodes[i].status != Status.RUNNING:
-                self._reset(i)
-        self._restart_running(descendants)
+                transition.reset(self.workflow.nodes[i])
+        self.core.restart_running(descendants)
         self.result = None
-        self._changed("rerun", node_id)
-        return self.run() if run and self._executor is None else self
+        self.core.changed("rerun", node_id)
+        return self.run() if run and self.core.executor is None else self
 
     def edit(self, node_id: str, requirement: str) -> None:
         """New requirement: the node runs again on the next run(); descendants are marked stale."""
@@ -593,14 +305,14 @@ class Flow(LiveRun):
             raise NodeError("a requirement must be non-empty text")
         node.requirement = requirement.strip()
         if node.status in (Status.DONE, Status.FAILED):
-            self._reset(node_id)
+            transition.reset(node)
             descendants = self.workflow.descendants(node_id)
             for i in descendants:
                 if self.workflow.nodes[i].status == Status.DONE:
                     self.workflow.nodes[i].stale = True
-            self._restart_running(descendants)
+            self.core.restart_running(descendants)
         self.result = None
-        self._changed("edited", node_id)
+        self.core.changed("edited", node_id)
 
     def use_candidate(self, index: int) -> None:
         """Switch to another candidate plan (before anything has run)."""
@@ -611,7 +323,7 @@ class Flow(LiveRun):
             raise NodeError(f"no usable candidate {index}; usable: {usable}")
         self.workflow = self.candidates[index].workflow.copy()
         self.chosen = index
-        self._changed("candidate", None, index=index)
+        self.core.changed("candidate", None, index=index)
 
     def to_notebook(self, path, **options: Any):
         """Write the executed workflow as a notebook whose cells replay it (flowmagic.ops.export)."""

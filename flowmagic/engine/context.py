@@ -1,63 +1,68 @@
-"""`RunContext`: what running a node needs from its flow, and the only ways back to it.
+"""`RunContext`: what running a node needs from its run, as the objects that hold it.
 
-The engine sits below `flowmagic.flow`, so the node runner is not handed the Flow. The Flow
-makes a RunContext (`Flow.context()`); the runner, the node prompt (`node_runner.node_messages`)
-and replay's fingerprint read the workflow, settings, model door, store and workspace through
-it, and report through callables: `emit` (persist an event, then tell subscribers),
-`spend` (add to the run's spending), `text_sink` (where a node's streamed text goes) and
-`defer_log` (the log row of a node's model call, written with the node's next state).
+The engine sits below `flowmagic.flow`, so the node runner is never handed the Flow. The run
+core makes a RunContext (`RunCore.context()`); the node runner, the node prompt
+(`node_runner.node_messages`) and replay's fingerprint read the run through it: the
+`record` (workflow, settings, run id), the model door (`llm`), the `store`, the `recorder`
+(every event, a node's streamed text and queue place, a call's deferred log row), the
+`space` (workspace and Python session), the `tools` and the `budget`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ..settings import Settings
+from .budget import Budget
+from .recorder import Recorder
+from .run_record import RunRecord
+from .run_space import RunSpace
+from .tool_choice import ToolChoice
 
 __all__ = ["RunContext"]
 
 
 @dataclass(frozen=True)
 class RunContext:
-    """A flow's run as the engine sees it. `workflow` and `workspace` are read through
-    getters because a flow may switch candidates or make its workspace late."""
+    """A run as the engine sees it. The workflow is read through the record each time: an
+    update or a switch of candidate replaces it."""
 
-    current_workflow: Callable[[], Any]
+    record: RunRecord
     settings: Settings
     llm: Any
     store: Any
-    run_id: str
-    open_workspace: Callable[[], Any]
-    emit: Callable[[str, str | None, dict | None], None]
-    spend: Callable[..., None]   # (usd, unpriced=model or None)
-    text_sink: Callable[[str], Callable[[str], None] | None]
-    offer_tools: Callable[[str], Awaitable[list]]
-    has_tools: Callable[[], bool]
-    # (log row, attempt record): the flow writes the row in the commit of the node's next
-    # state and puts its id in the record; None: the LLM door commits it itself
-    defer_log: Callable[[dict, dict], None] | None = None
-    # the declared inputs without making the workspace folder (None: the workspace's own)
-    list_inputs: Callable[[], list] | None = None
-    # where a node hears its model call's place in a local server's queue (None: nowhere)
-    wait_sink: Callable[[str], Callable[[int | None], None]] | None = None
-    # the flow's sandboxed Python session (flowmagic.engine.session), started when first
-    # needed; None: each code run gets an interpreter of its own
-    open_session: Callable[[], Any] | None = None
+    recorder: Recorder
+    space: RunSpace
+    tools: ToolChoice
+    budget: Budget
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
 
     @property
     def workflow(self):
-        return self.current_workflow()
+        return self.record.workflow
 
     @property
     def workspace(self):
-        return self.open_workspace()
+        return self.space.workspace
 
     @property
     def session(self):
-        return self.open_session() if self.open_session is not None else None
+        """The run's sandboxed Python session (flowmagic.engine.session), started when first
+        needed."""
+        return self.space.session()
 
     @property
     def inputs(self) -> list:
         """The run's declared inputs (a run without any makes no workspace folder here)."""
-        return self.list_inputs() if self.list_inputs is not None else self.workspace.inputs
+        return self.space.inputs()
+
+    @property
+    def defer_log(self):
+        """Where a node's model call puts its log row, written in the commit of the node's
+        next state (None: the model door commits it itself, as for a run written to a store
+        other than the door's)."""
+        return self.recorder.log_later if self.store is self.llm.store else None

@@ -141,7 +141,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
         parts["files"] = files_line(made) if made else ""
         # what this node's code finds in the session (its ancestors' names): the node's own
         parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
-                            and ctx.open_session is not None else "")
+                            else "")
     return parts
 
 
@@ -287,8 +287,8 @@ class NodeRunner:
         return dict(model=node.model or settings.model, seed=seed,
                     temperature=settings.temperature, max_tokens=settings.max_tokens,
                     run_id=ctx.run_id, node_id=node.id, purpose="node",
-                    on_text=ctx.text_sink(node.id),
-                    on_wait=ctx.wait_sink(node.id) if ctx.wait_sink else None)
+                    on_text=ctx.recorder.text_sink(node.id),
+                    on_wait=ctx.recorder.wait_sink(node.id))
 
     def _answer(self, node, messages: list[dict], seed: int, record: dict | None = None):
         """The door's coroutine of the node's answer, without tools. Given the attempt's
@@ -304,7 +304,7 @@ class NodeRunner:
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered
         (`run` asks the door directly when the flow offers none: no coroutine of this one)."""
         ctx, settings = self.ctx, self.ctx.settings
-        offered = await ctx.offer_tools(node.id)
+        offered = await ctx.tools.offer(node, settings, ctx.llm)
         if not offered:
             return await self._answer(node, messages, seed), []
         kwargs = self._options(node, seed)
@@ -314,7 +314,7 @@ class NodeRunner:
             ctx.store.add_tool_call(ctx.run_id, node.id, tool=call.tool, arguments=call.arguments,
                                     result=call.summary(), duration_s=call.duration_s,
                                     error=call.error, round=call.round, protocol=call.protocol)
-            ctx.emit("tool", node.id, {"call": call.to_dict()})
+            ctx.recorder.emit("tool", node.id, {"call": call.to_dict()})
 
         result = await run_with_tools(
             ctx.llm, messages, offered, max_rounds=int(settings.tool_rounds),
@@ -356,14 +356,14 @@ class NodeRunner:
             messages = node_messages(ctx, node_id, retry_prompt(attempts), started=start_report)
             try:
                 seed = settings.seed + history + attempt
-                reply, tool_calls = (await self._reply(node, messages, seed) if ctx.has_tools()
+                reply, tool_calls = (await self._reply(node, messages, seed) if ctx.tools.any()
                                      else (await self._answer(node, messages, seed, record), ()))
             except EndpointError as exc:
                 record.update(end=time.time(), passed=False, output=None, error=str(exc))
                 attempts.append(record)
                 outcome.error = str(exc)
                 break   # the LLM door already retried; more attempts would only wait longer
-            ctx.spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
+            ctx.budget.spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
             outcome.tokens_in += reply.input_tokens
             outcome.tokens_out += reply.output_tokens
             outcome.cost_usd += reply.cost_usd

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from ..errors import StoreError
+from .run_record import RunRecord
 
 __all__ = ["Recorder", "RunLog", "FLUSH_TURNS"]
 
@@ -66,18 +67,16 @@ def _name_calls(calls: list[tuple[dict, dict]], ids: list[int]) -> None:
 
 
 class Recorder:
-    """Writes one run's events and node states to `log`, then tells `tell(event)`.
-
-    `workflow()` gives the run's current workflow (an update may replace it).
+    """Writes one run (`record`: its plan, states, events) to `log`, then tells each of
+    `listeners` (the flow's list: a listener added later is told too).
     `streaming`: a node's text is announced piece by piece ("text" events)."""
 
-    def __init__(self, log: RunLog, run_id: str, workflow: Callable[[], Any],
-                 tell: Callable[[dict], None]):
+    def __init__(self, log: RunLog, record: RunRecord, listeners: list[Callable[[dict], None]]):
         self.log = log
-        self.run_id = run_id
+        self.record = record
+        self.run_id = record.run_id
         self.streaming = False
-        self._workflow = workflow
-        self._tell = tell
+        self.listeners = listeners
         self._partial: dict[str, str] = {}   # node id -> text streamed so far while it runs
         self._pending: list[tuple] = []   # events not yet written (see emit)
         self._calls: list[tuple[dict, dict]] = []   # node calls' log rows not yet written
@@ -136,13 +135,13 @@ class Recorder:
     def partial_output(self, node_id: str) -> str:
         """The text a running node has streamed so far ("" when none has arrived or
         `streaming` was off when it started)."""
-        self._workflow().node(node_id)   # an unknown node: its NodeError
+        self.record.workflow.node(node_id)   # an unknown node: its NodeError
         return self._partial.get(node_id, "")
 
     # -- the run's own rows ------------------------------------------------------------------
-    def save_run(self, **row: Any) -> None:
+    def save_run(self) -> None:
         """The run's row: task, plan, candidates, settings (after a change of plan)."""
-        self.log.save_run(self.run_id, **row)
+        self.log.save_run(self.run_id, **self.record.row())
 
     def set_status(self, status: str, result: str | None = None) -> None:
         self.log.set_run_status(self.run_id, status, result)
@@ -198,7 +197,7 @@ class Recorder:
         self._announce(pending)
 
     def _write(self, pending: list[tuple], calls: list[tuple[dict, dict]]) -> None:
-        nodes = self._workflow().nodes
+        nodes = self.record.workflow.nodes
         # A node that starts for the first time keeps its stored state (pending, as planned)
         # until it ends: its "started" event says it began, and load() turns a running node
         # back into a pending one anyway. A node that ran before is written at its start,
@@ -215,7 +214,8 @@ class Recorder:
         for kind, node_id, data, event in pending:
             if kind == "text":   # what partial_output() says is what listeners were told
                 self._partial[node_id] = self._partial.get(node_id, "") + data["text"]
-            self._tell(event)
+            for listener in list(self.listeners):   # (one that unsubscribes is still told)
+                listener(event)
 
     def _failed(self, exc: StoreError) -> None:
         self.error = exc
