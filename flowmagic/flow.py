@@ -16,17 +16,18 @@ import secrets
 import sys
 import time
 import traceback
+from functools import partial
 from typing import Any, Callable
 
 from . import ops
 from ._internal.aio import in_loop, run_blocking
 from ._internal.live import LiveRun
 from ._internal.bars import progress_bar, ticking
+from .view import report
 from .view.frames import Candidates, cost_frame, rows_frame
 from .model import metrics as _metrics
-from .llm.endpoints import check_model, resolve
+from .llm.endpoints import check_model
 from .errors import ConfigError, FlowError, NodeError, StoreError
-from .engine import numbers
 from .engine.recorder import Recorder
 from .engine.run_core import RunCore
 from .engine.run_record import RECORD_FIELDS, RunRecord
@@ -334,13 +335,12 @@ class Flow(LiveRun):
         return _metrics.summary(self.workflow)
 
     def counts(self) -> dict:
-        out: dict[str, int] = {}
-        for node in self.workflow.nodes.values():
-            out[node.status] = out.get(node.status, 0) + 1
-        return out
+        """How many nodes are in each state."""
+        return report.counts(self.workflow)
 
     def total(self) -> int:
-        return sum(1 for n in self.workflow.nodes.values() if n.status != Status.PRUNED)
+        """The nodes that count (every one not pruned)."""
+        return report.total(self.workflow)
 
     def cost(self):
         """Tokens and USD of this run so far, by purpose, node and model: a DataFrame with
@@ -352,14 +352,7 @@ class Flow(LiveRun):
         """Tokens and USD of this run so far, by node and in total (planning and checks too).
         `cached` counts calls answered by flowmagic's response cache; `cached_tokens` the
         input tokens the endpoint served from its own prompt cache (priced at its cached rate)."""
-        rows = self.store.usage(self.run_id)
-        total = {"calls": 0, "cached": 0, "input_tokens": 0, "cached_tokens": 0,
-                 "output_tokens": 0, "cost_usd": 0.0,
-                 "unpriced": 0}   # calls whose model has no known price: their USD is unknown
-        for row in rows:
-            for key in total:
-                total[key] += row[key] or 0
-        return {"total": total, "rows": rows}
+        return report.cost_data(self.store, self.run_id)
 
     def trace_numbers(self, node_id: str | None = None):
         """Each number the result states (or, given a node, its answer's text) with the node
@@ -367,13 +360,7 @@ class Flow(LiveRun):
         (number, value, node, line) when pandas is installed, else a list of dicts. The rule
         is flowmagic.engine.numbers' (rounding allowed; years, ordinals, list markers, single
         digits and numbers the task or requirements give are not listed)."""
-        if node_id is None:
-            return numbers.trace_rows(numbers.result_trace(self.workflow, self.result or ""))
-        node = self.workflow.node(node_id)
-        answer = next((a.get("output") for a in reversed(node.attempts) if a.get("output")), "")
-        stated = numbers.stated_numbers(numbers.strip_claims(answer or ""),
-                                        (self.workflow.task or "", node.requirement))
-        return numbers.trace_rows(numbers.trace(stated, numbers.output_lines(self.workflow, node_id)))
+        return report.trace_numbers(self.workflow, self.result, node_id)
 
     def timeline(self):
         """`timeline_rows()` as a DataFrame with pandas (one row per node that ran), else
@@ -383,21 +370,7 @@ class Flow(LiveRun):
     def timeline_rows(self) -> list[dict]:
         """One row per node that ran: start, end, duration, tokens, cost, attempts, and the
         model calls made for it with why each was made (flowmagic.engine.calls)."""
-        from .engine.calls import node_calls
-
-        rows = []
-        for node in self.workflow.nodes.values():
-            if node.start is None:
-                continue
-            calls = node_calls(node, self.update_log)
-            rows.append({"node": node.id, "agent": node.agent, "clone": node.clone,
-                         "status": node.status, "start": node.start, "end": node.end,
-                         "duration_s": node.duration, "tokens_in": node.tokens_in,
-                         "tokens_out": node.tokens_out, "cost_usd": node.cost_usd,
-                         "attempts": len(node.attempts), "calls": len(calls),
-                         "calls_why": [c["why"] for c in calls],
-                         "model": node.ran_on() or node.model})
-        return sorted(rows, key=lambda r: r["start"])
+        return report.timeline_rows(self.workflow, self.update_log)
 
     def draw(self, **options: Any):
         """The workflow as a graphviz.Digraph (see flowmagic.view.render.draw for the options)."""
@@ -410,23 +383,7 @@ class Flow(LiveRun):
 
     def estimate(self) -> dict:
         """A rough estimate of a full run: calls, tokens and USD (4 characters a token)."""
-        from .llm.endpoints import price_of
-        wf = self.workflow
-        pending = [n for n in wf.nodes.values() if n.status not in (Status.DONE, Status.PRUNED)]
-        out_tokens = int(self.settings.max_tokens or 512) // 2
-        tokens_in = tokens_out = 0
-        cost = 0.0
-        for node in pending:
-            parents = len(wf.graph.pred[node.id]) if node.id in wf.graph else 0
-            t_in = (len(wf.task) + len(node.requirement) + 300) // 4 + parents * out_tokens
-            tokens_in += t_in
-            tokens_out += out_tokens
-            endpoint, model = resolve(node.model or self.settings.model)
-            price = price_of(model, local=endpoint.local) or (0.0, 0.0)
-            cost += (t_in * price[0] + out_tokens * price[1]) / 1e6
-        calls = len(pending) * (2 if self.settings.validate_ == "llm" else 1) + 1
-        return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out,
-                "cost_usd": round(cost, 6)}
+        return report.estimate(self.workflow, self.settings)
 
     # -- batch runs and slimming (flowmagic.ops.batch, flowmagic.ops.slimming) --------------
     def map(self, inputs, concurrency: int | None = 4, scorer: Any = None,
@@ -468,28 +425,25 @@ class Flow(LiveRun):
     def importance(self, probe: Any = None, scorer: Any = None, **options: Any):
         """The node importance table (see flowmagic.ops.slimming.aimportance for the options)."""
         with progress_bar(f"{self.name}: importance", unit="configuration") as bar:
-            options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
-                                          _evaluated)
+            told = options.get("progress") or partial(self.emit, "slim", None)
+            options["progress"] = ticking(bar, told, _evaluated)
             return ops.run_sync(self, lambda: self.aimportance(probe, scorer, **options),
                                 "importance")
 
     async def aimportance(self, probe: Any = None, scorer: Any = None, **options: Any):
-        options.setdefault("progress", lambda e: self.emit("slim", None, e))
+        options.setdefault("progress", partial(self.emit, "slim", None))
         return await ops.aimportance(self, ops.resolve_probe(self, probe, scorer), **options)
 
     def slim(self, probe: Any = None, scorer: Any = None, **options: Any):
         """(slimmed Flow, SlimReport), also kept as `last_slim`; this flow's workflow is
         untouched (see flowmagic.ops.slimming.aslim)."""
         with progress_bar(f"{self.name}: slim", unit="configuration") as bar:
-            options["progress"] = ticking(bar, options.get("progress") or self._slim_event,
-                                          _evaluated)
+            told = options.get("progress") or partial(self.emit, "slim", None)
+            options["progress"] = ticking(bar, told, _evaluated)
             return ops.run_sync(self, lambda: self.aslim(probe, scorer, **options), "slim")
 
-    def _slim_event(self, event: dict) -> None:
-        self.emit("slim", None, event)
-
     async def aslim(self, probe: Any = None, scorer: Any = None, **options: Any):
-        options.setdefault("progress", lambda e: self.emit("slim", None, e))
+        options.setdefault("progress", partial(self.emit, "slim", None))
         self.last_slim = await ops.aslim(self, ops.resolve_probe(self, probe, scorer), **options)
         return self.last_slim
 
