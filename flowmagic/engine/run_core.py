@@ -56,15 +56,17 @@ class RunCore:
                         update=self.update, concurrent_update=settings.update == "concurrent")
 
     # -- the run ---------------------------------------------------------------------------
-    async def run(self, *, step: bool = False, only: list[str] | None = None) -> str:
-        """Run (or step) to completion on the current loop; returns the run state."""
+    async def run(self, *, step: bool = False, only: list[str] | None = None,
+                  work: Work | None = None) -> str:
+        """Run (or step) to completion on the current loop; returns the run state. `work`
+        replaces the node runner when given (see make_executor)."""
         if self.executor is not None:
             raise NodeError(f"flow {self.record.name!r} is already running; pause() or stop() "
                             "it first")
         import openai  # noqa: F401 - loaded before the clock of the first node starts
 
         record, recorder = self.record, self.recorder
-        self.executor = executor = self.make_executor()
+        self.executor = executor = self.make_executor(work)
         record.status, record.message, self._capped = RunState.RUNNING, None, False
         # a failed write stops what the run starts; the nodes running finish and are held
         recorder.begin(on_failure=lambda _exc: executor.pause())
