@@ -228,7 +228,7 @@ def _key_as_stored(identity, model, messages, params):
 
 
 def test_cache_keys_are_byte_identical_to_stored_ones(loopback, flowmagic_home):
-    from flowmagic.llm.client import _messages_json, cache_key
+    from flowmagic.llm.cache_keys import cache_key, dump_messages as _messages_json
     stored = "7c45d4cd14afe93e16959c508710ee8828fcd64d136244924faf0517a33d7e6e"
     _, dumped = _messages_json(_KEY_MESSAGES)
     assert cache_key("http://127.0.0.1:8080/v1", "loopback", _KEY_MESSAGES, _KEY_PARAMS,
@@ -345,7 +345,7 @@ def test_streaming_delivers_text_and_usage(loopback):
 
 
 def test_prices_per_model():
-    from flowmagic.llm.client import _cost
+    from flowmagic.llm.usage import call_cost as _cost
     endpoint = endpoints.Endpoint("default", "https://api.openai.com/v1", "gpt-4o-mini")
     assert _cost(endpoint, "gpt-4o-mini-2024-07-18", 1_000_000, 1_000_000) == pytest.approx(0.75)
     flowmagic.configure(prices={"my-model": (1.0, 2.0)})

@@ -61,7 +61,7 @@ def test_deepseeks_cached_field_counts():
 def test_llama_cpp_servers_timings_count():
     """llama.cpp's own server puts the reused prefix (`cache_n`) in `timings`, beside the
     usage, in a body and in a stream's last chunk."""
-    from flowmagic.llm.client import _completion
+    from flowmagic.llm.wire import read_completion as _completion
     body = {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": PROMPT, "completion_tokens": OUT},
             "timings": {"cache_n": CACHED, "prompt_n": PROMPT - CACHED}}
@@ -79,7 +79,7 @@ def test_a_cached_count_that_cannot_be_true_is_paid_in_full(cached):
 
 
 def test_prices_with_and_without_a_cached_rate():
-    from flowmagic.llm.client import _cost
+    from flowmagic.llm.usage import call_cost as _cost
     endpoint = endpoints.Endpoint("default", "https://api.openai.com/v1", "x")
     # a model the table gives no cached rate pays its input price for cached tokens
     assert _cost(endpoint, "gpt-3.5-turbo", 1000, 0, 1000) == pytest.approx(1000 * 0.5 / 1e6)
