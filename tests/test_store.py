@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from flowmagic.errors import StoreError
-from flowmagic import store as store_module
+from flowmagic.store import calls as store_calls
 from flowmagic.store import migrations
 from flowmagic.store import Store
 
@@ -388,6 +388,6 @@ def test_cache_may_hold_knows_its_own_and_others_writes(tmp_path, monkeypatch):
     mine.merge({"run_id": "r1", "rows": {"cache": [   # a worker's entries merged here
         {"key": "m", "payload": '{"text": "z"}', "created": 0.0}]}})
     assert mine.cache_may_hold("m", recheck=False)
-    monkeypatch.setattr(store_module._CacheKeys, "CAP", 2)
+    monkeypatch.setattr(store_calls.CacheKeys, "CAP", 2)
     big = Store(path)
     assert big.cache_may_hold("never written") and big.cache_get("never written") is None
