@@ -12,7 +12,7 @@ import time
 import pytest
 
 import flowmagic
-from flowmagic.cli import Progress
+from flowmagic.cli.progress import Progress
 from flowmagic.errors import EndpointError
 from flowmagic.flow import Flow
 from flowmagic.llm import queue as server_queue

@@ -134,13 +134,14 @@ def test_the_magic_asks_for_the_flag_too(server, capsys):
 
 # ------------------------------------------------------------------------------ big plans
 def test_a_huge_plan_prints_a_bounded_summary():
+    from flowmagic.cli.report import describe as cli_describe
     from flowmagic.view.display import describe
 
     n = 3000
     nodes = [{"id": f"t{i}", "requirement": f"do part {i}", "agent": "writer"} for i in range(n)]
     edges = [[f"t{i}", f"t{i + 1}"] for i in range(n - 1)]
     flow = Flow.from_dict({"nodes": nodes, "edges": edges}, task="t", save=False)
-    for text in (cli._describe(flow), describe(flow)):
+    for text in (cli_describe(flow), describe(flow)):
         lines = text.splitlines()
         assert len(lines) < 70
         assert f"and {n - 60:,} more subtasks" in text

@@ -1,6 +1,6 @@
 """Where the layers below `jupyter/` send a notebook output, without importing IPython.
 
-Only `jupyter/` (and `cli.py`) import IPython: `flowmagic.jupyter` registers how an output is
+Only `jupyter/` imports IPython: `flowmagic.jupyter` registers how an output is
 displayed when it is imported (`%load_ext flowmagic` does). This module never imports the
 layer above: the package's `__init__` registers how to load that front end (`on_demand`),
 for a flow used under IPython before `%load_ext`. The cells of an exported notebook, the

@@ -1,0 +1,7 @@
+"""`python -m flowmagic.cli` is the `flowmagic` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
