@@ -15,7 +15,8 @@ import json
 import time
 from pathlib import Path
 
-from flowmagic.engine.sandbox import extract_code, run_code
+from flowmagic.engine.code_blocks import extract_code
+from flowmagic.engine.sandbox import run_code
 
 from dabench import Question, pairs, prompt
 

@@ -115,7 +115,7 @@ def test_a_continuation_that_opens_its_code_block_again_is_stitched_into_the_ope
     """SmolLM2 cut inside a code block often continues with a new ```python fence and the cut
     line written again: the joined answer must hold one block of code that runs, not the
     broken line glued to the fence ("for x in range(2```python")."""
-    from flowmagic.engine.sandbox import extract_code
+    from flowmagic.engine.code_blocks import extract_code
 
     def responder(body):
         if body["messages"][-1]["content"].startswith("Your answer stopped at the length limit"):

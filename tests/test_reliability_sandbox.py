@@ -24,7 +24,8 @@ from flowmagic.flow import Flow
 from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.cli import build_parser
-from flowmagic.engine.sandbox import NONE_WARNING, run_code, sandbox_status
+from flowmagic.engine.sandbox import run_code, sandbox_status
+from flowmagic.engine.sandbox_launch import NONE_WARNING
 from flowmagic.errors import ConfigError
 from flowmagic.magic_grammar import parse_assignments, parse_flow_line
 

@@ -11,8 +11,9 @@ import pytest
 
 import flowmagic
 from flowmagic.engine import sandbox as sandbox_module
-from flowmagic.engine.sandbox import (NONE_WARNING, TESTS_FAILED, extract_code, run_code,
-                                      sandbox_status)
+from flowmagic.engine.code_blocks import extract_code
+from flowmagic.engine.sandbox import TESTS_FAILED, run_code, sandbox_status
+from flowmagic.engine.sandbox_launch import NONE_WARNING
 from flowmagic.errors import ConfigError, SandboxError
 
 pytestmark = pytest.mark.timeout(60)

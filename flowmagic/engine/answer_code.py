@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from .._internal.text import keep_ends
 from ..errors import WorkspaceError
 from . import confined
-from .sandbox import extract_code, run_code
+from .code_blocks import extract_code
+from .sandbox import run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
            "EXECUTE_MODES", "WORKING_START", "instructions", "files_line", "made_files", "about_files_or_code"]
@@ -256,7 +257,7 @@ def run_python(workspace, node_id: str, code: str, *, timeout: float = 60.0,
 
 
 def _listed(result: Execution, changed: list[str], note: str) -> None:
-    """The files a run made or changed (every entry was checked: sandbox.settle), at most
+    """The files a run made or changed (every entry was checked: workdir_changes.settle), at most
     _FILES_KEPT named and the rest counted; flowmagic's hidden ones left out."""
     changed = [f for f in changed if not any(p.startswith((".", "__")) for p in f.split("/"))]
     result.files, result.more_files = changed[:_FILES_KEPT], max(0, len(changed) - _FILES_KEPT)
@@ -270,7 +271,7 @@ def _run_in_session(workspace, node_id: str, code: str, session, timeout: float,
     result = Execution(code=code, ran=True)
     workspace.write(f".flowmagic/{node_id}.py", code)   # the code as it ran, beside its files
     had_git = workspace.has_git()
-    # the cell's files are read in its own turn (sandbox.SandboxProcess.lend), so no other's
+    # the cell's files are read in its own turn (sandbox_process.SandboxProcess.lend), so no other's
     cell = session.run(code, name=node_id, timeout=timeout, hold=hold)
     dropped = workspace.drop_new_git(had_git)
     result.duration_s = round(float(cell.get("duration_s") or 0.0), 3)

@@ -1,9 +1,9 @@
 """One sandboxed Python session per flow, like a notebook's kernel.
 
 A flow's code cells run one at a time in one long-lived interpreter under bubblewrap
-(`sandbox.spawn("session_child.py")`, with the view and limits of `run_code`), in the order
-they are recorded, while the model calls that write them run in parallel. The first cell is
-the prelude: pandas as `pd`, numpy as `np`, matplotlib.pyplot as `plt` and every table input
+(`sandbox_process.spawn("session_child.py")`, with the view and limits of `run_code`), in
+the order they are recorded, while the model calls that write them run in parallel. The
+first cell is the prelude: pandas as `pd`, numpy as `np`, matplotlib.pyplot as `plt` and every table input
 loaded as a DataFrame (named after its file; the first one is `df` too). What a cell
 defines, the later cells see, as in a notebook run top to bottom; the exported notebook keeps
 the same order, so each of its cells sees what the node's code saw.
@@ -43,7 +43,7 @@ from typing import Callable, Iterable
 from ..errors import SandboxError
 from ..llm.endpoints import scrub
 from .._internal.waiting import readable
-from . import sandbox as _sandbox
+from . import sandbox_process as _sandbox   # (its spawn and SandboxProcess)
 
 __all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "kept_cells",
            "names_for",

@@ -434,7 +434,7 @@ def main():
     base._limit(config)
     os.makedirs(os.environ["HOME"], exist_ok=True)
     # each cell enters the workdir itself: as root it is the sandbox uid's only while a
-    # cell runs (sandbox.SandboxProcess.lend)
+    # cell runs (sandbox_process.SandboxProcess.lend)
     os.chdir("/")
     if config["site_dirs"]:
         import site

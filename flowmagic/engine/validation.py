@@ -27,7 +27,8 @@ from typing import Any, Callable
 from ..errors import ConfigError, ModelOutputError
 from .._internal.text import keep_ends
 from ..llm.endpoints import scrub
-from .sandbox import arun_code, extract_code
+from .code_blocks import extract_code
+from .sandbox import arun_code
 
 __all__ = ["Verdict", "JUDGE_SCHEMA", "validate", "retry_prompt", "judge_messages"]
 
