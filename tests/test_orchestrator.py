@@ -246,7 +246,7 @@ def test_replies_cut_at_the_token_limit_are_continued_or_say_they_were_cut():
     """A worker's reply cut once is continued and joined; one that stays cut, and a forced
     final answer that stays cut, say so where the orchestrator and the user read them."""
     from flowmagic.llm.client import CONTINUE_PROMPT
-    from flowmagic.orchestrator.hub import CUT_MARK
+    from flowmagic.orchestrator.workers import CUT_MARK
 
     def responder(body):
         last = body["messages"][-1]["content"]

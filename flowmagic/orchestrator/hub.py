@@ -20,6 +20,9 @@ Every message is stored (the `orchestrator` table) and announced to subscribers 
 happens (`subscribe`, for the panel's live chat view). Prompts never mention the clock,
 so a run replays from the response cache: `replay=orchestration.script()` repeats the
 same turns, cut where the original was cut (`Orchestration.to_notebook` writes that cell).
+
+The turn loop and its budgets are here; what is asked of the workers (their replies, their
+votes on an answer) is in `workers`.
 """
 
 from __future__ import annotations
@@ -34,20 +37,16 @@ from .._internal.aio import run_blocking
 from .._internal.live import LiveRun
 from .._internal.text import cut as text_cut
 from ..llm.client import LLM, ToolsUnsupportedError, get_llm
-from .consensus import VOTE_SCHEMA, read_vote, refusal, vote_prompt
+from .consensus import refusal
 from .protocol import (DEFAULT_AGENTS, ROLES, Agent, Message, Orchestration, RunSettings, action_schema,
                        as_agents, load_orchestration, new_run_id, read_actions, read_native_calls,
                        system_prompt, tool_specs)
+from .workers import MEMORY, WorkerCalls
 from ..model.status import AnswerState
 
 __all__ = ["Orchestrator", "orchestrate", "aorchestrate", "start", "Agent", "Message",
            "Orchestration", "as_agents", "load_orchestration", "ROLES", "DEFAULT_AGENTS"]
 
-_WORKER_RULES = ("You work for an orchestrator who sends you messages; you answer only the "
-                 "orchestrator. Do what its message asks and reply with the result itself, "
-                 "complete and concrete.")
-CUT_MARK = "[cut: this reply stopped at the token limit]"
-_MEMORY = 4          # earlier exchanges a worker remembers
 _RESERVE = 0.2       # share of budget_s kept for the final answer (at most _RESERVE_MAX s)
 _RESERVE_MAX = 30.0
 
@@ -72,7 +71,7 @@ def _where(endpoint) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-class Orchestrator(LiveRun):
+class Orchestrator(WorkerCalls, LiveRun):
     """One orchestrator run: `await orch.run()`, or `start()` on the kernel's loop.
 
     Events for the live chat view, `callback(event)` with "kind": "turn" (turn), "working"
@@ -400,7 +399,7 @@ class Orchestrator(LiveRun):
             self._exchanges.append((agent, content, answer))
             memory = self._memory[agent]
             memory.append((content, answer))
-            del memory[:-_MEMORY]
+            del memory[:-MEMORY]
         return fed
 
     async def _cut_inflight(self, turn: int, submitted: bool = False) -> None:
@@ -419,110 +418,12 @@ class Orchestrator(LiveRun):
                       f"the answer was submitted before {agent} replied" if submitted
                       else f"no reply from {agent} within the budget")
 
-    async def _work(self, name: str, content: str, turn: int) -> tuple:
-        """One worker's reply to one message (a failure becomes the reply, never a crash)."""
-        agent = self.by_name[name]
-        messages = [{"role": "system", "content": f"{agent.role}\n\n{_WORKER_RULES}"}]
-        for asked, answered in self._memory[name]:
-            messages += [{"role": "user", "content": asked},
-                         {"role": "assistant", "content": answered[: self.reply_chars]}]
-        messages.append({"role": "user", "content": content})
-        kwargs = dict(model=agent.model or self.model, run_id=self.result.run_id, node_id=name,
-                      purpose="worker", **self.opts)
-        self._emit("working", agent=name, turn=turn)
-        try:
-            if agent.tools:
-                reply = await self._with_tools(agent, content, messages, kwargs)
-            else:
-                reply = await self.llm.complete_whole(messages, continuations=self.continuations,
-                                                      **kwargs)
-        except FlowError as exc:
-            return "error", f"(the {name} agent failed: {exc})", None
-        self._count(reply)
-        return "reply", self._marked(reply), reply
-
-    def _marked(self, reply) -> str:
-        """The reply's text; one still cut at the token limit says so at its end, where the
-        orchestrator, the transcript, the chat view and the export all see it."""
-        if not getattr(reply, "cut", False):
-            return reply.text
-        return (f"{reply.text}\n\n{CUT_MARK} (after {reply.continuations} "
-                f"continuation{'s' * (reply.continuations != 1)})")
-
-    def _said(self, task: asyncio.Task, agent: str, turn: int) -> str:
-        """Write a finished worker's reply (or failure) into the transcript; its text.
-
-        Replies enter the transcript when the orchestrator takes them, in send order, not
-        the moment they arrive: arrival order is a race between concurrent calls (a
-        replay from the cache would reorder them), what the orchestrator is fed is not."""
-        kind, text, reply = task.result()
-        self._add(turn, agent, "orchestrator", kind, text, reply)
-        return text
-
-    async def _with_tools(self, agent: Agent, content: str, messages: list[dict], kwargs: dict):
-        from ..engine.toolloop import run_with_tools
-        from ..engine.tools import aselect_tools
-
-        def called(call) -> None:
-            self.store.add_tool_call(self.result.run_id, agent.name, tool=call.tool,
-                                     arguments=call.arguments, result=call.summary(),
-                                     duration_s=call.duration_s, error=call.error,
-                                     round=call.round, protocol=call.protocol)
-            self._emit("tool", agent=agent.name, call=call.to_dict())
-
-        offered = await aselect_tools(content, agent.tools, top_n=self.tool_options.top_n,
-                                      similarity=self.tool_options.similarity, llm=self.llm,
-                                      model=agent.model or self.model)
-        result = await run_with_tools(self.llm, messages, offered, on_call=called,
-                                      max_rounds=self.tool_options.rounds,
-                                      timeout_s=self.tool_options.timeout_s, **kwargs)
-        return result.reply
-
     def _unprompted(self, turn: int) -> str:
         """Messages agents wrote first, stored and taken out of the inbox."""
         notes, self._inbox = self._inbox, []
         for agent, content in notes:
             self._add(turn, agent, "orchestrator", "message", content)
         return "".join(f"\n\n[{agent}, unprompted]: {content}" for agent, content in notes)
-
-    async def _confirm(self, turn: int, answer: str, reply) -> list[tuple[str, str]] | None:
-        """Ask the agents who worked (all, when none did) whether they agree with `answer`:
-        [(agent, reason)] of those who did not confirm ([] when all did, or when the rounds
-        of refusal are used up); None when the budget or a stop cut the votes."""
-        voters = list(dict.fromkeys(agent for agent, _, _ in self._exchanges)) or list(self.by_name)
-        for i, name in enumerate(voters):
-            self._add(turn, "orchestrator", name, "confirm", answer, reply if i == 0 else None)
-        tasks = [asyncio.ensure_future(self._vote(name, answer, turn)) for name in voters]
-        if not await self._bounded(tasks):
-            return None
-        against = []
-        for name, task in zip(voters, tasks):
-            agrees, reason, text, got = task.result()
-            self._add(turn, name, "orchestrator", "verdict", text, got)
-            if not agrees:
-                against.append((name, reason))
-        if against and self._refusals >= self.consensus_rounds:
-            self.result.note = (f"submitted without consensus after {self._refusals} refused "
-                                f"submission(s): {', '.join(a for a, _ in against)} did not agree")
-            return []
-        self._refusals += bool(against)
-        return against
-
-    async def _vote(self, name: str, answer: str, turn: int) -> tuple:
-        agent = self.by_name[name]
-        messages = [{"role": "system", "content": f"{agent.role}\n\n{_WORKER_RULES}"},
-                    {"role": "user", "content": vote_prompt(self.task, answer)}]
-        self._emit("working", agent=name, turn=turn)
-        try:
-            got = await self.llm.complete_whole(
-                messages, continuations=self.continuations, schema=VOTE_SCHEMA,
-                model=agent.model or self.model, run_id=self.result.run_id, node_id=name,
-                purpose="consensus", **self.opts)
-        except FlowError as exc:
-            return False, f"no verdict ({exc})", f"(no verdict: {exc})", None
-        self._count(got)
-        agrees, reason = read_vote(got.data)
-        return agrees, reason, ("agree" if agrees else "disagree") + (f": {reason}" if reason else ""), got
 
     def _feed(self, conv: list[dict], reply, actions, sent: list[int], fed: list[tuple],
               turn: int, refused: str | None = None) -> None:
