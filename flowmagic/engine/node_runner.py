@@ -13,6 +13,7 @@ import functools
 import random
 import re
 import time
+from dataclasses import dataclass, field
 from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
@@ -326,107 +327,46 @@ class NodeRunner:
         return reply, result.calls
 
     async def run(self, node_id: str) -> Outcome:
-        ctx = self.ctx
-        settings = ctx.settings
+        ctx, settings = self.ctx, self.ctx.settings
         node = ctx.workflow.nodes[node_id]
         history = len(node.attempts)   # earlier runs of this node (reruns vary the seed)
-        attempts: list[dict] = []
         outcome = Outcome(ok=False)
         try:
             start = await self._starter(node) if self._wants_starter(node) else None
         except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
-            outcome.error, outcome.attempts = str(exc), [{"start": time.time(), "end": time.time(),
-                                                          "attempt": history + 1, "passed": False,
-                                                          "error": str(exc)}]
-            return outcome
-        start_report = report(start) if start is not None else ""
-        # `kept`: the code run of an answer sent back for its numbers, which the new text keeps
-        limit, attempt, sent_back, kept = int(settings.max_attempts), -1, False, None
-        while (attempt := attempt + 1) < limit:
-            started = time.time()
-            # the model asked for; the reply's own id (endpoint:model) replaces it when one comes
-            record = {"start": started, "attempt": history + attempt + 1,
-                      "model": node.model or settings.model or "default",
-                      "why": attempt_why(attempts, history)}
+            return _failed_start(outcome, exc, history)
+        tries = _Tries(history, start, int(settings.max_attempts))
+        attempts, attempt = tries.attempts, -1
+        while (attempt := attempt + 1) < tries.limit:
+            record = self._record(node, tries, attempt)
             if settings.fail_rate and self._chance(node_id, "fail", history + attempt) < settings.fail_rate:
-                record.update(end=time.time(), passed=False, output=None,
-                              error="injected failure (fail_rate)")
-                attempts.append(record)
+                _failed(attempts, record, output=None, error="injected failure (fail_rate)")
                 continue
-            messages = node_messages(ctx, node_id, retry_prompt(attempts), started=start_report)
+            messages = node_messages(ctx, node_id, retry_prompt(attempts), started=tries.start_report)
             try:
                 seed = settings.seed + history + attempt
                 reply, tool_calls = (await self._reply(node, messages, seed) if ctx.tools.any()
                                      else (await self._answer(node, messages, seed, record), ()))
             except EndpointError as exc:
-                record.update(end=time.time(), passed=False, output=None, error=str(exc))
-                attempts.append(record)
-                outcome.error = str(exc)
+                _stopped(outcome, attempts, record, output=None, error=str(exc))
                 break   # the LLM door already retried; more attempts would only wait longer
-            ctx.budget.spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
-            outcome.tokens_in += reply.input_tokens
-            outcome.tokens_out += reply.output_tokens
-            outcome.cost_usd += reply.cost_usd
-            # A key that reached a model's answer is stored nowhere. The LLM door scrubbed a
-            # fresh answer already; one from the cache (a key configured since) or joined from
-            # continuations (a key across two pieces) is scrubbed here (the tool loop's in _reply).
-            text = reply.text if not (reply.cached or reply.continuations) else scrub(reply.text)
-            # (a call_id of None is filled in by the flow when it writes the deferred log row)
-            record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
-                          model=reply.model, cached=reply.cached,
-                          tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
-                          cost_usd=reply.cost_usd, seed=settings.seed + history + attempt)
-            if not reply.priced:   # 0.0 above is "no price known", not "free"
-                record["unpriced"] = True
-            if tool_calls:
-                record["tool_calls"] = [c.to_dict() for c in tool_calls]
-            if reply.continuations:
-                record["continuations"] = reply.continuations
-            if reply.cut or not (reply.text or "").strip():
-                # A cut or empty answer is never a passed node, whatever the validator says.
-                why = (CUT_FEEDBACK.format(tokens=reply.output_tokens, n=reply.continuations)
-                       if reply.cut else "empty answer: the model wrote nothing")
-                record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
-                attempts.append(record)
+            text = self._take(outcome, record, reply, tool_calls, seed)
+            if _unfinished(attempts, record, reply):
                 continue
-            shown = text
-            if kept is not None:   # sent back for its numbers: its code's run stands, and code
-                ex, shown = kept, without_code(text)   # sent again is not run twice in the session
-            else:
+            # a text sent back for its numbers keeps its code's run (not run twice in the session)
+            shown, ex = (text, None) if tries.kept is None else (without_code(text), tries.kept)
+            if tries.kept is None and self._may_execute(text):
                 try:
-                    ex = await self._execute(node_id, text) if self._may_execute(text) else None
+                    ex = await self._execute(node_id, text)
                 except SandboxError as exc:   # code must run and cannot here: retrying won't help
-                    record.update(end=time.time(), passed=False, error=str(exc))
-                    attempts.append(record)
-                    outcome.error = str(exc)
+                    _stopped(outcome, attempts, record, error=str(exc))
                     break
                 except WorkspaceError as exc:   # what another node left in the workspace: this node only
-                    record.update(end=time.time(), passed=False,
-                                  feedback=f"The workspace refused: {exc}")
-                    attempts.append(record)
+                    _failed(attempts, record, feedback=f"The workspace refused: {exc}")
                     continue
-            output = strip_claims(shown)   # the model's guesses at its output are no result
-            if ex is not None:
-                record["execution"] = ex.to_dict()
-                if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
-                    record.update(end=time.time(), passed=False,
-                                  feedback=self._code_feedback(node_id, record, attempts))
-                    attempts.append(record)
-                    continue
-                if not ex.ok:   # a file name that cannot be saved: nothing of the answer ran
-                    record.update(end=time.time(), passed=False,
-                                  feedback=f"A file of the answer was not saved: {ex.error}")
-                    attempts.append(record)
-                    continue
-                said = _said_once(report(record["execution"]), ex, start)
-                if said:
-                    output = f"{output.rstrip()}\n\n{said}"
-            if start is not None:   # the working start's real results lead the node's result
-                output = f"{start_report}\n\n{output}"
-                if ex is None or not ex.ran:
-                    record["execution"] = {**start.to_dict(), "saved": ex.saved if ex else []}
-                else:   # both ran: the export shows the start's cell (its figures) before the model's
-                    record["execution"][WORKING_START] = start.to_dict()
+            output = self._output(node_id, record, shown, ex, tries)
+            if output is None:   # the answer's code failed, or a file of it was not saved
+                continue
             keep = False   # the names of the answer's code, when they wait for the verdict
             try:
                 said = self._verdict_now(output, reply.finish_reason)
@@ -435,37 +375,106 @@ class NodeRunner:
                 keep = passed
             except EndpointError as exc:   # the judge's endpoint is down: keep the output
                 keep = True
-                record.update(end=time.time(), passed=True,
-                              feedback=f"validator unavailable: {exc}")
-                attempts.append(record)
-                outcome.ok, outcome.output = True, output
-                outcome.execution = record.get("execution")
+                _unjudged(outcome, attempts, record, output, exc)
                 break
             except SandboxError as exc:   # code must run and cannot here: retrying won't help
-                record.update(end=time.time(), passed=False, error=str(exc))
-                attempts.append(record)
-                outcome.error = str(exc)
+                _stopped(outcome, attempts, record, error=str(exc))
                 break
             finally:
                 await self._settle(ex, record, keep)
-            loose = self._loose_numbers(node_id, shown, record) if passed else []
-            if loose and not sent_back:   # sent back once, naming them (even after the last attempt)
-                sent_back, kept, limit = True, ex, limit + (attempt + 1 == limit)
-                record.update(end=time.time(), passed=False, untraced=loose,
-                              feedback=numbers_feedback(loose, bool(ex and ex.ran)))
-                attempts.append(record)
-                continue
-            if loose:   # still: marked where the output is read
-                record["untraced"] = loose
-                output += f"\n\n{untraced_mark(loose)}"
-            record.update(end=time.time(), passed=passed, feedback=feedback)
-            attempts.append(record)
-            if passed:
-                outcome.ok, outcome.output = True, output
-                outcome.execution = record.get("execution")
+            if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
+                              (passed, feedback), outcome):
                 break
+        return self._finish(node_id, tries, outcome)
+
+    def _record(self, node, tries: "_Tries", attempt: int) -> dict:
+        """A new attempt's record (its model: the one asked for, until a reply names its own)."""
+        return {"start": time.time(), "attempt": tries.history + attempt + 1,
+                "model": node.model or self.ctx.settings.model or "default",
+                "why": attempt_why(tries.attempts, tries.history)}
+
+    def _take(self, outcome: Outcome, record: dict, reply, tool_calls, seed: int) -> str:
+        """The reply counted (spent, tokens) and written into the attempt's record; its text."""
+        self.ctx.budget.spend(reply.cost_usd, unpriced=None if reply.priced else reply.model)
+        outcome.tokens_in += reply.input_tokens
+        outcome.tokens_out += reply.output_tokens
+        outcome.cost_usd += reply.cost_usd
+        # A key that reached a model's answer is stored nowhere. The LLM door scrubbed a
+        # fresh answer already; one from the cache (a key configured since) or joined from
+        # continuations (a key across two pieces) is scrubbed here (the tool loop's in _reply).
+        text = reply.text if not (reply.cached or reply.continuations) else scrub(reply.text)
+        # (a call_id of None is filled in by the flow when it writes the deferred log row)
+        record.update(output=text, call_id=reply.call_id, cache_key=reply.cache_key,
+                      model=reply.model, cached=reply.cached,
+                      tokens_in=reply.input_tokens, tokens_out=reply.output_tokens,
+                      cost_usd=reply.cost_usd, seed=seed)
+        if not reply.priced:   # 0.0 above is "no price known", not "free"
+            record["unpriced"] = True
+        if tool_calls:
+            record["tool_calls"] = [c.to_dict() for c in tool_calls]
+        if reply.continuations:
+            record["continuations"] = reply.continuations
+        return text
+
+    def _output(self, node_id: str, record: dict, shown: str, ex: Execution | None,
+                tries: "_Tries") -> str | None:
+        """The node's output of this answer, its code's run and the working start's in it;
+        None when the answer failed on its code (the record then says why)."""
+        output = strip_claims(shown)   # the model's guesses at its output are no result
+        start = tries.start
+        if ex is not None:
+            record["execution"] = ex.to_dict()
+            if ex.ran and not ex.ok:   # what went wrong, as a fix needs it, goes back
+                record.update(end=time.time(), passed=False,
+                              feedback=self._code_feedback(node_id, record, tries.attempts))
+                tries.attempts.append(record)
+                return None
+            if not ex.ok:   # a file name that cannot be saved: nothing of the answer ran
+                record.update(end=time.time(), passed=False,
+                              feedback=f"A file of the answer was not saved: {ex.error}")
+                tries.attempts.append(record)
+                return None
+            said = _said_once(report(record["execution"]), ex, start)
+            if said:
+                output = f"{output.rstrip()}\n\n{said}"
+        if start is not None:   # the working start's real results lead the node's result
+            output = f"{tries.start_report}\n\n{output}"
+            if ex is None or not ex.ran:
+                record["execution"] = {**start.to_dict(), "saved": ex.saved if ex else []}
+            else:   # both ran: the export shows the start's cell (its figures) before the model's
+                record["execution"][WORKING_START] = start.to_dict()
+        return output
+
+    def _conclude(self, node_id: str, tries: "_Tries", attempt: int, record: dict,
+                  answer: tuple, verdict: tuple, outcome: Outcome) -> bool:
+        """After the verdict: an answer whose numbers trace to no output is sent back once
+        (naming them, even after the last attempt), else marked; the attempt is recorded and
+        a passed one is the node's outcome (True: the attempts are over)."""
+        (shown, ex, output), (passed, feedback) = answer, verdict
+        loose = self._loose_numbers(node_id, shown, record) if passed else []
+        if loose and not tries.sent_back:
+            tries.sent_back, tries.kept = True, ex
+            tries.limit += attempt + 1 == tries.limit
+            record.update(end=time.time(), passed=False, untraced=loose,
+                          feedback=numbers_feedback(loose, bool(ex and ex.ran)))
+            tries.attempts.append(record)
+            return False
+        if loose:   # still: marked where the output is read
+            record["untraced"] = loose
+            output += f"\n\n{untraced_mark(loose)}"
+        record.update(end=time.time(), passed=passed, feedback=feedback)
+        tries.attempts.append(record)
+        if passed:
+            outcome.ok, outcome.output = True, output
+            outcome.execution = record.get("execution")
+        return outcome.ok
+
+    def _finish(self, node_id: str, tries: "_Tries", outcome: Outcome) -> Outcome:
+        """The outcome once the attempts are over: the working start when the model's answers
+        were unusable, one line of why it failed, an injected mask."""
+        attempts, start = tries.attempts, tries.start
         if not outcome.ok and outcome.error is None and start is not None:
-            _fall_back_on_start(outcome, attempts, start, start_report)
+            _fall_back_on_start(outcome, attempts, start, tries.start_report)
         if not outcome.ok and start is not None and attempts and not attempts[-1].get("execution"):
             attempts[-1]["execution"] = start.to_dict()   # it ran: a failed node still shows it
         outcome.attempts = attempts
@@ -473,12 +482,65 @@ class NodeRunner:
             last = attempts[-1] if attempts else {}
             why = " ".join(str(last.get("feedback") or last.get("error") or "no output").split())
             outcome.error = f"failed {len(attempts)} attempt(s); last: {why[:300]}" + ("…" if len(why) > 300 else "")  # one line
-        if (outcome.ok and not history and settings.mask_rate
-                and self._chance(node_id, "mask") < settings.mask_rate):
+        if (outcome.ok and not tries.history and self.ctx.settings.mask_rate
+                and self._chance(node_id, "mask") < self.ctx.settings.mask_rate):
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome
 
+
+@dataclass
+class _Tries:
+    """One node's attempts in this run, and what they carry from one to the next."""
+    history: int                 # attempts of earlier runs of the node (reruns vary the seed)
+    start: Execution | None      # the working start's run, when the node has one
+    limit: int                   # attempts allowed (one more after a late send-back)
+    attempts: list = field(default_factory=list)
+    sent_back: bool = False      # an answer was sent back once for its numbers
+    kept: Execution | None = None   # that answer's code run, which the new text keeps
+    start_report: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start_report = report(self.start) if self.start is not None else ""
+
+
+def _failed_start(outcome: Outcome, exc: Exception, history: int) -> Outcome:
+    outcome.error, outcome.attempts = str(exc), [{"start": time.time(), "end": time.time(),
+                                                  "attempt": history + 1, "passed": False,
+                                                  "error": str(exc)}]
+    return outcome
+
+
+def _failed(attempts: list, record: dict, **fields) -> None:
+    """A failed attempt, recorded: `fields` say why."""
+    record.update(end=time.time(), passed=False, **fields)
+    attempts.append(record)
+
+
+def _stopped(outcome: Outcome, attempts: list, record: dict, **fields) -> None:
+    """A failed attempt that ends the node's attempts (retrying cannot help)."""
+    _failed(attempts, record, **fields)
+    outcome.error = fields["error"]
+
+
+def _unjudged(outcome: Outcome, attempts: list, record: dict, output: str, exc: Exception) -> None:
+    """The validator's endpoint is down: the output is kept, and the record says why."""
+    record.update(end=time.time(), passed=True, feedback=f"validator unavailable: {exc}")
+    attempts.append(record)
+    outcome.ok, outcome.output = True, output
+    outcome.execution = record.get("execution")
+
+
+def _unfinished(attempts: list, record: dict, reply) -> bool:
+    """A cut or empty answer is never a passed node, whatever the validator says: True when
+    this one is (recorded as failed)."""
+    if not (reply.cut or not (reply.text or "").strip()):
+        return False
+    why = (CUT_FEEDBACK.format(tokens=reply.output_tokens, n=reply.continuations)
+           if reply.cut else "empty answer: the model wrote nothing")
+    record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
+    attempts.append(record)
+    return True
 
 def _said_once(said: str, ex: Execution, start: Execution | None) -> str:
     """The report of the model's code run, without a printout the working start's (shown
