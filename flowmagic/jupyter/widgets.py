@@ -109,7 +109,6 @@ class Panel:
         import ipywidgets as w
 
         from ..view.display import StaticView
-        from ..view.render import legend_html
 
         self.flow = flow
         flow.streaming = True               # so Show output can follow a node already running
@@ -120,6 +119,20 @@ class Panel:
         marker = f"flowmagic-static-{secrets.token_hex(4)}"
         self.static = StaticView(flow, marker)
         self._static_handle = None
+        self._drawing_widgets(w, marker)
+        self._choice_widgets(flow, models)
+        self._info_widgets(w)
+        self._lay_out(w)
+        self._wire()
+        from ..view.render import LiveDrawing
+        self._live = LiveDrawing(flow, update=self._set_drawing)
+        self._unsubscribe = flow.subscribe(self._on_event)
+        self.refresh()
+
+    def _drawing_widgets(self, w, marker: str) -> None:
+        """The title, the drawing with its zoom buttons and legend, and the run buttons."""
+        from ..view.render import legend_html
+
         self.title = w.HTML()
         self.drawing = w.HTML(layout=w.Layout(overflow="auto", max_width="100%",
                                               max_height="640px"))
@@ -139,6 +152,9 @@ class Panel:
         self.step_button = self._button("Step", "step-forward", "run the nodes that are ready now")
         self.pause_button = self._button("Pause", "pause", "nothing new starts; running nodes finish")
         self.stop_button = self._button("Stop", "stop", "cancel running nodes (they go back to pending)")
+
+    def _choice_widgets(self, flow: Any, models: list[tuple[str, str]] | None) -> None:
+        """The pickers (node, model, candidate plan) and the buttons that act on a choice."""
         # The node and model dropdowns and the buttons that act on them are one anywidget:
         # a click carries the choices shown at that moment (see controls.py).
         from .controls import Controls
@@ -164,6 +180,9 @@ class Panel:
         self.slim = SlimControls(flow, self.model_picker, ctl)   # a row of choice_controls
         self.importance_button = self.slim.importance_button
         self.slim_button = self.slim.slim_button
+
+    def _info_widgets(self, w) -> None:
+        """What the panel tells: node info, progress, meter, messages, outputs, log."""
         self.node_info = w.HTML()
         self.progress = w.IntProgress(min=0, max=1, value=0, description="0/0 done",
                                       style={"description_width": "initial"})
@@ -176,6 +195,8 @@ class Panel:
         self.log = w.HTML()
         self.warnings = w.HTML()
         self.candidates = w.HTML()
+
+    def _lay_out(self, w) -> None:
         self.widget = w.VBox([
             self.title, self.drawing,
             w.HBox([self.zoom_out_button, self.fit_button, self.zoom_in_button, self.zoom_label]),
@@ -186,11 +207,6 @@ class Panel:
             self.output, self.result, self.warnings,
             self.plan_controls, self.candidates, self.log])
         self.widget.add_class("flowmagic-panel")
-        self._wire()
-        from ..view.render import LiveDrawing
-        self._live = LiveDrawing(flow, update=self._set_drawing)
-        self._unsubscribe = flow.subscribe(self._on_event)
-        self.refresh()
 
     @staticmethod
     def _button(label: str, icon: str, tip: str):
