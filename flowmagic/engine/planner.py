@@ -389,6 +389,36 @@ def _timed_out(index: int, seed: int, limit: float) -> Candidate:
                            "raise it, lower k, or use a faster model")
 
 
+def _check_options(task: Any, k: Any, strategy: str, max_subtasks: Any, max_agents: Any,
+                   time_limit_s: Any) -> None:
+    """One line for the first of `plan_candidates`'s arguments that is wrong."""
+    if not isinstance(task, str) or not task.strip():
+        raise ConfigError("the task is empty; describe what the workflow should achieve")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= HARD_MAX_K:
+        raise ConfigError(f"k is the number of candidate plans, a whole number from 1 to "
+                          f"{HARD_MAX_K}, not {k!r}")
+    _check_strategy(strategy)
+    _check_cap("max_subtasks", max_subtasks)
+    _check_cap("max_agents", max_agents)
+    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float))
+                                         and time_limit_s > 0):
+        raise ConfigError(f"time_limit_s must be a positive number of seconds, not {time_limit_s!r}")
+
+
+def _tell_progress(jobs: list[asyncio.Future], progress: Callable[[dict], Any], k: int) -> None:
+    """{"phase": "asked"} now, and {"phase": "received", ...} as each candidate's job ends."""
+    progress({"phase": "asked", "k": k})
+    received = []
+
+    def heard(fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            received.append(fut.result().ok)
+            progress({"phase": "received", "done": len(received), "k": k,
+                      "ok": sum(received)})
+    for fut in jobs:
+        fut.add_done_callback(heard)
+
+
 async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                           strategy: str = "balanced", max_subtasks: int | None = None,
                           max_agents: int | None = None, llm=None, seed: int = 0,
@@ -408,17 +438,7 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     with `error` set; configuration errors raise. `progress(event)` hears {"phase": "asked",
     "k"} and, as each reply is read, {"phase": "received", "done", "k", "ok"}.
     """
-    if not isinstance(task, str) or not task.strip():
-        raise ConfigError("the task is empty; describe what the workflow should achieve")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= HARD_MAX_K:
-        raise ConfigError(f"k is the number of candidate plans, a whole number from 1 to "
-                          f"{HARD_MAX_K}, not {k!r}")
-    _check_strategy(strategy)
-    _check_cap("max_subtasks", max_subtasks)
-    _check_cap("max_agents", max_agents)
-    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float))
-                                         and time_limit_s > 0):
-        raise ConfigError(f"time_limit_s must be a positive number of seconds, not {time_limit_s!r}")
+    _check_options(task, k, strategy, max_subtasks, max_agents, time_limit_s)
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
@@ -435,16 +455,7 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                                              (max_subtasks, max_agents)))
             for i in range(k)]
     if progress is not None:
-        progress({"phase": "asked", "k": k})
-        received = []
-
-        def heard(fut: asyncio.Future) -> None:
-            if not fut.cancelled() and fut.exception() is None:
-                received.append(fut.result().ok)
-                progress({"phase": "received", "done": len(received), "k": k,
-                          "ok": sum(received)})
-        for fut in jobs:
-            fut.add_done_callback(heard)
+        _tell_progress(jobs, progress, k)
     try:
         await asyncio.wait(jobs, timeout=time_limit_s)
     finally:
