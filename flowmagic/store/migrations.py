@@ -22,10 +22,9 @@ def _script(db: sqlite3.Connection, sql: str) -> None:
             db.execute(statement)
 
 
-def m001_initial(db: sqlite3.Connection) -> None:
-    _script(
-        db,
-        """
+# The first schema: calls, the cache, runs, their nodes, events and updates (the longest
+# script; byte for byte as shipped).
+_INITIAL = """
         CREATE TABLE calls (
             id INTEGER PRIMARY KEY,
             ts REAL NOT NULL,
@@ -85,8 +84,11 @@ def m001_initial(db: sqlite3.Connection) -> None:
             ts REAL NOT NULL,
             data TEXT NOT NULL
         );
-        """
-    )
+"""
+
+
+def m001_initial(db: sqlite3.Connection) -> None:
+    _script(db, _INITIAL)
 
 
 def m002_tools(db: sqlite3.Connection) -> None:
