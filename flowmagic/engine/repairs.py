@@ -188,7 +188,7 @@ def _candidates(workflow, node, agents) -> list[str]:
 
 
 def _most_similar(node, feedback: str, candidates: list[str]) -> str:
-    from ..model.similarity import get_similarity
+    from ..llm.similarity import get_similarity
     texts = [f"{c} {_ROLE_WORDS.get(c, '')}" for c in candidates]
     scores = get_similarity("tfidf")([f"{node.requirement} {feedback}"], texts)[0]
     return candidates[max(range(len(candidates)), key=lambda i: (scores[i], -i))]

@@ -176,7 +176,7 @@ def select_tools(requirement: str, tools: Any, top_n: int | None = 3,
                  similarity: Any = "tfidf") -> list[Tool]:
     """The `top_n` tools most similar to the requirement, most similar first.
 
-    `similarity` is a backend name of `flowmagic.model.similarity.get_similarity` or a callable
+    `similarity` is a backend name of `flowmagic.llm.similarity.get_similarity` or a callable
     `(labels_a, labels_b) -> matrix`; ties keep the given order.
     """
     tools = as_tools(tools)
@@ -184,7 +184,7 @@ def select_tools(requirement: str, tools: Any, top_n: int | None = 3,
         return tools
     if top_n <= 0:
         return []
-    from ..model.similarity import get_similarity
+    from ..llm.similarity import get_similarity
     sim = get_similarity(similarity) if isinstance(similarity, str) else similarity
     scores = sim([requirement or ""], [t.text() for t in tools])[0]
     order = sorted(range(len(tools)), key=lambda i: (-float(scores[i]), i))

@@ -28,8 +28,9 @@ import networkx as nx
 
 from ..errors import ConfigError, FlowError, PlanError
 from .._internal.aio import gather_all, run_blocking
+from ..llm.similarity import as_similarity, get_similarity
 from ..model.similarity import (SIMILARITIES, EmbeddingSimilarity, Matrix, TfidfSimilarity,
-                                as_similarity, get_similarity, similarity_matrix)
+                                similarity_matrix)
 from ..model.status import Status
 
 __all__ = [

