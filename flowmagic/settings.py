@@ -14,7 +14,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, SkipValidation, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import ConfigError
 
@@ -54,11 +55,20 @@ _SECONDS = ("tool_timeout_s", "plan_time_s")   # finite, above 0 (plan_time_s: N
 
 
 class Settings(BaseModel):
-    """Every setting of a Flow, with its default (see the README's settings table)."""
+    """Every setting of a Flow, with its default (see the README's settings table).
+
+    A field's value is kept exactly as given once its check passed: it feeds cache keys,
+    stored runs and exported notebooks, so pydantic must not convert it. `k` (or None),
+    `update_k` and `max_k` take only ints (`_plans`), so they are typed `int` with pydantic's
+    own conversion skipped (a strict int would still turn an int subclass into an int). The
+    fields typed `Any` accept more than one type and keep it: a number or its text
+    (seed="4" stays "4"), an int or a float (mask_rate=0 stays 0), a name or a function;
+    typing them would convert or refuse values accepted today.
+    """
 
     model_config = ConfigDict(validate_assignment=True)
 
-    k: Any = None               # candidate plans; None: by the endpoint (planner.default_k)
+    k: SkipValidation[int | None] = None   # candidate plans; None: the endpoint's (default_k)
     model: str | None = None
     strategy: str = "balanced"
     update: str = "on-failure"
@@ -69,7 +79,7 @@ class Settings(BaseModel):
     budget_usd: Any = None
     max_attempts: Any = 3
     max_updates: Any = 5
-    update_k: Any = 1
+    update_k: SkipValidation[int] = 1
     mask_rate: Any = 0.0
     fail_rate: Any = 0.0
     seed: Any = 0
@@ -104,7 +114,7 @@ class Settings(BaseModel):
     tool_protocol: str = "auto"
     tool_similarity: Any = "auto"
     # candidate plans are paid calls: k (and update_k) above max_k needs max_k raised on purpose
-    max_k: Any = 10
+    max_k: SkipValidation[int] = 10
     # where model-written code runs: "bwrap" (isolated by bubblewrap) or "none" (no
     # isolation, warned on every run)
     sandbox: str = "bwrap"
