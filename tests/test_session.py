@@ -489,3 +489,45 @@ def test_code_runs_while_the_process_holds_descriptors_past_1024(flows, many_des
     flow.run()
     ex = flow.workflow.nodes["count"].execution
     assert flow.status == "done" and ex["ok"] and ex["stdout"] == f"{len(FRAME)}\n", ex
+
+
+def test_a_computing_subtask_on_tables_is_asked_for_code_and_a_writing_one_is_not(flows):
+    """Told only to "write the result", the bench model answered half its computing subtasks
+    with prose and made-up numbers; on tables such a subtask is asked for code."""
+    ends: dict[str, str] = {}
+
+    def respond(body):
+        node = _node(body)
+        ends.setdefault(node, body["messages"][-1]["content"].rsplit("\n\n", 1)[-1])
+        if node == "count":
+            return _fenced("print(df.groupby('dataset').size().to_dict())")
+        return "Each of the four datasets holds the same number of points."
+
+    plan = {"task": "Analyse anscombe.csv with pandas", "nodes": [
+        {"id": "count", "requirement": "Count the points of each dataset.", "agent": "analyst"},
+        {"id": "findings", "requirement": "Write two findings about the counts.",
+         "agent": "writer"}], "edges": [["count", "findings"]]}
+    flow = flows(respond, plan)
+    flow.run()
+    assert flow.status == "done", flow.message
+    assert ends["count"].startswith("Answer with one ```python block that computes and prints")
+    assert "write nothing after the block" in ends["count"]
+    assert ends["findings"] == "Write the result of your subtask now."
+    assert "'I': 11" in flow.workflow.nodes["count"].output
+
+
+def test_without_tables_a_computing_subtask_is_not_told_to_answer_with_code(tmp_path):
+    ends: list[str] = []
+
+    def respond(body):
+        ends.append(body["messages"][-1]["content"].rsplit("\n\n", 1)[-1])
+        return "Seven."
+
+    with LoopbackServer(responder=respond) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict({"nodes": [{"id": "count", "requirement": "Count the days of a "
+                                          "week.", "agent": "analyst"}], "edges": []},
+                              task="Count the days of a week", consolidate=False)
+        flow.run()
+        flow.close()
+    assert ends == ["Write the result of your subtask now."]

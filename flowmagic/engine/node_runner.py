@@ -30,6 +30,7 @@ from .calls import attempt_why
 from .diagnosis import CODE_FAILED, code_feedback
 from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
                       strip_claims, trace, untraced, untraced_mark, without_code)
+from ..model.plan_checks import computes
 from ..model.status import Status
 
 __all__ = ["NodeRunner", "node_messages", "cut", "shares", "CUT_FEEDBACK", "HOUSE_RULES"]
@@ -75,6 +76,17 @@ HOUSE_RULES = ("You are one agent in a team of agents working on one task. Do on
                "or data), complete and concrete, not a description of it.")
 
 
+END = "Write the result of your subtask now."
+# A subtask that computes, in a flow on tables, is told to answer with code. Told only to
+# "write the result", the bench model answered 20 of 39 such first calls (dabench-dev flows)
+# with prose and made-up numbers and no code; the same prompts ending with this, 10 of the
+# first 10 of those 20 answered with code. Nothing after the block: a sentence there states
+# what the code will print before it ran, a guess.
+CODE_END = ("Answer with one ```python block that computes and prints what your subtask asks "
+            "for. It runs as the next cell of the session and what it prints is your result, "
+            "so write nothing after the block.")
+
+
 def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                   workspace: bool = True, started: str = "", facts: bool = False) -> list[dict]:
     """The node's prompt: what every call of the flow shares first (the house rules, the
@@ -89,7 +101,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     if facts:
         user = [p["task"], p["subtask"], p["inputs"], p["note"], p["later"],
                 "\n\n".join(x for x in (p["how"], p["files"], p["session"]) if x), p["started"],
-                p["retry"], p["end"]]
+                p["retry"], END]   # the fingerprint's facts: the end follows from them
         return [{"role": "system", "content": f"You are the {p['agent']} in a team of agents "
                  "working on one task. Do only your own subtask, using the results you are "
                  "given. Give the result itself (text, code or data), complete and concrete, "
@@ -126,7 +138,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
              "how": "", "files": "", "session": "", "retry": retry_note,
              "started": f"{started}\n\nThose are real results on the input. Use them; write "
                         "more code only for what your subtask still needs." if started else "",
-             "end": "Write the result of your subtask now."}
+             "end": END}
     if allowed is not lengths:
         shortened = [p for (p, _), t, k in zip(done, texts, allowed) if len(t) > k]
         if shortened:
@@ -143,6 +155,8 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
         # what this node's code finds in the session (its ancestors' names): the node's own
         parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
                             else "")
+        if workspace and ctx.workspace.columns() and computes(node.requirement):
+            parts["end"] = CODE_END
     return parts
 
 

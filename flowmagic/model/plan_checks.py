@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
-           "copied", "check_plan", "data_task", "loads_only", "states_only"]
+           "copied", "check_plan", "data_task", "loads_only", "states_only",
+           "computes"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -166,6 +167,20 @@ def states_only(requirement: str) -> bool:
     text = requirement or ""
     return (_STATES.match(text) is not None and _REFERS.search(text) is not None
             and _WORKS.search(text) is None)
+
+
+# A step that writes prose about results (findings, a summary) rather than computing them.
+_WRITES = re.compile(r"^\W*(?:finally,?\s+|then,?\s+)?(?:write|draft|summari[sz]e|explain|"
+                     r"discuss|interpret|conclude|compose|describe|state|list)\b", re.IGNORECASE)
+
+
+def computes(requirement: str) -> bool:
+    """Whether a subtask computes something from data (a verb or noun of work: count, fit,
+    test, plot, mean ...), rather than loading it, stating a result others computed, or
+    writing prose about results ("Write three findings", "Summarise the analysis")."""
+    text = requirement or ""
+    return (_WORK.search(text) is not None and _WRITES.match(text) is None
+            and not states_only(text) and not loads_only(text))
 
 
 def topic_share(requirements: list[str], task: str) -> float:
