@@ -83,7 +83,10 @@ def run_flow(q: dabench.Question, k: int | None, sandbox: str, call_timeout: flo
     tokens at ~20/s, then ~200 tokens at ~3/s), and each retry sends the same request again."""
     import flowmagic
 
-    llm = flowmagic.LLM(timeout=call_timeout)
+    # the same patience as the baseline's client (its one bound is `call_timeout` for the whole
+    # answer): at a load of 5-6 on one thread a plan's first token came after more than the
+    # 300 s a flow waits by default, and the question failed with no answer at all
+    llm = flowmagic.LLM(timeout=call_timeout, first_token_s=call_timeout)
     flow = flowmagic.plan(task_of(q), k=k, inputs=[str(q.table)], sandbox=sandbox, llm=llm)
     flow.run()
     status = flow.status
