@@ -337,3 +337,53 @@ def test_dask_map_on_demand_local_cluster_and_one_line_mistakes():
     assert to_inputs(["a", "b"]) == (["a", "b"], [])
     with pytest.raises(ConfigError, match="wrap a single input in a list"):
         to_inputs("not a list")
+
+
+def _cut(chunks, timed: float | None = None) -> list[int]:
+    """The sizes of the tasks `chunks` cuts, telling it each input took `timed` seconds."""
+    sizes = []
+    while chunks:
+        unit = chunks.take()
+        sizes.append(len(unit[1]))
+        if timed is not None:
+            chunks.learn([{"duration_s": timed}] * len(unit[1]))
+    return sizes
+
+
+@pytest.mark.parametrize("n, threads, workers, timed, small, expected", [
+    # Not yet measured: what one worker runs at once, smaller when few inputs are left.
+    (10, 4, 2, None, False, [2, 2, 1, 1, 1, 1, 1, 1]),
+    (30, 4, 2, None, False, [4, 4, 4, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1]),
+    # Measured at 0.2 s an input (4 at once): up to 2 s of a worker's work (40 inputs),
+    # a sixth of what is left, shrinking to single inputs at the end.
+    (256, 4, 2, 0.2, False, [4, 40, 36, 30, 25, 21, 17, 14, 12, 10, 8, 7, 6, 5, 4, 3, 3, 2, 2,
+                             2, 1, 1, 1, 1, 1]),
+    # Fast inputs: the share of what is left decides; a budget keeps tasks small.
+    (100, 4, 2, 0.001, False, [4, 16, 14, 11, 10, 8, 7, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1]),
+    (20, 4, 2, 0.001, True, [4, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1]),
+])
+def test_inputs_are_cut_into_tasks_that_shrink_towards_the_end(n, threads, workers, timed, small,
+                                                               expected):
+    from flowmagic.ops.chunks import Chunks
+
+    todo = [(f"fp{i}", i, {"city": f"c{i}"}) for i in range(n)]
+    sizes = _cut(Chunks(todo, threads, workers, small=small), timed)
+    assert sizes == expected and sum(sizes) == n
+
+
+def test_inputs_in_flight_keep_every_worker_fed_and_each_input_goes_once():
+    from flowmagic.ops.chunks import Chunks
+
+    todo = [(f"fp{i}", i, i) for i in range(40)]
+    chunks = Chunks(todo, 4, 2)
+    out = []
+    while chunks and chunks.room(out):
+        out.append(chunks.take())
+    assert [len(u[1]) for u in out] == [4] * 6        # 3 tasks a worker, what each runs at once
+    small = Chunks(todo[:10], 4, 2)
+    out = []
+    while small and small.room(out):
+        out.append(small.take())
+    # Small tasks at the end: more of them go out, so 3 x 8 inputs could be waiting.
+    assert len(out) == 8 and sum(len(u[1]) for u in out) == 10
+    assert [x for u in out for x in u[1]] == todo[:10]

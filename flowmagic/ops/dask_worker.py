@@ -10,9 +10,12 @@ row of their runs (`Store.export_run`), which the driver merges into the user's 
 When the map ends its plugin's teardown closes the loop and deletes the store file, so a
 long-lived cluster does not keep a Flow per map.
 
-Keys: the payload carries the endpoints with their keys blanked. The keys travel once per
-map in a `WorkerPlugin` (held in memory by the scheduler and the workers, never spilled to
-disk like task data can be), and are put back into the worker's endpoints in memory only.
+What every task of a map shares (the payload: workflow, settings, tools, endpoints with their
+keys blanked) and the keys travel once per map in a `WorkerPlugin`, which every worker gets,
+present and future (held in memory by the scheduler and the workers, never spilled to disk
+like task data can be); the keys are put back into the worker's endpoints in memory only.
+The tasks themselves depend on nothing but their inputs, so Dask puts each on the least busy
+worker (a payload task would draw every task to the worker holding it).
 
 Cluster-wide limits: `ClusterGate` wraps each model request in `distributed.Semaphore`s
 held on the scheduler, one per endpoint: `requests_at_once` leases for the requests in
@@ -35,32 +38,32 @@ from distributed import WorkerPlugin
 
 from ..model.status import RunState
 
-__all__ = ["KeyPlugin", "ClusterGate", "run_chunk", "run_partition", "partition_prints"]
+__all__ = ["MapPlugin", "ClusterGate", "run_chunk", "run_partition", "partition_prints"]
 
 _lock = threading.Lock()
-_keys: dict[str, dict[str, str]] = {}   # payload tag -> endpoint name -> key (memory only)
+_maps: dict[str, tuple[bytes, dict[str, str]]] = {}   # payload tag -> (payload, keys by endpoint)
 _runners: dict[str, "_Runner"] = {}     # payload tag -> this process's runner for that map
 
 
-class KeyPlugin(WorkerPlugin):
-    """A Dask worker plugin that hands the endpoints' keys of one map to every worker,
-    present and future (a restarted worker gets them again); its teardown, when the map
-    ends, closes that map's runner in the worker."""
+class MapPlugin(WorkerPlugin):
+    """A Dask worker plugin that hands one map's payload and its endpoints' keys to every
+    worker, present and future (a restarted worker gets them again); its teardown, when
+    the map ends, closes that map's runner in the worker."""
 
-    def __init__(self, tag: str, keys: dict[str, str]):
-        self.tag, self.keys = tag, keys
-        self.name = f"flowmagic-keys-{tag}"
+    def __init__(self, tag: str, payload: bytes, keys: dict[str, str]):
+        self.tag, self.payload, self.keys = tag, payload, keys
+        self.name = f"flowmagic-map-{tag}"
 
     def __repr__(self) -> str:   # never the keys
-        return f"<KeyPlugin {self.tag}>"
+        return f"<MapPlugin {self.tag}>"
 
     def setup(self, worker: Any = None) -> None:
         with _lock:
-            _keys[self.tag] = dict(self.keys)
+            _maps[self.tag] = (self.payload, dict(self.keys))
 
     def teardown(self, worker: Any = None) -> None:
         with _lock:
-            _keys.pop(self.tag, None)
+            _maps.pop(self.tag, None)
             runner = _runners.pop(self.tag, None)
         if runner is not None:
             runner.close()
@@ -114,13 +117,12 @@ class _Runner:
     own) on which every input of that map runs, so the LLM's HTTP clients, semaphores and
     the store's connection are made once per map, not once per input."""
 
-    def __init__(self, payload: bytes, tag: str):
+    def __init__(self, payload: bytes, keys: dict[str, str], tag: str):
         from ..llm import endpoints
         from ..llm.client import LLM
         from ..store import Store
 
         spec = pickle.loads(payload)
-        keys = _keys.get(tag, {})
         endpoints.restore({name: dataclasses.replace(e, api_key=keys.get(name, ""))
                            for name, e in spec["endpoints"].items()})
         endpoints.PRICES.update(spec["prices"])
@@ -183,21 +185,21 @@ class _Runner:
                 os.remove(self.path + suffix)
 
 
-def _runner(payload: bytes, tag: str) -> _Runner:
+def _runner(tag: str) -> _Runner:
     with _lock:
-        if tag not in _keys:   # a task the driver cancelled, started after its map ended
+        if tag not in _maps:   # a task the driver cancelled, started after its map ended
             raise RuntimeError(f"the map {tag} has ended on this worker")
         if tag not in _runners:
-            _runners[tag] = _Runner(payload, tag)
+            _runners[tag] = _Runner(*_maps[tag], tag)
         return _runners[tag]
 
 
-def run_chunk(payload: bytes, tag: str, chunk: list[tuple[str, int, Any]]) -> dict:
+def run_chunk(tag: str, chunk: list[tuple[str, int, Any]]) -> dict:
     """A chunk of inputs (a Dask task), each (fingerprint, index, input): per input its
     batch Item as a dict and every row of its run."""
     from .batch import gather_all
 
-    runner = _runner(payload, tag)
+    runner = _runner(tag)
     return {"results": runner.run(gather_all([runner.one(*unit) for unit in chunk]))}
 
 
@@ -212,7 +214,7 @@ def partition_prints(base: str, frame: Any) -> list[str]:
     return [fingerprint(base, x) for x in _rows(frame)]
 
 
-def run_partition(payload: bytes, tag: str, frame: Any, number: int, prints: list[str],
+def run_partition(tag: str, frame: Any, number: int, prints: list[str],
                   resumed: dict[str, dict], spec: dict,
                   not_run: tuple[str, str] | None = None) -> dict:
     """One partition of a Dask DataFrame, on the worker that holds it: its rows not in
@@ -225,7 +227,7 @@ def run_partition(payload: bytes, tag: str, frame: Any, number: int, prints: lis
     todo = [i for i, fp in enumerate(prints) if fp not in resumed]
     results: list[dict] = []
     if todo and not_run is None:
-        runner = _runner(payload, tag)
+        runner = _runner(tag)
         results = runner.run(gather_all([runner.one(prints[i], number * 1_000_000 + i, rows[i])
                                          for i in todo]))
     items = dict(resumed)

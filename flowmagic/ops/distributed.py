@@ -3,10 +3,11 @@
 Where the engine comes from: a `dask.distributed.Client` passed as `engine=`; else the
 scheduler address in `FLOWMAGIC_DASK` (``tcp://host:8786``); else a LocalCluster of worker
 processes (one per core) started for this map and closed after it. Dask schedules: the
-distinct inputs go in chunks, one task per chunk of up to `concurrency` inputs (a worker runs
-that many at once); the driver keeps three chunks per worker submitted (so a budget can stop
-it), merges each finished chunk's runs into the user's store in one commit as it arrives,
-and puts the rows back in input order. What runs on a worker is in
+distinct inputs go in chunks, one task per chunk, cut as they are submitted
+(flowmagic.ops.chunks: a few inputs at first, then up to two seconds of a worker's work,
+shrinking towards the end); the driver keeps a few chunks per worker submitted (so a budget
+can stop it), merges each finished chunk's runs into the user's store in one commit as it
+arrives, and puts the rows back in input order. What runs on a worker is in
 flowmagic.ops.dask_worker.
 
 Resume: each input has a fingerprint (sha256 of the workflow, the settings, the models and
@@ -34,6 +35,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..model.status import RunState, Status
 from .batch import NOT_RUN, canonical, fingerprint, fresh_copy, result_frame
+from .chunks import Chunks, Units
 
 # "Flow" in annotations is flowmagic.flow.Flow: the layer above, which hands itself in.
 
@@ -42,7 +44,6 @@ __all__ = ["dask_map", "map_file", "to_inputs", "MapProgress", "read_inputs", "w
 
 ENV = "FLOWMAGIC_DASK"
 READERS = {".csv": "read_csv", ".parquet": "read_parquet", ".jsonl": "read_json"}
-WINDOW = 3   # units in flight per worker: one runs, the next two are on their way
 
 
 # -- inputs and fingerprints -------------------------------------------------------------
@@ -228,10 +229,9 @@ def _endpoints() -> dict:
 def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
                  at_once: int | None = None, window_s: float = 60.0,
                  concurrency: int = 4) -> bytes:
-    """What every task of a map shares (pickled once, one task whose result the workers
-    share): the workflow, settings, the flow's chosen tools, endpoints with their keys
-    blanked (the keys go in a KeyPlugin), prices, inputs at once per worker and the
-    cluster-wide limits."""
+    """What every task of a map shares (pickled once, handed to every worker with the keys
+    in a MapPlugin): the workflow, settings, the flow's chosen tools, endpoints with their
+    keys blanked, prices, inputs at once per worker and the cluster-wide limits."""
     from ..llm import endpoints
 
     import cloudpickle   # Dask's own: the user's tool functions from a notebook go by value
@@ -302,7 +302,8 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
     todo = [(fp, first[fp], rows[first[fp]]) for fp in first if fp not in job.items]
     if todo:
         with job.session(engine, threads, workers) as client:
-            job.drive(client, _chunks(todo, threads, job.state.workers))
+            job.drive(client, Chunks(todo, threads, job.state.workers,
+                                     small=budget_usd is not None))
     job.state.skipped = sum(fp not in job.items for fp in prints)
     job.report(job.state)
     return result_frame(rows, fields, [job.items.get(fp) for fp in prints])
@@ -326,9 +327,9 @@ def _map_partitions(job: "_Job", client, inputs: Any, base: str):
     fields = [str(c) for c in inputs.columns]
     job.frame_spec = {"fields": fields, "nodes": [n.id for n in job.flow.workflow.nodes.values()
                                                   if n.status != Status.PRUNED]}
-    job.drive(client, [("partition", n, datas[n], prints[n],
-                        {fp: dict(done[fp], resumed=True) for fp in prints[n] if fp in done})
-                       for n in range(len(datas))])
+    job.drive(client, Units(job.state.workers, [("partition", n, datas[n], prints[n],
+                              {fp: dict(done[fp], resumed=True) for fp in prints[n] if fp in done})
+                             for n in range(len(datas))]))
     for unit in job.not_run:   # past the budget: their rows say so, resumed ones are kept
         job.frames[unit[1]] = job.partition(client, unit, (RunState.SKIPPED, NOT_RUN))
     frames = [job.frames[n] for n in range(len(datas))]
@@ -356,24 +357,21 @@ class _Job:
         self.frame_spec: dict = {}
         self.not_run: list[tuple] = []      # units the budget stopped
         self.opened: list = []
-        self.shipped: Any = None
+        self.units: Chunks | Units = Units(1, [])
 
     @contextlib.contextmanager
     def session(self, engine: Any, threads: int, workers: int | None, current: bool = False):
-        """The cluster for this map, with its keys plugin and the shared payload; closed
-        (what this map opened) and the plugin removed afterwards."""
-        from .dask_worker import KeyPlugin
+        """The cluster for this map, with its plugin (the shared payload and the keys);
+        closed (what this map opened) and the plugin removed afterwards."""
+        from .dask_worker import MapPlugin
 
         client, self.opened = _client(engine, threads, workers, current)
-        plugin = KeyPlugin(self.tag, self.keys)
+        plugin = MapPlugin(self.tag, self.payload, self.keys)
         try:
             if "dashboard" in client.scheduler_info().get("services", {}):
                 self.state.dashboard = client.dashboard_link
             self.state.workers = max(1, len(client.scheduler_info()["workers"]))
             client.register_plugin(plugin, name=plugin.name)
-            # A task, not scattered data: if the worker holding it dies, Dask makes it again.
-            self.shipped = client.submit(_given, self.payload, pure=False,
-                                         key=f"flowmagic-payload-{self.tag}")
             yield client
         finally:
             try:
@@ -383,21 +381,21 @@ class _Job:
             for thing in self.opened:
                 thing.close()
 
-    def drive(self, client, units: list[tuple]) -> None:
-        """Submit the units in a window (WINDOW per worker: the next ones wait on the worker,
-        so a slow round trip to this driver leaves no worker idle), collect each as it
-        finishes; the budget stops the submitting."""
+    def drive(self, client, units: "Chunks | Units") -> None:
+        """Submit the units while they have room (`units.room`: the next ones wait on the
+        worker, so a slow round trip to this driver leaves no worker idle), collect each
+        as it finishes; the budget stops the submitting."""
         from dask.distributed import as_completed
 
-        queue, running, window = list(units), as_completed(), WINDOW * self.state.workers
-        pending: dict[Any, tuple] = {}
+        running, pending = as_completed(), {}
+        self.units = units
 
         def submit_more() -> None:
-            while queue and len(pending) < window:
+            while units and units.room(list(pending.values())):
                 if self.budget_usd is not None and self.state.cost_usd >= self.budget_usd:
-                    self.not_run, queue[:] = list(queue), []
+                    self.not_run = units.rest()
                     return
-                unit = queue.pop(0)
+                unit = units.take()
                 future = self._submit(client, unit)
                 pending[future] = unit
                 running.add(future)
@@ -419,7 +417,7 @@ class _Job:
 
         _, number, data, prints, resumed = unit
         key = f"flowmagic-{self.nonce}-part-{number}" + ("-not-run" if not_run else "")
-        return client.submit(run_partition, self.shipped, self.tag, data, number, prints,
+        return client.submit(run_partition, self.tag, data, number, prints,
                              resumed, self.frame_spec, not_run, key=key, retries=2)
 
     def _submit(self, client, unit: tuple):
@@ -430,8 +428,7 @@ class _Job:
         if unit[0] == "chunk":
             chunk = unit[1]   # its key: its inputs, so a task Dask retried is merged once
             key = hashlib.sha256("".join(fp for fp, _, _ in chunk).encode()).hexdigest()[:32]
-            return client.submit(run_chunk, self.shipped, self.tag, chunk,
-                                 key=f"flowmagic-{key}", retries=2)
+            return client.submit(run_chunk, self.tag, chunk, key=f"flowmagic-{key}", retries=2)
         both, key = self.partition(client, unit), f"flowmagic-{self.nonce}-part-{unit[1]}"
         self.frames[unit[1]] = client.submit(getitem, both, "frame", key=f"{key}-frame",
                                              retries=2)
@@ -454,6 +451,7 @@ class _Job:
             return
         if unit[0] == "chunk":
             results = results["results"]
+            self.units.learn([r["item"] for r in results])
         self.flow.store.merge_many([
             (r["export"], r["fingerprint"] if r["item"]["state"] == RunState.DONE else None, r["item"])
             for r in results if r["export"] is not None])
@@ -467,17 +465,6 @@ class _Job:
                 self.state.failed += 1
 
 
-def _chunks(todo: list[tuple], threads: int, workers: int) -> list[tuple]:
-    """Inputs (fingerprint, index, input) grouped into tasks: up to `threads` inputs (what
-    one worker runs at once) per task, fewer when there are few inputs, so every worker
-    still gets several tasks."""
-    size = max(1, min(threads, -(-len(todo) // (4 * workers))))
-    return [("chunk", todo[i:i + size]) for i in range(0, len(todo), size)]
-
-
 def _head(frame):
     return frame.iloc[:0]
 
-
-def _given(payload: bytes) -> bytes:
-    return payload
