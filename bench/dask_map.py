@@ -1,8 +1,14 @@
 """Inputs per second of `flow.map`: the in-process engine against Dask with 1 and 2 worker
 processes, for an I/O-bound workflow (loopback latency 200 ms) and a CPU-bound one (each
-input's node calls a pure-Python tool that computes for ~0.2 s). Not a test: run it when the
-machine is quiet, `python bench/dask_map.py`; it prints a table and rewrites its own
-section of bench/RESULTS.md (between the dask-map markers), nothing else.
+input's node calls a pure-Python tool that computes for ~0.1-0.2 s). Not a test: run it
+as `python bench/dask_map.py`; it prints a table and rewrites its own section of
+bench/RESULTS.md (between the dask-map markers), nothing else.
+
+The engines take turns, round after round (in process, 2 workers, 1 worker, then the other
+way round), and each round's ratio is taken between its own runs, so a load that comes and
+goes on a shared machine shows as the spread of the ratios (median, min and max reported)
+rather than as a bias against whichever engine ran last. Every engine's answers must be
+the in-process engine's, input for input.
 
 The loopback server runs in a process of its own so it does not share the driver's GIL.
 Each run has a fresh store and LLM of its own (the process-wide LLM would keep the first
@@ -18,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -62,7 +69,8 @@ def _warm() -> None:
     import flowmagic.ops.batch  # noqa: F401
 
 
-def _one(engine, n: int, threads: int, cpu: bool, base_url: str, first: int = 0) -> float:
+def _one(engine, n: int, threads: int, cpu: bool, base_url: str,
+         first: int = 0) -> tuple[float, list]:
     import flowmagic
     from flowmagic.flow import Flow
     from flowmagic.llm import endpoints
@@ -92,13 +100,45 @@ def _one(engine, n: int, threads: int, cpu: bool, base_url: str, first: int = 0)
     if ok != n:
         raise SystemExit(f"bench: only {ok}/{n} inputs finished (with the tool's result) "
                          f"on {engine}; the first answer or error: {results[0]!r}")
-    return n / elapsed
+    return n / elapsed, results
 
 
-def run(n_io: int, n_cpu: int, threads: int) -> dict:
+def _on_dask(workers: int, n: int, threads: int, cpu: bool, base_url: str) -> dict:
+    """One map on a LocalCluster of `workers` processes started for it (and a warm-up map,
+    timed apart as the start-up: a user's long-lived cluster does not pay it per map)."""
     from dask.distributed import Client, LocalCluster
 
-    results: dict = {"load_before": os.getloadavg()[0]}
+    started = time.perf_counter()
+    with LocalCluster(n_workers=workers, threads_per_worker=threads // workers,
+                      processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.run(_warm)
+        _one(client, 4 * threads, threads // workers, cpu, base_url, first=WARM)
+        startup = time.perf_counter() - started
+        rate, results = _one(client, n, threads // workers, cpu, base_url)
+    return {"rate": rate, "results": results, "startup": startup,
+            "driver_ms": DRIVER_CPU_MS["dask"]}
+
+
+def _round(number: int, n: int, threads: int, cpu: bool, base_url: str) -> dict:
+    """In process, 2 workers, 1 worker (every other round the other way round)."""
+    order = ["inprocess", 2, 1] if number % 2 == 0 else [1, 2, "inprocess"]
+    got: dict = {"load": os.getloadavg()[0]}
+    for engine in order:
+        if engine == "inprocess":
+            rate, results = _one("inprocess", n, threads, cpu, base_url)
+            got["inprocess"] = {"rate": rate, "results": results}
+        else:
+            got[engine] = _on_dask(engine, n, threads, cpu, base_url)
+    for workers in (1, 2):
+        if got[workers]["results"] != got["inprocess"]["results"]:
+            raise SystemExit(f"bench: Dask with {workers} worker(s) answered otherwise than "
+                             "the in-process engine")
+    return got
+
+
+def run(n_io: int, n_cpu: int, threads: int, rounds: int) -> dict:
+    results: dict = {"load_before": os.getloadavg()[0], "rounds": rounds}
     for kind, n, latency in (("io", n_io, 0.2), ("cpu", n_cpu, 0.0)):
         parent, child = mp.Pipe()
         server = mp.get_context("spawn").Process(target=_serve, args=(child, latency), daemon=True)
@@ -108,21 +148,8 @@ def run(n_io: int, n_cpu: int, threads: int) -> dict:
             # Every engine maps a few other inputs first: the first map in a process pays
             # its imports and first connections once, as a live kernel or cluster has.
             _one("inprocess", 8, threads, kind == "cpu", base_url, first=WARM)
-            row = {"inprocess": _one("inprocess", n, threads, kind == "cpu", base_url)}
-            for workers in (1, 2):
-                started = time.perf_counter()
-                with LocalCluster(n_workers=workers, threads_per_worker=threads // workers,
-                                  processes=True, dashboard_address=None) as cluster, \
-                        Client(cluster) as client:
-                    client.run(_warm)
-                    _one(client, 4 * threads, threads // workers, kind == "cpu", base_url,
-                         first=WARM)
-                    row[f"startup_{workers}"] = time.perf_counter() - started
-                    row[f"dask_{workers}"] = _one(client, n, threads // workers, kind == "cpu",
-                                                  base_url)
-                    row[f"driver_ms_{workers}"] = DRIVER_CPU_MS["dask"]
-            row["n"] = n
-            results[kind] = row
+            results[kind] = {"n": n, "rounds": [_round(r, n, threads, kind == "cpu", base_url)
+                                                for r in range(rounds)]}
         finally:
             parent.send("stop")
             server.join(10)
@@ -130,27 +157,59 @@ def run(n_io: int, n_cpu: int, threads: int) -> dict:
     return results
 
 
+def _ratios(rounds: list[dict], a, b) -> list[float]:
+    return [r[a]["rate"] / r[b]["rate"] for r in rounds]
+
+
+def _spread(values: list[float]) -> str:
+    return (f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+            if len(values) > 1 else f"{values[0]:.2f}")
+
+
+NAMES = {"io": "I/O-bound (200 ms latency)", "cpu": "CPU-bound (tool per input)"}
+
+
+def _row(kind: str, x: dict) -> str:
+    rounds = x["rounds"]
+    rate = {e: statistics.median(y[e]["rate"] for y in rounds) for e in ("inprocess", 1, 2)}
+    cells = [NAMES[kind], str(x["n"])] + [f"{rate[e]:.2f}" for e in ("inprocess", 1, 2)]
+    cells += [_spread(_ratios(rounds, a, b)) for a, b in ((1, "inprocess"), (2, "inprocess"),
+                                                          (2, 1))]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _round_by_round(kind: str, x: dict) -> str:
+    ratios = _ratios(x["rounds"], 2, "inprocess")
+    return f"{NAMES[kind].split(' (')[0]} " + ", ".join(
+        f"{v:.2f} (load {y['load']:.1f})" for v, y in zip(ratios, x["rounds"]))
+
+
+def _driver(kind: str, x: dict) -> str:
+    return f"{NAMES[kind].split(' (')[0]} " + " / ".join(
+        f"{statistics.median(y[w]['driver_ms'] for y in x['rounds']):.1f} ms "
+        f"({w} worker{'s' * (w > 1)})" for w in (1, 2))
+
+
 def table(r: dict, threads: int) -> str:
-    lines = [f"One run, {time.strftime('%Y-%m-%d %H:%M')}, load {r['load_before']:.1f} before and "
-             f"{r['load_after']:.1f} after (1-minute average, 2 cores), {threads} inputs in "
-             "flight in every engine.", "",
-             "| workflow | inputs | in process /s | Dask 1 worker /s | Dask 2 workers /s | "
-             "1 worker / in process | 2 workers / in process | 2 workers / 1 worker |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    names = {"io": "I/O-bound (200 ms latency)", "cpu": "CPU-bound (0.2 s tool per input)"}
-    for kind in ("io", "cpu"):
-        x = r[kind]
-        lines.append(f"| {names[kind]} | {x['n']} | {x['inprocess']:.2f} | {x['dask_1']:.2f} | "
-                     f"{x['dask_2']:.2f} | {x['dask_1'] / x['inprocess']:.2f} | "
-                     f"{x['dask_2'] / x['inprocess']:.2f} | {x['dask_2'] / x['dask_1']:.2f} |")
-    lines += ["", "The driver's own CPU per input on Dask (the process that submits, merges "
-              "into the store and builds the frame): " + ", ".join(
-                  f"{names[k].split(' (')[0]} {r[k]['driver_ms_1']:.1f} ms (1 worker) / "
-                  f"{r[k]['driver_ms_2']:.1f} ms (2 workers)" for k in ("io", "cpu")) + "."]
-    lines += ["", "LocalCluster start-up, worker imports and a first map of "
-              f"{4 * threads} inputs (not in the rates): 1 worker {r['io']['startup_1']:.1f} s, "
-              f"2 workers {r['io']['startup_2']:.1f} s."]
-    return "\n".join(lines)
+    loads = [y["load"] for k in ("io", "cpu") for y in r[k]["rounds"]]
+    startup = {w: statistics.median(y[w]["startup"] for y in r["io"]["rounds"]) for w in (1, 2)}
+    return "\n".join([
+        f"One run, {time.strftime('%Y-%m-%d %H:%M')}, {r['rounds']} rounds per workflow, load "
+        f"{r['load_before']:.1f} before, {min(loads):.1f}-{max(loads):.1f} at the rounds' starts, "
+        f"{r['load_after']:.1f} after (1-minute average, 2 cores), {threads} inputs in flight "
+        "in every engine. Rates are medians over the rounds; ratios are taken within each "
+        "round, as median (min-max).", "",
+        "| workflow | inputs | in process /s | Dask 1 worker /s | Dask 2 workers /s | "
+        "1 worker / in process | 2 workers / in process | 2 workers / 1 worker |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *[_row(k, r[k]) for k in ("io", "cpu")], "",
+        "2 workers / in process, round by round: "
+        + "; ".join(_round_by_round(k, r[k]) for k in ("io", "cpu")) + ".", "",
+        "The driver's own CPU per input on Dask (the process that submits, merges into the "
+        "store and builds the frame; a LocalCluster's scheduler runs in it too), median: "
+        + ", ".join(_driver(k, r[k]) for k in ("io", "cpu")) + ".", "",
+        f"LocalCluster start-up, worker imports and a first map of {4 * threads} inputs (not "
+        f"in the rates), median: 1 worker {startup[1]:.1f} s, 2 workers {startup[2]:.1f} s."])
 
 
 def write(text: str) -> None:
@@ -164,9 +223,10 @@ def main() -> None:
     parser.add_argument("--n-io", type=int, default=256)
     parser.add_argument("--n-cpu", type=int, default=48)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    text = table(run(args.n_io, args.n_cpu, args.threads), args.threads)
+    text = table(run(args.n_io, args.n_cpu, args.threads, args.rounds), args.threads)
     print(text)
     if not args.no_write:
         write(text)
