@@ -78,8 +78,8 @@ class Flow(LiveRun):
         # every state change is written through the recorder before a listener is told
         self.recorder = Recorder(self.store, self.record, self._subscribers)
         self.space = RunSpace(self.store.path.parent, self.record)   # workspace and session
-        self.core = RunCore(self.record, llm=self.llm, store=self.store, recorder=self.recorder,
-                            space=self.space, tools=ToolChoice(tools))
+        self.core = RunCore(self.record, llm=self.llm, recorder=self.recorder, space=self.space,
+                            tools=ToolChoice(tools))
         # the engine's own calls, under the names scripts, ops/ and UIs use
         self.emit = self.recorder.emit
         self.partial_output = self.recorder.partial_output

@@ -1,5 +1,5 @@
 """The run core and its recorder below the facade: a whole run written through the recorder's
-four-call seam (`RunLog`) to a log that is not the SQLite store, so the loop's writes are the
+five-call seam (`RunLog`) to a log that is not the SQLite store, so the loop's writes are the
 seam's and nothing else's; the node events of one loop turn are one write, streamed text is
 told and never written, and a log that fails holds what it could not write until the next."""
 
@@ -40,6 +40,10 @@ class MemoryLog:
     def add_update(self, run_id, data):
         self.calls.append(("add_update", data["kind"]))
 
+    def add_tool_call(self, run_id, node_id, *, tool, **fields):
+        self.calls.append(("add_tool_call", node_id, tool))
+        return len(self.calls)
+
 
 def _run(tmp_path, edges, **settings):
     ids = sorted({n for e in edges for n in e})
@@ -49,8 +53,8 @@ def _run(tmp_path, edges, **settings):
     log, told = MemoryLog(), []
     recorder = Recorder(log, record, [told.append])
     # No model door and no store: a run that reached either would fail here.
-    core = RunCore(record, llm=None, store=None, recorder=recorder,
-                   space=RunSpace(tmp_path, record), tools=ToolChoice())
+    core = RunCore(record, llm=None, recorder=recorder, space=RunSpace(tmp_path, record),
+                   tools=ToolChoice())
     return record, core, log, told
 
 

@@ -3,8 +3,8 @@
 The engine sits below `flowmagic.flow`, so the node runner is never handed the Flow. The run
 core makes a RunContext (`RunCore.context()`); the node runner, the node prompt
 (`node_runner.node_messages`) and replay's fingerprint read the run through it: the
-`record` (workflow, settings, run id), the model door (`llm`), the `store`, the `recorder`
-(every event, a node's streamed text and queue place, a call's deferred log row), the
+`record` (workflow, settings, run id), the model door (`llm`), the `recorder` (every event
+and tool call, a node's streamed text and queue place, a call's deferred log row), the
 `space` (workspace and Python session), the `tools` and the `budget`.
 """
 
@@ -31,7 +31,6 @@ class RunContext:
     record: RunRecord
     settings: Settings
     llm: Any
-    store: Any
     recorder: Recorder
     space: RunSpace
     tools: ToolChoice
@@ -65,4 +64,4 @@ class RunContext:
         """Where a node's model call puts its log row, written in the commit of the node's
         next state (None: the model door commits it itself, as for a run written to a store
         other than the door's)."""
-        return self.recorder.log_later if self.store is self.llm.store else None
+        return self.recorder.log_later if self.recorder.log is self.llm.store else None

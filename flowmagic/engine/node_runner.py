@@ -326,10 +326,7 @@ class NodeRunner:
         from .toolloop import run_with_tools
 
         def called(call) -> None:
-            ctx.store.add_tool_call(ctx.run_id, node.id, tool=call.tool, arguments=call.arguments,
-                                    result=call.summary(), duration_s=call.duration_s,
-                                    error=call.error, round=call.round, protocol=call.protocol)
-            ctx.recorder.emit("tool", node.id, {"call": call.to_dict()})
+            ctx.recorder.tool_call(node.id, call)
 
         result = await run_with_tools(
             ctx.llm, messages, offered, max_rounds=int(settings.tool_rounds),

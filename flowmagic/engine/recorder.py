@@ -2,7 +2,7 @@
 
 Every state change of a run goes through `emit`: it is written to the store before anyone is
 told, so the UI never shows what the store does not have. The recorder talks to the store
-only through `RunLog`'s four calls (the way a checkpointer is the one seam of a graph run),
+only through `RunLog`'s five calls (the way a checkpointer is the one seam of a graph run),
 so the store can change without touching the run's loop.
 
 Batching: the node events of one event-loop turn are written in one transaction (one commit
@@ -49,6 +49,11 @@ class RunLog(Protocol):
     def set_run_status(self, run_id: str, status: str, result: str | None = None) -> None: ...
 
     def add_update(self, run_id: str, data: dict) -> None: ...
+
+    def add_tool_call(self, run_id: str | None, node_id: str | None, *, tool: str,
+                      arguments: Any = None, result: str | None = None,
+                      duration_s: float | None = None, error: str | None = None,
+                      round: int | None = None, protocol: str | None = None) -> int: ...  # noqa: A002
 
 
 def _after_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable[[], Any]) -> None:
@@ -148,6 +153,13 @@ class Recorder:
 
     def add_update(self, entry: dict) -> None:
         self.log.add_update(self.run_id, entry)
+
+    def tool_call(self, node_id: str, call: Any) -> None:
+        """A node's tool call (engine.toolloop's record of it): stored, then told."""
+        self.log.add_tool_call(self.run_id, node_id, tool=call.tool, arguments=call.arguments,
+                               result=call.summary(), duration_s=call.duration_s,
+                               error=call.error, round=call.round, protocol=call.protocol)
+        self.emit("tool", node_id, {"call": call.to_dict()})
 
     # -- writing --------------------------------------------------------------------------
     def _flush_later(self, turns: int) -> bool:

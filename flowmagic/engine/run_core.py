@@ -31,9 +31,9 @@ __all__ = ["RunCore"]
 
 
 class RunCore:
-    def __init__(self, record: RunRecord, *, llm, store, recorder: Recorder, space: RunSpace,
+    def __init__(self, record: RunRecord, *, llm, recorder: Recorder, space: RunSpace,
                  tools: ToolChoice):
-        self.record, self.llm, self.store = record, llm, store
+        self.record, self.llm = record, llm
         self.recorder, self.space, self.tools = recorder, space, tools
         self.budget = Budget(record)
         self.executor: Executor | None = None   # the executor of the run under way
@@ -42,8 +42,8 @@ class RunCore:
 
     def context(self) -> RunContext:
         """This run as the engine sees it (the node runner, prompts, fingerprints)."""
-        return RunContext(self.record, self.record.settings, self.llm, self.store,
-                          self.recorder, self.space, self.tools, self.budget)
+        return RunContext(self.record, self.record.settings, self.llm, self.recorder,
+                          self.space, self.tools, self.budget)
 
     def make_executor(self, work: Work | None = None) -> Executor:
         """The executor a run uses: its hooks persist every state change (`emit`), stop
