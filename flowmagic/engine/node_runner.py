@@ -26,8 +26,9 @@ from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .scheduler import Outcome
 from .validation import retry_prompt
+from .working_start import fall_back_on_start, ran_start, said_once
 from .calls import attempt_why
-from .diagnosis import CODE_FAILED, code_feedback
+from .diagnosis import code_feedback
 from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
                       strip_claims, trace, untraced, untraced_mark, without_code)
 from ..model.plan_checks import computes
@@ -276,7 +277,7 @@ class NodeRunner:
             if not endpoint.local:
                 return False
         # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
-        if any(_ran_start(n.execution) for n in wf.nodes.values()):
+        if any(ran_start(n.execution) for n in wf.nodes.values()):
             return False   # once per run: one real look at the data, not one per node
         return bool(ctx.workspace.example())
 
@@ -445,7 +446,7 @@ class NodeRunner:
                               feedback=f"A file of the answer was not saved: {ex.error}")
                 tries.attempts.append(record)
                 return None
-            said = _said_once(report(record["execution"]), ex, start)
+            said = said_once(report(record["execution"]), ex, start)
             if said:
                 output = f"{output.rstrip()}\n\n{said}"
         if start is not None:   # the working start's real results lead the node's result
@@ -485,7 +486,7 @@ class NodeRunner:
         were unusable, one line of why it failed, an injected mask."""
         attempts, start = tries.attempts, tries.start
         if not outcome.ok and outcome.error is None and start is not None:
-            _fall_back_on_start(outcome, attempts, start, tries.start_report)
+            fall_back_on_start(outcome, attempts, start, tries.start_report)
         if not outcome.ok and start is not None and attempts and not attempts[-1].get("execution"):
             attempts[-1]["execution"] = start.to_dict()   # it ran: a failed node still shows it
         outcome.attempts = attempts
@@ -552,60 +553,3 @@ def _unfinished(attempts: list, record: dict, reply) -> bool:
     record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
     attempts.append(record)
     return True
-
-def _said_once(said: str, ex: Execution, start: Execution | None) -> str:
-    """The report of the model's code run, without a printout the working start's (shown
-    above it in the node's result) already holds whole: small models print the start's
-    shape and describe() again, and every child's prompt and the summary's read it twice."""
-    printed = (ex.stdout or "").rstrip()
-    if (start is None or not start.ran or not ex.ran or not printed.strip()
-            or printed not in (start.stdout or "")):
-        return said
-    return said.replace(f"Printed output:\n{printed}",
-                        "Printed output: only lines the working start printed (above)", 1)
-
-
-def _ran_start(execution: dict | None) -> bool:
-    """The node's record holds the working start: as its result (or claimed by it), or run
-    before the model's own code, which then became the result."""
-    return bool(execution) and bool(execution.get("starter") or execution.get(WORKING_START))
-
-
-def _model_side(attempt: dict) -> str:
-    """What the model's answer of a failed attempt did wrong, when that is all that went
-    wrong: "code" (its code failed), "cut" (it reached the token limit unfinished), "empty";
-    else "" (an injected failure, a validator's verdict, the workspace, the endpoint)."""
-    if attempt.get("error"):
-        return ""
-    if attempt.get("cut"):
-        return "cut"
-    feedback = str(attempt.get("feedback", ""))
-    if feedback.startswith(CODE_FAILED):
-        return "code"
-    return "empty" if feedback.startswith("empty answer") else ""
-
-
-def _fall_back_on_start(outcome: Outcome, attempts: list[dict], start: Execution,
-                        started: str) -> None:
-    """When the model's answer was unusable on every attempt (its code failed, it was cut at
-    the token limit, it was empty; nothing else went wrong), a working start that ran is the
-    node's result, and the result says so. Nothing of those answers becomes the result."""
-    kinds = [_model_side(a) for a in attempts]
-    if not (start.ok and attempts and all(kinds)):
-        return
-    n = len(attempts)
-    failed = [a for a, k in zip(attempts, kinds) if k == "code"]
-    last = " ".join(str((failed[-1].get("execution") or {}).get("error") or "").split()
-                    if failed else [])
-    if kinds.count("code") == n:
-        why = f"The model's own code failed on all {n} attempt(s) (last: {last[:200]})"
-    else:
-        said = {"code": f"its code failed (last: {last[:200]})",
-                "cut": "its answer reached the token limit unfinished",
-                "empty": "its answer was empty"}
-        why = (f"The model gave no usable answer on any of its {n} attempt(s): "
-               + "; ".join(f"{kinds.count(k)}x {said[k]}" for k in ("cut", "code", "empty")
-                           if k in kinds))
-    attempts[-1]["fallback"] = "starter"
-    outcome.ok, outcome.execution = True, start.to_dict()
-    outcome.output = f"{started}\n\n{why}; this result is the working start's real output above."
