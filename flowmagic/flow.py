@@ -146,6 +146,10 @@ class Flow(LiveRun):
         """Run (or step) to completion on the current loop; returns the run state."""
         return await self.core.run(step=step, only=only)
 
+    async def astep(self) -> str:
+        """step() awaited in a notebook cell (`await flow.astep()`, tutorial 02)."""
+        return await self.arun(step=True)
+
     def _launch(self, coro_fn: Callable[[], Any]) -> "Flow":
         if in_loop():
             self.in_task(coro_fn()).add_done_callback(self._background_done)
