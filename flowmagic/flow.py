@@ -215,10 +215,6 @@ class Flow(LiveRun):
         self.core.stop()
 
     @property
-    def running(self) -> bool:
-        return self.core.executor is not None
-
-    @property
     def busy(self) -> bool:
         """A run was started and has not finished (in a notebook it may not have begun yet)."""
         task = self._task
