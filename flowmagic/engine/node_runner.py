@@ -156,7 +156,8 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
         # what this node's code finds in the session (its ancestors' names): the node's own
         parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
                             else "")
-        if workspace and ctx.workspace.columns() and computes(node.requirement):
+        tables = workspace and any(t.kind == "table" for t in ctx.workspace.inputs)
+        if tables and computes(node.requirement):
             parts["end"] = CODE_END
     return parts
 
