@@ -157,3 +157,19 @@ def test_no_prompt_reads_an_input_so_a_fifo_or_300000_columns_block_nothing(tmp_
     if not finished:   # free the reader the old code left blocked on the FIFO
         os.close(os.open(ws.root / "wide.csv", os.O_WRONLY | os.O_NONBLOCK))
     assert finished
+
+
+def test_long_cells_are_cut_in_the_description_every_prompt_carries(tmp_path):
+    """Five rows of a table of news articles (a whole article per cell) made a 32 KB
+    description, 8,500 tokens in every call of a flow."""
+    from flowmagic.engine.workspace import Workspace
+
+    articles = tmp_path / "articles.csv"
+    body = "word " * 2000
+    articles.write_text("title,text,neg\n" + "".join(f"t{i},{body}{i},0.{i}\n" for i in range(6)))
+    ws = Workspace(tmp_path / "ws")
+    ws.add([articles])
+    said = ws.describe()
+    assert "6 rows x 3 columns" in said and "  - text: str" in said
+    assert "word word" in said and "..." in said
+    assert len(said) < 2_000, len(said)

@@ -43,6 +43,10 @@ _ROWS = 5                 # rows shown to the agents
 _SCHEMA_ROWS = 2000       # rows read to find a CSV's dtypes
 _HEAD_BYTES = 4 << 20     # of a table read to find its schema (never the whole file)
 _COLUMNS = 60             # columns a description lists (the rest are counted)
+# A shown cell's width: five rows of a table of news articles (a whole article per cell) made
+# a 32 KB description, 8,500 tokens in every call of a flow (the bench model took 160-180 s
+# per call to read them); 40 characters of each cell show what a column holds.
+_CELL_CHARS = 40
 _NAMED_COLUMNS = 1000     # column names `columns()` gives of one table
 _MAX_VALUE_CHARS = 2000   # of a value's text shown in a prompt
 _RECORD_BYTES = 8 << 20   # a record larger than this is not one flowmagic wrote
@@ -83,7 +87,8 @@ def _table_summary(frame: Any, rows_total: int | None = None, columns_total: int
         lines.append(f"  ... and {width - _COLUMNS} more columns (not listed)")
     with pd.option_context("display.width", 120, "display.max_columns", 30):
         shown = frame.iloc[:_ROWS, :_COLUMNS]
-        lines.append(f"first {min(_ROWS, len(frame))} rows:\n{shown.to_string()}")
+        lines.append(f"first {min(_ROWS, len(frame))} rows:\n"
+                     f"{shown.to_string(max_colwidth=_CELL_CHARS)}")
     return "\n".join(lines)
 
 
