@@ -260,3 +260,39 @@ def test_what_code_printed_in_the_form_comes_before_a_later_answer_that_swapped_
                    "@mean_y[7.5007], @mean_x[9.0]\n", task)
     assert summary.kept_answer(wf, answerform.prescribed(task)) == (
         "a", "@mean_y[7.5007], @mean_x[9.0]", "printed")
+
+
+def test_a_value_the_summary_copied_unrounded_is_rounded_as_the_task_asks():
+    """The subtasks are not shown the form, so their code prints what it computed, and the
+    summary copies it: dabench-dev q210's result was @mean_neg[0.0687] where the task asked
+    for two places (the label 0.07). The result rounds it, and it still traces."""
+    whole = FRAME["y"].mean()   # 7.500681818181818...
+    stats = "```python\nprint('mean of y', df['y'].mean())\n```"
+
+    def agent(body):
+        messages = body["messages"]
+        if not _is_summary(messages):
+            return nodes_answer(stats=stats)(messages)
+        printed = re.search(r"^mean of y (\S+)$", messages[-1]["content"], re.MULTILINE)
+        return f"The mean of y was computed.\n\n@mean_y[{printed.group(1)}]"
+
+    flow, _ = run_flow(agent)
+    assert flow.status == "done", flow.message
+    assert pairs(flow.result) == {"mean_y": f"{whole:.4f}"}
+    table = flow.trace_numbers()
+    assert list(table["number"]) == [f"{whole:.4f}"] and list(table["node"]) == ["stats"]
+
+
+@pytest.mark.parametrize("words, text, out", [
+    ("@m[v] where v is rounded to two decimal places.", "@m[0.0687]", "@m[0.07]"),
+    ("@m[v], a float rounded to 2 decimals.", "@m[-3.14159] and @m[12]", "@m[-3.14] and @m[12]"),
+    ("@m[v] rounded to four decimal places.", "@m[0.5]", "@m[0.5]"),            # fewer: kept
+    ("@m[v] rounded to two decimal places.", "@m[1.57e-10]", "@m[1.57e-10]"),   # not plain
+    ("@m[v] rounded to two decimal places.", "@other[0.123]", "@other[0.123]"),  # not the form's
+    ("@m[v] to two decimal places and @p[p] to four decimal places.", "@m[0.0687] @p[0.123456]",
+     "@m[0.0687] @p[0.123456]"),   # which value gets which places is not read: left as written
+    ("@m[v], the mean.", "@m[0.0687]", "@m[0.0687]"),   # no places asked
+])
+def test_values_are_rounded_only_to_the_one_number_of_places_the_form_asks(words, text, out):
+    form = answerform.prescribed(f"Compute it.\n\nAnswer format: {words}")
+    assert answerform.rounded(form, text) == out

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
-           "form_feedback", "FORM_MISSING"]
+           "form_feedback", "FORM_MISSING", "decimals", "rounded"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -47,6 +47,10 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=\S)")
 _PAIR = re.compile(r"@(\w+)\[([^\]\n]*)\]")
 _WORDS_PAIR = re.compile(r"@(\w+)\[([^\]\n]*)(?:\]|$)", re.MULTILINE)   # a task's may be cut open
 _KEY = re.compile(r"\"([^\"\n]{1,80})\"\s*:")
+_DECIMALS = re.compile(r"\b(\d+|one|two|three|four|five|six)[ -]+decimal(?:s|\s+places?|\s+points?|"
+                       r"\s+digits?)?\b", re.IGNORECASE)
+_WORD_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+_PLAIN_DECIMAL = re.compile(r"^\s*-?\d+\.(\d+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -201,3 +205,35 @@ def form_feedback(form: Form, lacking: list[str], only: bool = False) -> str:
                        "from a printed output above.")
     return head + ("End your answer with the answer in exactly that form, each value copied "
                    "from a printed output above.")
+
+
+def decimals(form: Form | None) -> int | None:
+    """The decimal places the form's words ask its values to be rounded to ("rounded to two
+    decimal places"), or None when they name none or more than one (which value gets which
+    is not read here)."""
+    if form is None or not form.pairs:
+        return None
+    said = {_WORD_NUMBERS.get(n.lower()) or int(n) for n in _DECIMALS.findall(form.words)
+            if n.lower() in _WORD_NUMBERS or n.isdigit()}
+    return said.pop() if len(said) == 1 and 0 <= min(said) <= 15 else None
+
+
+def rounded(form: Form | None, text: str) -> str:
+    """`text` with each `@name[value]` of the form whose value is a plain decimal number with
+    more places than the form's words ask (`decimals`) rounded to them. The subtasks' code
+    is not shown the form, so it prints what it computed, unrounded (dabench-dev q210: the
+    result stated @mean_neg[0.0687] where the task asked for two places); a rounded value
+    still traces to the printed one (engine/numbers: rounding to the places written)."""
+    places = decimals(form)
+    if places is None:
+        return text
+    names = {name for name, _ in form.pairs}
+
+    def fix(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2)
+        plain = _PLAIN_DECIMAL.match(value)
+        if name not in names or plain is None or len(plain.group(1)) <= places:
+            return match.group(0)
+        return f"@{name}[{float(value):.{places}f}]"
+
+    return _PAIR.sub(fix, text)

@@ -204,7 +204,8 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
     form = answerform.prescribed(workflow.task or "")
     kept = kept_answer(workflow, form)
     if kept is not None:
-        return Summary(_kept(*kept), kept_from=kept[0])
+        node_id, answer, how = kept
+        return Summary(_kept(node_id, answerform.rounded(form, answer), how), kept_from=node_id)
     messages = summary_messages(workflow, budget, form)
     reply, calls = await ask(messages), 1
     text = reply.text
@@ -221,6 +222,7 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
                 text = f"{text.rstrip()}\n\n{reply.text.strip()}"
         calls = 2
         loose, lacking = _wrong(workflow, form, text, data)
+    text = answerform.rounded(form, text)   # as the task's words ask; it still traces
     if loose:
         text += f"\n\n{numbers.untraced_mark(loose)}"
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
