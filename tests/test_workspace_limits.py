@@ -173,3 +173,21 @@ def test_long_cells_are_cut_in_the_description_every_prompt_carries(tmp_path):
     assert "6 rows x 3 columns" in said and "  - text: str" in said
     assert "word word" in said and "..." in said
     assert len(said) < 2_000, len(said)
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"])
+def test_a_table_whose_lines_end_with_a_lone_carriage_return_is_a_table(tmp_path, end):
+    """2 of dabench-dev's 26 tables end their lines with \\r alone (a Mac's Excel): read as one
+    line, such a table was described as a file pandas could not read, the session held no
+    DataFrame for it, and every subtask's code had to load it itself."""
+    from flowmagic.engine.workspace import Workspace
+
+    table = tmp_path / "old_mac.csv"
+    table.write_bytes(end.join(["year,gdp", "1952,779.4", "1957,820.9", "1962,853.1"]).encode()
+                      + end.encode())
+    ws = Workspace(tmp_path / "ws")
+    ws.add([table])
+    said = ws.describe()
+    assert "old_mac.csv (table): 3 rows x 2 columns" in said and "  - gdp: float64" in said
+    assert ws.columns() == {"old_mac.csv": ["year", "gdp"]}
+    assert "df.plot.scatter(x='year', y='gdp')" in ws.example()

@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import os
+import re
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
@@ -92,9 +93,22 @@ def _table_summary(frame: Any, rows_total: int | None = None, columns_total: int
     return "\n".join(lines)
 
 
+# A line ends with \n, \r\n or a lone \r: 2 of dabench-dev's 26 tables end their lines with \r
+# alone (old Mac, Excel on a Mac), which pandas reads and a split on \n made one line of.
+_LINE_END = re.compile(rb"\r\n|\n|\r")
+
+
+def _first_line(head: bytes) -> bytes:
+    return _LINE_END.split(head, 1)[0]
+
+
 def _count_lines(root: Path, rel: str) -> int:
+    newlines = returns = 0
     with confined.opened(root, rel) as fh:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            newlines += chunk.count(b"\n")
+            returns += chunk.count(b"\r")
+    return newlines or returns   # \r alone ends the lines of a file with no \n
 
 
 def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int]:
@@ -105,8 +119,8 @@ def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int]:
 
     head, size = confined.read_head(root, rel, _HEAD_BYTES)
     if size > len(head):   # only whole lines
-        head = head[: head.rfind(b"\n") + 1]
-    first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+        head = head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
+    first = _first_line(head).decode("utf-8", "replace")
     if not first.strip():
         raise ValueError("no header line in the first 4 MB")
     width = len(next(csv.reader([first], delimiter=sep)))
@@ -348,7 +362,7 @@ class Workspace:
             try:
                 sep = "\t" if table.path.lower().endswith(".tsv") else ","
                 head, _ = confined.read_head(self.root, table.path, _HEAD_BYTES)
-                first = head.split(b"\n", 1)[0].decode("utf-8-sig", "replace").rstrip("\r")
+                first = _first_line(head).decode("utf-8-sig", "replace")
                 # csv, not pandas: pandas took 41 s over a header of 300,000 columns
                 out[table.path] = next(csv.reader([first], delimiter=sep))[:_NAMED_COLUMNS]
             except Exception:  # noqa: BLE001 - an unreadable table has no columns to name
