@@ -85,6 +85,9 @@ SKEW = ("Check if the fare distribution is skewed.\n\nConstraints: Calculate the
     ("Format the calculated mean as a string @mean_close_price[mean_value].", True),
     ("Output the count of each category in 'time_of_day', formatted as @morning[integer]", True),
     ("Display the formatted result in the console.", True),
+    # q5: its answer "1.48" where the code had printed 0.2051
+    ("The answer to this question is a number between -1 and 1, rounded to two decimal "
+     "places.", True),
     ("Round the final output to 2 decimal places and format as @skewness_fare[value].", True),
     ("Calculate the skewness of the Fare column using Pearson's moment coefficient.", False),
     ("Count the number of passengers in each category and report the results.", False),

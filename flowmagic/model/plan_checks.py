@@ -144,9 +144,9 @@ def loads_only(requirement: str) -> bool:
 
 
 # A step that only hands on the answer: its first word says so, and it computes nothing.
-_STATES = re.compile(r"^\W*(?:finally,?\s+|then,?\s+)?(?:format|output|display|print|present|"
-                     r"state|return|give|write|show|report|provide|round|combine|compile)\b",
-                     re.IGNORECASE)
+_STATES = re.compile(r"^\W*(?:finally,?\s+|then,?\s+)?(?:(?:the\s+)?(?:final\s+)?answer|format|"
+                     r"output|display|print|present|state|return|give|write|show|report|"
+                     r"provide|round|combine|compile)\b", re.IGNORECASE)
 # ... about the answer others computed (its form, "the result", "the calculated mean") ...
 _REFERS = re.compile(r"@\w+\[|\bformat|\banswers?\b|\bresults?\b|\bcalculated\b|"
                      r"\bcomputed\b|\bfinal\b", re.IGNORECASE)
