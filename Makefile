@@ -66,9 +66,12 @@ demo: setup
 demo-text: setup
 	$(VENV)/bin/flowmagic run "Write a short guide to brewing green tea: pick the leaves, heat the water, steep, and serve" --k 2 --max-tokens 200 --out out
 
+# Every figure of bench/RESULTS.md's summary in one run (about 25 minutes on a quiet 2-core
+# machine: whole flows on the embedded model are part of it); BENCH_ARGS="--quick" checks the harness.
+BENCH_ARGS ?=
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 # Right answers on dabench-dev (issue 29): flowmagic against the one-call baseline on the bench
 # model, which is downloaded and checked on first use (bench/benchmodel.py); never in `make test`.

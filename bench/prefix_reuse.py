@@ -1,17 +1,19 @@
-"""The csv_eda template end to end on the embedded model (plan, run, figure, export:
-`flowmagic run csv_eda`), under several server settings taking turns, in one run: seconds,
-model calls, prompt tokens sent and the prompt tokens the server reused (its own report,
-`prompt_tokens_details.cached_tokens`), so evaluated / sent = 1 - reused / sent.
+"""Prompt prefix reuse and end-to-end time on the embedded model (issue 31): whole flows run
+as a user runs them (`flowmagic run`), each in a process of its own with a FLOWMAGIC_HOME of
+its own (nothing answered from another run's cache) that starts its own embedded server.
+What each run cost is read from its store: seconds, model calls, prompt tokens sent, the
+prompt tokens the server reused (its own report, `prompt_tokens_details.cached_tokens`), so
+evaluated / sent = 1 - reused / sent, and completion tokens.
 
-Not part of `make bench` (minutes per run on 2 cores):
-    git archive <older commit> flowmagic | tar -x -C /tmp/before
-    .venv/bin/python bench/prefix_reuse.py --before /tmp/before --rounds 1
+Two jobs: the csv_eda template end to end (plan, run, figure, export, replay), under an
+older source ("before") and this one ("after") taking turns; and a few dabench-dev
+questions (one per level, seeded) as flows on this source. `make bench` runs both
+(bench/run.py); alone:
+    .venv/bin/python bench/prefix_reuse.py --before-ref 99292a4 --rounds 1
+    .venv/bin/python bench/prefix_reuse.py --before /tmp/before --arms before,cache,after
 Arms: `before` (the older source, the server's prompt cache off), `cache` (the older source,
-the cache on), `after` (this source, cache on): each saving on its own. The older source must
-have the embedded server's usage report (it counts the reused prefix). Each run has a
-FLOWMAGIC_HOME of its own (nothing answered from another run's cache), runs in it (so the
-source on PYTHONPATH is the one imported, by the kernel too) and starts its own embedded
-server. Prints one JSON line per run and a Markdown table.
+the cache on), `after` (this source with its defaults). The older source must have the
+embedded server's usage report (from 99292a4 on), or its reuse reads as zero.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -26,75 +29,160 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "RESULTS.md"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+__all__ = ["one", "usage", "ratio", "csv_eda", "dabench_sample", "table", "main"]
+
+RESULTS = HERE / "RESULTS.md"
 BEGIN, END = "<!-- prefix-reuse:begin -->", "<!-- prefix-reuse:end -->"
-ARMS = {"before": ("before", {"FLOWMAGIC_LOCAL_CACHE_MB": "0"}),   # the server's KV prefix only
-        "cache": ("before", {}),                                    # with its prompt cache
-        "after": (str(ROOT), {})}                                   # and this prompt layout
+# the older source's env: "before" is that source as it was before issue 31's server cache
+ARMS = {"before": ("before", {"FLOWMAGIC_LOCAL_CACHE_MB": "0"}),
+        "cache": ("before", {}),
+        "after": (str(ROOT), {})}
+_ENDPOINT_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "FLOWMAGIC_BASE_URL", "FLOWMAGIC_MODEL",
+                  "FLOWMAGIC_LOCAL_GGUF", "FLOWMAGIC_LOCAL_GGUF_SHA256")
 
 
-def one(arm: str, template: str, timeout: float, before: str) -> dict:
+def usage(home: str | Path) -> dict:
+    """Calls and tokens of the model calls a run made (not those its response cache answered),
+    from the store in `home`; zeros when the run left no store."""
+    db_path = Path(home) / "flowmagic.db"
+    if not db_path.is_file():
+        return {"calls": 0, "prompt_sent": 0, "prompt_reused": 0, "completion": 0}
+    db = sqlite3.connect(db_path)
+    try:
+        calls, sent, reused, out = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
+            " COALESCE(SUM(output_tokens), 0) FROM calls WHERE cached = 0 AND error IS NULL"
+        ).fetchone()
+    finally:
+        db.close()
+    return {"calls": calls, "prompt_sent": sent, "prompt_reused": reused, "completion": out}
+
+
+def ratio(rows: list[dict]) -> float | None:
+    """Prompt tokens evaluated / sent over `rows` together (None when nothing was sent)."""
+    sent = sum(r["prompt_sent"] for r in rows)
+    return round(1 - sum(r["prompt_reused"] for r in rows) / sent, 3) if sent else None
+
+
+def _run(argv: list[str], env: dict, cwd: str, timeout: float) -> tuple[int | str, str]:
+    """Run one flow; on its time limit stop its whole process group (the embedded server it
+    started with it) and say "timeout"."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return "timeout", out
+
+
+def one(arm: str, job: list[str], timeout: float, before: str | None, label: str) -> dict:
+    """`flowmagic run JOB...` under `arm` (see ARMS), with what it cost."""
     home = tempfile.mkdtemp(prefix=f"bench-reuse-{arm}-")
     src, extra = ARMS[arm]
-    env = {**os.environ, **extra, "FLOWMAGIC_HOME": home,
+    env = {**{k: v for k, v in os.environ.items() if k not in _ENDPOINT_VARS}, **extra,
+           "FLOWMAGIC_HOME": home, "FLOWMAGIC_DISCOVER": "0",
            "PYTHONPATH": before if src == "before" else src}
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "FLOWMAGIC_BASE_URL", "FLOWMAGIC_MODEL"):
-        env.pop(name, None)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flowmagic.cli", "run", template, "--out",
-                           os.path.join(home, "out")], env=env, cwd=home, timeout=timeout,
-                          capture_output=True, text=True)
+    rc, out = _run([sys.executable, "-m", "flowmagic.cli", "run", *job, "--out",
+                    os.path.join(home, "out")], env, home, timeout)
     seconds = time.perf_counter() - started
-    db = sqlite3.connect(os.path.join(home, "flowmagic.db"))
-    calls, sent, reused, out = db.execute(
-        "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
-        " COALESCE(SUM(output_tokens), 0) FROM calls WHERE cached = 0 AND error IS NULL").fetchone()
-    source = subprocess.run([sys.executable, "-c", "import flowmagic; print(flowmagic.__file__)"],
-                            env=env, cwd=home, capture_output=True, text=True).stdout.strip()
-    return {"arm": arm, "source": source, "template": template, "rc": done.returncode, "seconds": round(seconds, 1),
-            "calls": calls, "prompt_sent": sent, "prompt_reused": reused,
-            "completion": out, "evaluated_over_sent": round(1 - reused / sent, 3) if sent else None,
-            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
-            "tail": done.stdout.strip().splitlines()[-3:] if done.returncode else []}
+    row = {"arm": arm, "job": label, "rc": rc, "seconds": round(seconds, 1), **usage(home),
+           "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
+           "tail": out.strip().splitlines()[-3:] if rc else []}
+    row["evaluated_over_sent"] = ratio([row])
+    return row
+
+
+def csv_eda(arms: list[str], rounds: int, timeout: float, before: str | None, log=print) -> list:
+    """The csv_eda template under each arm, the arms taking turns (the first rotating)."""
+    rows = []
+    for n in range(rounds):
+        for arm in arms[n % len(arms):] + arms[:n % len(arms)]:
+            log(f"csv_eda on the embedded model, {arm}")
+            rows.append(one(arm, ["csv_eda"], timeout, before, "csv_eda"))
+            log(f"    {_line(rows[-1])}")
+    return rows
+
+
+def questions(n: int, seed: int) -> list:
+    """`n` dabench-dev questions spread over the levels (dabench.sample's order)."""
+    import dabench
+
+    return dabench.sample(dabench.load(), -(-n // len(dabench.LEVELS)), seed)[:n]
+
+
+def dabench_sample(n: int, seed: int, timeout: float, log=print) -> list:
+    """`n` dabench-dev questions as flows on this source (`%%flow`'s defaults, the CSV as the
+    input, the task as bench/analysis_worker.py words it)."""
+    from analysis_worker import task_of
+
+    rows = []
+    for q in questions(n, seed):
+        log(f"dabench-dev q{q.id} ({q.level}) as a flow on the embedded model")
+        rows.append(one("after", [task_of(q), "--inputs", str(q.table)], timeout, None,
+                        f"dabench q{q.id} ({q.level})"))
+        log(f"    {_line(rows[-1])}")
+    return rows
+
+
+def _line(r: dict) -> str:
+    return (f"rc {r['rc']}, {r['seconds']} s, {r['calls']} calls, {r['prompt_sent']} prompt "
+            f"tokens sent, {r['prompt_reused']} reused, evaluated / sent "
+            f"{r['evaluated_over_sent']}, load {r['load_before']}-{r['load_after']}")
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| arm | rc | s | calls | prompt tokens sent | reused by the server | "
+    lines = ["| run | arm | rc | s | calls | prompt tokens sent | reused by the server | "
              "evaluated / sent | completion tokens | load before-after |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['rc']} | {r['seconds']} | {r['calls']} | "
-                     f"{r['prompt_sent']} | {r['prompt_reused']} | {r['evaluated_over_sent']} | "
-                     f"{r['completion']} | {r['load_before']}-{r['load_after']} |")
+        lines.append(f"| {r.get('job', 'csv_eda')} | {r['arm']} | {r['rc']} | {r['seconds']} | "
+                     f"{r['calls']} | {r['prompt_sent']} | {r['prompt_reused']} | "
+                     f"{r['evaluated_over_sent']} | {r['completion']} | "
+                     f"{r['load_before']}-{r['load_after']} |")
     return "\n".join(lines)
+
+
+def _source(args) -> str | None:
+    import before as older
+
+    if args.before:
+        path, what = older.given(args.before)
+    else:
+        path, what = older.prepare(args.before_ref, ROOT,
+                                   Path(tempfile.mkdtemp(prefix="bench-before-")))
+    print(what, file=sys.stderr)
+    return str(path) if path else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arms", default="before,cache,after")
+    parser.add_argument("--arms", default="before,after")
     parser.add_argument("--before", help="a folder holding an older flowmagic/")
+    parser.add_argument("--before-ref", default="99292a4",
+                        help="else the commit whose flowmagic/ is the older source")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--template", default="csv_eda")
+    parser.add_argument("--questions", type=int, default=3,
+                        help="dabench-dev questions (0: none)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--write", nargs="*", metavar="JSONL",
-                        help="only write RESULTS.md's section from these runs' JSON lines")
     args = parser.parse_args()
-    if args.write is not None:
-        rows = [json.loads(line) for f in args.write for line in Path(f).read_text().splitlines()
-                if line.startswith("{")]
-        text = table(rows)
-        from report import write_section
-        write_section(RESULTS, BEGIN, END, "Prompt prefix reuse on the embedded model (issue 31)",
-                      text)
-        print(text)
-        return
-    arms, rows = args.arms.split(","), []
-    for n in range(args.rounds):   # the arms take turns, the first rotating
-        for arm in arms[n % len(arms):] + arms[:n % len(arms)]:
-            rows.append(one(arm, args.template, args.timeout, args.before))
-            print(json.dumps(rows[-1]), flush=True)
+    arms = args.arms.split(",")
+    source = _source(args) if any(ARMS[a][0] == "before" for a in arms) else None
+    if source is None:
+        arms = [a for a in arms if ARMS[a][0] != "before"]
+    rows = csv_eda(arms, args.rounds, args.timeout, source)
+    rows += dabench_sample(args.questions, args.seed, args.timeout) if args.questions else []
+    for row in rows:
+        print(json.dumps(row))
     print(table(rows))
 
 

@@ -108,10 +108,24 @@ def _makespan_rows(cases: list) -> list[list[str]]:
     return rows
 
 
+def _parts(parts: list[dict]) -> list[str]:
+    if not parts:
+        return []
+    return ["", "## Parts of this run", "",
+            "Each part's seconds, and the 1-minute load average of the machine (2 cores) when "
+            "it began and when it ended.", ""] + _table(
+        ["part", "seconds", "load before", "load after"],
+        [[p["part"], f"{p['seconds']:.0f}", f"{p['load_before']:.2f}", f"{p['load_after']:.2f}"]
+         for p in parts])
+
+
 def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
-                  notes: list[str], settings: dict, elapsed: float) -> None:
+                  notes: list[str], settings: dict, elapsed: float,
+                  parts: list[dict] | None = None) -> None:
     lines = ["# flowmagic benchmark results", "",
-             "Written by `make bench` (`bench/run.py`); regenerated on every run, do not edit by hand.",
+             "Written by `make bench` (`bench/run.py`): everything down to the Notes, and the "
+             "blocks the later sections mark as written by `make bench`, is regenerated on every "
+             "run; the rest of those sections (measured apart) is kept as it stands.",
              f"Run on {info['date']}, {elapsed:.0f} s in all. Settings: {settings}.", "",
              "## Machine", ""]
     lines += _table(["what", "value"], [[k, v] for k, v in info.items()])
@@ -121,6 +135,7 @@ def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
               "## Summary against the targets", ""]
     lines += _table(["measurement", "measured", "target", "result"],
                     [[s["what"], s["measured"], s["target"], verdict(s["ok"])] for s in summary])
+    lines += _parts(parts or [])
     lines += ["", "## Makespans: flowmagic, the bare SDK loop, the floor, LangGraph, "
               "level-synchronous", "", sections["makespan_intro"], ""]
     lines += _table(["case", "nodes", "edges", "levels", "server-latency bound s", "flowmagic s",
@@ -139,7 +154,8 @@ def write_results(path: Path, info: dict, summary: list[dict], sections: dict,
                 lines += [block["intro"], ""]
             lines += _table(block["header"], block["rows"]) + [""]
     lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    # bench/dask_map.py's own section (issue 16) is kept as it stands: it is measured apart.
+    # From the Dask section on, the file is kept: its marker blocks are rewritten after this
+    # (bench/speed.py), the sections measured apart are kept as they stand.
     old = path.read_text() if path.exists() else ""
     if "<!-- dask-map:begin -->" in old:
         lines += [old[old.index("## Distributed map"):].rstrip(), ""]

@@ -2,13 +2,17 @@
 
 Starts a loopback OpenAI-compatible server in its own process (latency a hash of the
 request body in a range), runs the DAG families under flowmagic, a level-synchronous
-baseline and LangGraph, measures scheduler overhead, drawing, replay and memory, and
-writes bench/RESULTS.md. See bench/README.md for what each number means.
+baseline and LangGraph, measures scheduler overhead, drawing, replay and memory; then
+issue 31's figures (bench/speed.py): cached tokens in the cost table, `flow.map` on Dask
+against in process, and whole flows on the embedded model (csv_eda before and after, a
+dabench-dev sample: prompt tokens evaluated / sent); and writes bench/RESULTS.md. See
+bench/README.md for what each number means.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -26,6 +30,7 @@ import extras  # noqa: E402
 import overhead  # noqa: E402
 import report  # noqa: E402
 import results  # noqa: E402
+import speed  # noqa: E402
 from compare import Case  # noqa: E402
 
 __all__ = ["main"]
@@ -93,50 +98,98 @@ def run_memory(n: int) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+PARTS: list[dict] = []   # each part of the run: seconds, and the load before and after it
+
+
+@contextlib.contextmanager
+def part(name: str):
+    """Time one part of the run with the 1-minute load before and after it (RESULTS.md's
+    table of parts: how long each takes, and on how busy a machine)."""
+    load, started = os.getloadavg()[0], time.perf_counter()
+    yield
+    PARTS.append({"part": name, "seconds": time.perf_counter() - started,
+                  "load_before": load, "load_after": os.getloadavg()[0]})
+
+
+def _args(argv: list[str] | None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, for checking the harness")
     p.add_argument("--latency", default="0.05:0.5", help="server latency range lo:hi in seconds")
     p.add_argument("--seed", type=int, default=1, help="the server's latency seed")
     p.add_argument("--out", default=str(HERE / "RESULTS.md"))
-    args = p.parse_args(argv)
-    lo, hi = (float(x) for x in args.latency.split(":"))
-    plan = _plan(args.quick)
+    p.add_argument("--before", help="a folder holding the older flowmagic/ that csv_eda's "
+                   "'before' runs (default: --before-ref taken from git)")
+    p.add_argument("--before-ref", default=speed.BEFORE_REF,
+                   help="the commit whose flowmagic/ is the older source, when this is a git "
+                   "checkout that has it")
+    p.add_argument("--questions", type=int, default=3,
+                   help="dabench-dev questions run as flows on the embedded model (0: none)")
+    p.add_argument("--model-timeout", type=float, default=900,
+                   help="seconds one flow on the embedded model may take")
+    p.add_argument("--skip-model", action="store_true",
+                   help="leave out the flows on the embedded model (--quick does)")
+    return p.parse_args(argv)
+
+
+def _loopback_parts(plan: dict, data: dict, lo: float, hi: float, seed: int) -> None:
     import flowmagic
     import server as bench_server
 
+    with bench_server.spawn(latency=(lo, hi), seed=seed) as server:
+        log(f"loopback server {server.base_url} (latency {lo}-{hi} s from a hash of the body)")
+        flowmagic.configure(base_url=server.base_url, model="m", self_hosted=False)
+        with part("makespans"):
+            data["cases"] = run_makespans(plan, server)
+        log("replay: exported notebook")
+        with part("replay"):
+            data["replay"] = extras.replay(plan["replay"], server, log=log)
+        log(f"profile: flowmagic on {plan['profile'][0]}-{plan['profile'][1]} under cProfile")
+        server.reset()
+        with part("client profile"):
+            data["profile"] = clientprofile.client_profile(*plan["profile"])
+    log(f"faults: layered-{plan['faults']} with 5% HTTP 429 and 5% HTTP 500")
+    with part("faults"):
+        data["faults"] = compare.fault_case(plan["faults"], {"429": 0.05, "500": 0.05},
+                                            seed=seed, latency=(lo, hi), log=log)
+
+
+def _local_parts(plan: dict, data: dict) -> None:
+    with part("overhead"):
+        data["overhead"] = run_overhead(plan)
+    log(f"profile: the node runner on layered-{plan['overhead'][0][0]} under cProfile")
+    with part("node runner profile"):
+        data["node_profile"] = clientprofile.node_runner_profile(plan["overhead"][0][0])
+    data["drawing"] = []
+    with part("drawing"):
+        for n in plan["draw"]:
+            log(f"drawing: {n} nodes")
+            data["drawing"].append(extras.drawing_time(n))
+            log(f"    {data['drawing'][-1]}")
+    with part("memory"):
+        data["memory"] = run_memory(plan["memory"])
+    log("%load_ext flowmagic in fresh shells")
+    with part("%load_ext"):
+        data["load_ext"] = extras.load_ext_time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    lo, hi = (float(x) for x in args.latency.split(":"))
+    plan = _plan(args.quick)
     info = report.machine()
     log(f"machine: {info['cores']} cores, {info['memory']}, load {info['load']}")
     data: dict = {"latency": (lo, hi), "seed": args.seed}
-    with bench_server.spawn(latency=(lo, hi), seed=args.seed) as server:
-        log(f"loopback server {server.base_url} (latency {lo}-{hi} s from a hash of the body)")
-        flowmagic.configure(base_url=server.base_url, model="m", self_hosted=False)
-        data["cases"] = run_makespans(plan, server)
-        log("replay: exported notebook")
-        data["replay"] = extras.replay(plan["replay"], server, log=log)
-        log(f"profile: flowmagic on {plan['profile'][0]}-{plan['profile'][1]} under cProfile")
-        server.reset()
-        data["profile"] = clientprofile.client_profile(*plan["profile"])
-    log(f"faults: layered-{plan['faults']} with 5% HTTP 429 and 5% HTTP 500")
-    data["faults"] = compare.fault_case(plan["faults"], {"429": 0.05, "500": 0.05},
-                                        seed=args.seed, latency=(lo, hi), log=log)
-    data["overhead"] = run_overhead(plan)
-    log(f"profile: the node runner on layered-{plan['overhead'][0][0]} under cProfile")
-    data["node_profile"] = clientprofile.node_runner_profile(plan["overhead"][0][0])
-    data["drawing"] = []
-    for n in plan["draw"]:
-        log(f"drawing: {n} nodes")
-        data["drawing"].append(extras.drawing_time(n))
-        log(f"    {data['drawing'][-1]}")
-    data["memory"] = run_memory(plan["memory"])
-    log("%load_ext flowmagic in fresh shells")
-    data["load_ext"] = extras.load_ext_time()
+    _loopback_parts(plan, data, lo, hi, args.seed)
+    _local_parts(plan, data)
+    data["speed"] = speed.measure(vars(args), args.quick, HERE.parent, log=log, part=part)
     info["load"] += f" at the start, {'%.2f %.2f %.2f' % os.getloadavg()} at the end"
     settings = {"latency": f"{lo}-{hi} s", "server seed": args.seed,
                 "mode": "quick" if args.quick else "full"}
     summary, sections, notes = results.build(data, quick=args.quick)
+    summary += speed.rows(data["speed"])
     report.write_results(Path(args.out), info, summary, sections, notes, settings,
-                         time.perf_counter() - T0)
+                         time.perf_counter() - T0, parts=PARTS)
+    speed.write_blocks(Path(args.out), data["speed"])
     log(f"wrote {args.out}")
     for row in summary:
         log(f"  {row['what']}: {row['measured']} (target {row['target']}) "

@@ -1,0 +1,182 @@
+"""Issue 31's figures in `make bench`: prompt tokens evaluated / sent on the embedded server
+(a whole csv_eda flow, a dabench-dev sample), cached tokens in the cost table, csv_eda end to
+end before and after, and `flow.map` on Dask against in process: how they are measured in
+one run (`measure`), their rows in the summary against the targets (`rows`) and the text of
+their sections in RESULTS.md (`blocks`)."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+from pathlib import Path
+
+import before as older
+import cached_price
+import dask_map
+import prefix_reuse
+
+__all__ = ["TARGETS", "BEFORE_REF", "measure", "rows", "blocks", "write_blocks"]
+
+TARGETS = {"evaluated_over_sent": 0.4, "eda_s": 60.0, "dask_io": 1.0, "dask_cpu": 1.25}
+# The older source csv_eda is compared with: the first commit whose embedded server reports
+# the prefix it reused (so "before" has evaluated / sent too), run with that server's prompt
+# cache off, as the embedded model ran before issue 31.
+BEFORE_REF = "99292a4"
+SIZES = {"quick": {"n_io": 32, "n_cpu": 8, "rounds": 1},
+         "full": {"n_io": 256, "n_cpu": 48, "rounds": 3}}
+DASK_THREADS = 8
+
+
+def _before(opts: dict, root: Path) -> tuple[str | None, str]:
+    if opts.get("before"):
+        path, what = older.given(opts["before"])
+    else:
+        path, what = older.prepare(opts.get("before_ref") or BEFORE_REF, root,
+                                   Path(tempfile.mkdtemp(prefix="bench-before-")))
+    return (str(path) if path else None), what
+
+
+def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
+    """Every figure, cheap first, the embedded model's flows last (minutes each); `part(name)`
+    times each part (bench/run.py's table of parts)."""
+    part = part or (lambda name: contextlib.nullcontext())
+    out: dict = {}
+    log("cached prompt tokens in the cost table (loopback endpoint reporting cached_tokens)")
+    with part("cached tokens priced"):
+        out["cached"] = cached_price.measure()
+    size = SIZES["quick" if quick else "full"]
+    log(f"flow.map on Dask against in process: {size['rounds']} round(s), "
+        f"{size['n_io']} I/O-bound and {size['n_cpu']} CPU-bound inputs")
+    with part("Dask map"):
+        out["dask"] = dask_map.run(size["n_io"], size["n_cpu"], DASK_THREADS, size["rounds"])
+    out["dask"]["threads"] = DASK_THREADS
+    if quick or opts.get("skip_model"):
+        out["model_skipped"] = ("--quick" if quick else "--skip-model")
+        return out
+    source, out["before"] = _before(opts, root)
+    log(f"older source: {out['before']}")
+    timeout = float(opts.get("model_timeout") or 900)
+    arms = ["before", "after"] if source else ["after"]
+    with part("csv_eda on the embedded model, " + " and ".join(arms)):
+        out["csv_eda"] = prefix_reuse.csv_eda(arms, 1, timeout, source, log=log)
+    n = int(opts.get("questions", 3))
+    with part(f"{n} dabench-dev questions on the embedded model"):
+        out["dabench"] = prefix_reuse.dabench_sample(n, int(opts.get("seed", 0)), timeout,
+                                                     log=log) if n else []
+    return out
+
+
+def _row(what: str, measured: str, target: str, ok) -> dict:
+    return {"what": what, "measured": measured, "target": target, "ok": ok}
+
+
+def _eda(r: dict | None) -> str:
+    if r is None:
+        return "not run"
+    done = "" if r["rc"] == 0 else f" (exit {r['rc']})"
+    return (f"{r['seconds']:.0f} s{done}, {r['calls']} calls, {r['prompt_sent']:,} prompt + "
+            f"{r['completion']:,} completion tokens, load {r['load_before']}-{r['load_after']}")
+
+
+def _ratio_rows(sp: dict) -> list[dict]:
+    if "model_skipped" in sp:
+        why = f"not measured ({sp['model_skipped']}: whole flows on the embedded model)"
+        return [_row("prompt tokens evaluated / sent on the embedded server (csv_eda, "
+                     "dabench-dev sample)", why, f"<= {TARGETS['evaluated_over_sent']}", None),
+                _row("csv_eda end to end on the embedded model, before / after", why,
+                     f"<= {TARGETS['eda_s']:g} s at load <= 1", None)]
+    target = TARGETS["evaluated_over_sent"]
+    after = [r for r in sp["csv_eda"] if r["arm"] == "after"]
+    eda = prefix_reuse.ratio(after)
+    qs = sp["dabench"]
+    sample = prefix_reuse.ratio(qs)
+    names = ", ".join(r["job"].split(" ")[1] for r in qs) or "none"
+    by_arm = {r["arm"]: r for r in sp["csv_eda"]}
+    done = after and after[0]["rc"] == 0
+    return [
+        _row("prompt tokens the embedded server evaluated / sent, a whole csv_eda flow",
+             f"{eda} ({after[0]['prompt_sent']:,} sent)" if eda is not None else "—",
+             f"<= {target}", None if eda is None else eda <= target),
+        _row(f"prompt tokens the embedded server evaluated / sent, dabench-dev sample ({names})",
+             f"{sample} ({sum(r['prompt_sent'] for r in qs):,} sent)" if sample is not None
+             else "—", f"<= {target}", None if sample is None else sample <= target),
+        _row("csv_eda end to end on the embedded model (plan, run, figure, export), before -> "
+             "after", f"before ({BEFORE_REF} or --before): {_eda(by_arm.get('before'))}; "
+             f"after: {_eda(by_arm.get('after'))}",
+             f"after <= {TARGETS['eda_s']:g} s at load <= 1",
+             bool(done) and after[0]["seconds"] <= TARGETS["eda_s"])]
+
+
+def _dask_medians(d: dict) -> dict:
+    return {k: statistics.median(r[2]["rate"] / r["inprocess"]["rate"] for r in d[k]["rounds"])
+            for k in ("io", "cpu")}
+
+
+def rows(sp: dict) -> list[dict]:
+    """The summary rows against the targets."""
+    c = sp["cached"]
+    med = _dask_medians(sp["dask"])
+    loads = [r["load"] for k in ("io", "cpu") for r in sp["dask"][k]["rounds"]]
+    spread = f"load {min(loads):.1f}-{max(loads):.1f}"
+    return _ratio_rows(sp) + [
+        _row("cached prompt tokens in the cost table (loopback endpoint reporting cached_tokens, "
+             f"{c['model']}, {c['calls']} calls)",
+             f"{c['cached_tokens']:,} of {c['prompt_tokens']:,} prompt tokens cached; charged "
+             f"${c['charged']:.7f} = ${c['at_cached_rate']:.7f} at the cached rate (full rate "
+             f"${c['at_full_rate']:.7f}, {c['charged'] / c['at_full_rate']:.2f}x)",
+             "cached tokens at the cached rate", c["ok"]),
+        _row(f"flow.map on Dask, 2 workers / in process, I/O-bound (median of "
+             f"{sp['dask']['rounds']} rounds)", f"{med['io']:.2f} ({spread})",
+             f">= {TARGETS['dask_io']}", med["io"] >= TARGETS["dask_io"]),
+        _row(f"flow.map on Dask, 2 workers / in process, CPU-bound (median of "
+             f"{sp['dask']['rounds']} rounds)", f"{med['cpu']:.2f} ({spread})",
+             f">= {TARGETS['dask_cpu']}", med["cpu"] >= TARGETS["dask_cpu"])]
+
+
+def _prefix_block(sp: dict) -> str:
+    c = sp["cached"]
+    lines = []
+    if "model_skipped" in sp:
+        lines += [f"Whole flows on the embedded model were not run ({sp['model_skipped']}).", ""]
+    else:
+        lines += [f"Written by `make bench`. Older source: {sp['before']}. Each run is "
+                  "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
+                  "embedded server (SmolLM2-135M, one thread); \"before\" runs the older source "
+                  "with the server's prompt cache off (`FLOWMAGIC_LOCAL_CACHE_MB=0`), \"after\" "
+                  "this source with its defaults. The dabench-dev questions (one per level, "
+                  "seed 0) run as flows with `%%flow`'s defaults on this source. Tokens are the "
+                  "calls that reached the server; reused is the server's own count.", "",
+                  prefix_reuse.table(sp["csv_eda"] + sp["dabench"]), ""]
+        for what, rs in (("csv_eda (after)", [r for r in sp["csv_eda"] if r["arm"] == "after"]),
+                         ("csv_eda (before)", [r for r in sp["csv_eda"] if r["arm"] == "before"]),
+                         ("the dabench-dev sample", sp["dabench"])):
+            if rs:
+                lines.append(f"- evaluated / sent over {what}: {prefix_reuse.ratio(rs)}")
+        lines.append("")
+    lines.append(
+        f"Cached tokens priced: a {c['calls']}-call flow on a loopback endpoint that reports "
+        f"{c['reported_cached']:,} of {c['prompt_tokens']:,} prompt tokens as cached "
+        f"(`prompt_tokens_details.cached_tokens`), model {c['model']} at "
+        f"{c['rates'][0]:g} / {c['rates'][1]:g} cached / {c['rates'][2]:g} USD per million "
+        f"in / out: `flow.cost()` counts {c['cached_tokens']:,} cached tokens and charges "
+        f"${c['charged']:.7f}; at the cached rate that is ${c['at_cached_rate']:.7f}, at the "
+        f"full input rate it would be ${c['at_full_rate']:.7f}.")
+    return "\n".join(lines)
+
+
+def blocks(sp: dict) -> dict:
+    """RESULTS.md's marker blocks this run rewrites: {(begin, end, heading): text}."""
+    d = sp["dask"]
+    text = "Written by `make bench`. " + dask_map.table(d, d["threads"])
+    return {(dask_map.BEGIN, dask_map.END, "Distributed map (issue 16)"): text,
+            (prefix_reuse.BEGIN, prefix_reuse.END,
+             "Prompt prefix reuse on the embedded model (issue 31)"): _prefix_block(sp)}
+
+
+def write_blocks(path: Path, sp: dict) -> None:
+    from report import write_section
+
+    for (begin, end, heading), text in blocks(sp).items():
+        write_section(path, begin, end, heading, text)
+

@@ -1,0 +1,181 @@
+"""`make bench`'s issue-31 parts (bench/speed.py and what it runs): the older source taken
+from git for csv_eda's "before" runs (and one line when it cannot be), a run's calls and
+tokens read back from its store, the summary rows against the targets, and RESULTS.md's
+marked blocks rewritten with the text around them kept. No timing is asserted here: the
+figures themselves are the bench's."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import before  # noqa: E402
+import cached_price  # noqa: E402
+import prefix_reuse  # noqa: E402
+import speed  # noqa: E402
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path) -> tuple[Path, str]:
+    """A checkout with two commits of flowmagic/: (its root, the first commit)."""
+    root = tmp_path / "repo"
+    (root / "flowmagic").mkdir(parents=True)
+    _git(root, "init", "-q")
+    _git(root, "config", "user.email", "b@example.org")
+    _git(root, "config", "user.name", "b")
+    (root / "flowmagic" / "__init__.py").write_text("VERSION = 'old'\n")
+    (root / "flowmagic" / "gone.py").write_text("X = 1\n")
+    (root / "README.md").write_text("not the package\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "old")
+    first = _git(root, "rev-parse", "HEAD")
+    (root / "flowmagic" / "__init__.py").write_text("VERSION = 'new'\n")
+    (root / "flowmagic" / "gone.py").unlink()
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "new")
+    return root, first
+
+
+def test_the_older_source_is_the_named_commits_package_and_nothing_else(repo, tmp_path):
+    root, first = repo
+    dest, what = before.prepare(first[:7], root, tmp_path / "before")
+    assert dest == tmp_path / "before"
+    assert (dest / "flowmagic" / "__init__.py").read_text() == "VERSION = 'old'\n"
+    assert (dest / "flowmagic" / "gone.py").is_file()      # as it was at that commit
+    assert not (dest / "README.md").exists()               # only the package is taken
+    assert first[:10] in what
+    # the checkout itself is untouched
+    assert (root / "flowmagic" / "__init__.py").read_text() == "VERSION = 'new'\n"
+
+
+@pytest.mark.parametrize("case, said", [
+    ("not a checkout", "is not a git checkout"),
+    ("unknown commit", "is not in this checkout"),
+    ("no package", "has no flowmagic/ package"),
+])
+def test_without_the_older_source_one_line_says_why_and_what_to_give(repo, tmp_path, case, said):
+    root, first = repo
+    if case == "not a checkout":
+        root = tmp_path / "plain"
+        (root / "flowmagic").mkdir(parents=True)
+        ref = first
+    elif case == "unknown commit":
+        ref = "0123456789abcdef0123456789abcdef01234567"
+    else:   # a commit from before the package existed
+        _git(root, "checkout", "-q", "--orphan", "empty")
+        _git(root, "rm", "-rq", "--cached", ".")
+        (root / "other.txt").write_text("x\n")
+        _git(root, "add", "other.txt")
+        _git(root, "commit", "-q", "-m", "no package")
+        ref = "HEAD"
+    dest, why = before.prepare(ref, root, tmp_path / "before")
+    assert dest is None
+    assert said in why and "--before DIR" in why and "\n" not in why
+
+
+def test_a_given_folder_must_hold_the_package(tmp_path):
+    assert before.given(tmp_path)[0] is None
+    (tmp_path / "flowmagic").mkdir()
+    (tmp_path / "flowmagic" / "__init__.py").write_text("")
+    assert before.given(tmp_path)[0] == tmp_path.resolve()
+
+
+def test_a_runs_calls_and_tokens_come_from_its_store(flowmagic_home):
+    """The cost-table part prices the cached tokens an endpoint reports at the cached rate,
+    and the prefix bench reads the same run's tokens back from the store."""
+    got = cached_price.measure()
+    assert got["ok"] and got["status"] == "done"
+    assert got["charged"] == pytest.approx(got["at_cached_rate"])
+    assert got["charged"] < got["at_full_rate"]
+    used = prefix_reuse.usage(flowmagic_home)
+    assert used == {"calls": 2, "prompt_sent": 4000, "prompt_reused": 3072, "completion": 200}
+    assert prefix_reuse.ratio([used]) == pytest.approx(1 - 3072 / 4000, abs=1e-3)
+    assert prefix_reuse.usage(flowmagic_home / "nothing") == {
+        "calls": 0, "prompt_sent": 0, "prompt_reused": 0, "completion": 0}
+    assert prefix_reuse.ratio([]) is None
+
+
+def _run(arm, job, rc=0, seconds=50.0, sent=1000, reused=700):
+    return {"arm": arm, "job": job, "rc": rc, "seconds": seconds, "calls": 5,
+            "prompt_sent": sent, "prompt_reused": reused, "completion": 300,
+            "load_before": 0.5, "load_after": 0.7,
+            "evaluated_over_sent": round(1 - reused / sent, 3)}
+
+
+def _dask(io: list[float], cpu: list[float]) -> dict:
+    def rounds(ratios):
+        return [{"load": 0.5, "inprocess": {"rate": 10.0}, 2: {"rate": 10.0 * r}} for r in ratios]
+    return {"io": {"rounds": rounds(io)}, "cpu": {"rounds": rounds(cpu)}, "rounds": len(io),
+            "threads": 8}
+
+
+CACHED = {"model": "gpt-4o-mini", "calls": 2, "cached_tokens": 3072, "prompt_tokens": 4000,
+          "reported_cached": 3072, "charged": 0.0004896, "at_cached_rate": 0.0004896,
+          "at_full_rate": 0.00072, "rates": (0.15, 0.075, 0.6), "ok": True}
+
+VERDICTS = [
+    # (csv_eda runs, dabench runs, dask I/O ratios, dask CPU ratios, verdicts by row start)
+    ([_run("before", "csv_eda", seconds=200, reused=100), _run("after", "csv_eda", reused=700)],
+     [_run("after", "dabench q1 (easy)", reused=500)], [0.96, 1.02, 1.01], [1.3, 1.2, 1.5],
+     {"prompt tokens the embedded server evaluated / sent, a whole": True,
+      "prompt tokens the embedded server evaluated / sent, dabench": False,
+      "csv_eda end to end": True, "cached prompt tokens": True,
+      "flow.map on Dask, 2 workers / in process, I/O": True,
+      "flow.map on Dask, 2 workers / in process, CPU": True}),
+    ([_run("after", "csv_eda", rc=1, seconds=40, reused=500)], [], [0.95], [1.2],
+     {"prompt tokens the embedded server evaluated / sent, a whole": False,
+      "prompt tokens the embedded server evaluated / sent, dabench": None,
+      "csv_eda end to end": False,                 # a run that failed is no time met
+      "flow.map on Dask, 2 workers / in process, I/O": False,
+      "flow.map on Dask, 2 workers / in process, CPU": False}),
+    ([_run("after", "csv_eda", seconds=61, reused=600)], [], [1.0], [1.25],
+     {"prompt tokens the embedded server evaluated / sent, a whole": True,   # 0.4 is met
+      "csv_eda end to end": False,
+      "flow.map on Dask, 2 workers / in process, I/O": True,
+      "flow.map on Dask, 2 workers / in process, CPU": True}),
+]
+
+
+@pytest.mark.parametrize("eda, sample, io, cpu, want", VERDICTS)
+def test_summary_rows_say_met_or_not_from_the_figures(eda, sample, io, cpu, want):
+    rows = speed.rows({"cached": CACHED, "dask": _dask(io, cpu), "csv_eda": eda,
+                       "dabench": sample, "before": "x"})
+    for start, ok in want.items():
+        [row] = [r for r in rows if r["what"].startswith(start)]
+        assert row["ok"] is ok, row
+
+
+def test_quick_leaves_the_model_flows_out_and_says_so():
+    rows = speed.rows({"cached": CACHED, "dask": _dask([1.1], [1.3]), "model_skipped": "--quick"})
+    skipped = [r for r in rows if "not measured (--quick" in r["measured"]]
+    assert len(skipped) == 2 and all(r["ok"] is None for r in skipped)
+
+
+def test_the_marked_blocks_are_rewritten_and_the_text_around_them_kept(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# r\n\n## Distributed map (issue 16)\n\n<!-- dask-map:begin -->\nold "
+                       "dask\n<!-- dask-map:end -->\n\nhand-written prose\n\n## Later\n\nkept\n")
+    sp = {"cached": CACHED, "dask": _dask([1.05], [1.3]), "model_skipped": "--skip-model"}
+    sp["dask"].update(load_before=0.4, load_after=0.6, n_io=1)
+    for kind, n in (("io", 256), ("cpu", 48)):
+        sp["dask"][kind]["n"] = n
+        for r in sp["dask"][kind]["rounds"]:
+            r[1] = {"rate": 10.0, "startup": 2.0, "driver_ms": 1.0}
+            r[2].update(startup=3.0, driver_ms=2.0)
+    speed.write_blocks(results, sp)
+    text = results.read_text()
+    assert "old dask" not in text and "Written by `make bench`" in text
+    assert "| I/O-bound (200 ms latency) | 256 |" in text
+    assert "hand-written prose" in text and "## Later\n\nkept" in text
+    # a block the file lacked goes at its end, under its heading
+    assert text.index("## Later") < text.index("## Prompt prefix reuse on the embedded model")
+    assert "not run (--skip-model)" in text and "charges $0.0004896" in text
