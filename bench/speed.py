@@ -37,6 +37,17 @@ def _before(opts: dict, root: Path) -> tuple[str | None, str]:
     return (str(path) if path else None), what
 
 
+def _attempt(out: dict, key: str, work, log) -> None:
+    """out[key] = work(); a part that breaks is one line in the results, and the run goes on
+    (a failure in the last minutes must not lose the other parts' figures)."""
+    try:
+        out[key] = work()
+    except (Exception, SystemExit) as exc:   # dask_map stops with SystemExit on wrong answers
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        out.setdefault("errors", {})[key] = f"{type(exc).__name__}: {line}"[:300]
+        log(f"    failed: {out['errors'][key]}")
+
+
 def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     """Every figure, cheap first, the embedded model's flows last (minutes each); `part(name)`
     times each part (bench/run.py's table of parts)."""
@@ -44,13 +55,14 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     out: dict = {}
     log("cached prompt tokens in the cost table (loopback endpoint reporting cached_tokens)")
     with part("cached tokens priced"):
-        out["cached"] = cached_price.measure()
+        _attempt(out, "cached", cached_price.measure, log)
     size = SIZES["quick" if quick else "full"]
     log(f"flow.map on Dask against in process: {size['rounds']} round(s), "
         f"{size['n_io']} I/O-bound and {size['n_cpu']} CPU-bound inputs")
     with part("Dask map"):
-        out["dask"] = dask_map.run(size["n_io"], size["n_cpu"], DASK_THREADS, size["rounds"])
-    out["dask"]["threads"] = DASK_THREADS
+        _attempt(out, "dask", lambda: dict(dask_map.run(size["n_io"], size["n_cpu"],
+                                                        DASK_THREADS, size["rounds"]),
+                                           threads=DASK_THREADS), log)
     if quick or opts.get("skip_model"):
         out["model_skipped"] = ("--quick" if quick else "--skip-model")
         return out
@@ -59,11 +71,12 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     timeout = float(opts.get("model_timeout") or 900)
     arms = ["before", "after"] if source else ["after"]
     with part("csv_eda on the embedded model, " + " and ".join(arms)):
-        out["csv_eda"] = prefix_reuse.csv_eda(arms, 1, timeout, source, log=log)
+        _attempt(out, "csv_eda", lambda: prefix_reuse.csv_eda(arms, 1, timeout, source, log=log),
+                 log)
     n = int(opts.get("questions", 3))
     with part(f"{n} dabench-dev questions on the embedded model"):
-        out["dabench"] = prefix_reuse.dabench_sample(n, int(opts.get("seed", 0)), timeout,
-                                                     log=log) if n else []
+        _attempt(out, "dabench", lambda: prefix_reuse.dabench_sample(
+            n, int(opts.get("seed", 0)), timeout, log=log) if n else [], log)
     return out
 
 
@@ -87,25 +100,26 @@ def _ratio_rows(sp: dict) -> list[dict]:
                 _row("csv_eda end to end on the embedded model, before / after", why,
                      f"<= {TARGETS['eda_s']:g} s at load <= 1", None)]
     target = TARGETS["evaluated_over_sent"]
-    after = [r for r in sp["csv_eda"] if r["arm"] == "after"]
-    eda = prefix_reuse.ratio(after)
-    qs = sp["dabench"]
-    sample = prefix_reuse.ratio(qs)
+    eda_runs, qs = sp.get("csv_eda") or [], sp.get("dabench") or []
+    after = [r for r in eda_runs if r["arm"] == "after"]
+    eda, sample = prefix_reuse.ratio(after), prefix_reuse.ratio(qs)
     names = ", ".join(r["job"].split(" ")[1] for r in qs) or "none"
-    by_arm = {r["arm"]: r for r in sp["csv_eda"]}
-    done = after and after[0]["rc"] == 0
+    by_arm = {r["arm"]: r for r in eda_runs}
+    broke = _failed(sp, "csv_eda")
     return [
         _row("prompt tokens the embedded server evaluated / sent, a whole csv_eda flow",
-             f"{eda} ({after[0]['prompt_sent']:,} sent)" if eda is not None else "—",
-             f"<= {target}", None if eda is None else eda <= target),
+             f"{eda} ({after[0]['prompt_sent']:,} sent)" if eda is not None
+             else f"failed: {broke}" if broke else "—", f"<= {target}",
+             None if eda is None and not broke else eda is not None and eda <= target),
         _row(f"prompt tokens the embedded server evaluated / sent, dabench-dev sample ({names})",
              f"{sample} ({sum(r['prompt_sent'] for r in qs):,} sent)" if sample is not None
-             else "—", f"<= {target}", None if sample is None else sample <= target),
+             else f"failed: {_failed(sp, 'dabench')}" if _failed(sp, "dabench") else "—",
+             f"<= {target}", None if sample is None else sample <= target),
         _row("csv_eda end to end on the embedded model (plan, run, figure, export), before -> "
-             "after", f"before ({BEFORE_REF} or --before): {_eda(by_arm.get('before'))}; "
-             f"after: {_eda(by_arm.get('after'))}",
+             "after", f"failed: {broke}" if broke else
+             f"before: {_eda(by_arm.get('before'))}; after: {_eda(by_arm.get('after'))}",
              f"after <= {TARGETS['eda_s']:g} s at load <= 1",
-             bool(done) and after[0]["seconds"] <= TARGETS["eda_s"])]
+             bool(after) and after[0]["rc"] == 0 and after[0]["seconds"] <= TARGETS["eda_s"])]
 
 
 def _dask_medians(d: dict) -> dict:
@@ -113,47 +127,71 @@ def _dask_medians(d: dict) -> dict:
             for k in ("io", "cpu")}
 
 
-def rows(sp: dict) -> list[dict]:
-    """The summary rows against the targets."""
+def _failed(sp: dict, key: str) -> str | None:
+    return (sp.get("errors") or {}).get(key)
+
+
+def _cached_row(sp: dict) -> dict:
+    what = "cached prompt tokens in the cost table (loopback endpoint reporting cached_tokens)"
+    if _failed(sp, "cached"):
+        return _row(what, f"failed: {_failed(sp, 'cached')}", "cached tokens at the cached rate",
+                    False)
     c = sp["cached"]
+    return _row(f"{what[:-1]}, {c['model']}, {c['calls']} calls)",
+                f"{c['cached_tokens']:,} of {c['prompt_tokens']:,} prompt tokens cached; charged "
+                f"${c['charged']:.7f} = ${c['at_cached_rate']:.7f} at the cached rate (full rate "
+                f"${c['at_full_rate']:.7f}, {c['charged'] / c['at_full_rate']:.2f}x)",
+                "cached tokens at the cached rate", c["ok"])
+
+
+def _dask_rows(sp: dict) -> list[dict]:
+    kinds = (("io", "I/O-bound", TARGETS["dask_io"]), ("cpu", "CPU-bound", TARGETS["dask_cpu"]))
+    if _failed(sp, "dask"):
+        return [_row(f"flow.map on Dask, 2 workers / in process, {name}",
+                     f"failed: {_failed(sp, 'dask')}", f">= {target}", False)
+                for _, name, target in kinds]
     med = _dask_medians(sp["dask"])
     loads = [r["load"] for k in ("io", "cpu") for r in sp["dask"][k]["rounds"]]
     spread = f"load {min(loads):.1f}-{max(loads):.1f}"
-    return _ratio_rows(sp) + [
-        _row("cached prompt tokens in the cost table (loopback endpoint reporting cached_tokens, "
-             f"{c['model']}, {c['calls']} calls)",
-             f"{c['cached_tokens']:,} of {c['prompt_tokens']:,} prompt tokens cached; charged "
-             f"${c['charged']:.7f} = ${c['at_cached_rate']:.7f} at the cached rate (full rate "
-             f"${c['at_full_rate']:.7f}, {c['charged'] / c['at_full_rate']:.2f}x)",
-             "cached tokens at the cached rate", c["ok"]),
-        _row(f"flow.map on Dask, 2 workers / in process, I/O-bound (median of "
-             f"{sp['dask']['rounds']} rounds)", f"{med['io']:.2f} ({spread})",
-             f">= {TARGETS['dask_io']}", med["io"] >= TARGETS["dask_io"]),
-        _row(f"flow.map on Dask, 2 workers / in process, CPU-bound (median of "
-             f"{sp['dask']['rounds']} rounds)", f"{med['cpu']:.2f} ({spread})",
-             f">= {TARGETS['dask_cpu']}", med["cpu"] >= TARGETS["dask_cpu"])]
+    return [_row(f"flow.map on Dask, 2 workers / in process, {name} (median of "
+                 f"{sp['dask']['rounds']} rounds)", f"{med[k]:.2f} ({spread})", f">= {target}",
+                 med[k] >= target) for k, name, target in kinds]
+
+
+def rows(sp: dict) -> list[dict]:
+    """The summary rows against the targets."""
+    return _ratio_rows(sp) + [_cached_row(sp)] + _dask_rows(sp)
+
+
+def _flows_lines(sp: dict) -> list[str]:
+    if "model_skipped" in sp:
+        return [f"Whole flows on the embedded model were not run ({sp['model_skipped']}).", ""]
+    runs = (sp.get("csv_eda") or []) + (sp.get("dabench") or [])
+    lines = [f"Written by `make bench`. Older source: {sp['before']}. Each run is "
+             "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
+             "embedded server (SmolLM2-135M, one thread); \"before\" runs the older source "
+             "with the server's prompt cache off (`FLOWMAGIC_LOCAL_CACHE_MB=0`), \"after\" "
+             "this source with its defaults. The dabench-dev questions (one per level, "
+             "seed 0) run as flows with `%%flow`'s defaults on this source. Tokens are the "
+             "calls that reached the server; reused is the server's own count.", "",
+             prefix_reuse.table(runs), ""]
+    for key in ("csv_eda", "dabench"):
+        if _failed(sp, key):
+            lines.append(f"- {key} failed in this run: {_failed(sp, key)}")
+    for what, rs in (("csv_eda (after)", [r for r in runs if r["job"] == "csv_eda"
+                                          and r["arm"] == "after"]),
+                     ("csv_eda (before)", [r for r in runs if r["arm"] == "before"]),
+                     ("the dabench-dev sample", sp.get("dabench") or [])):
+        if rs:
+            lines.append(f"- evaluated / sent over {what}: {prefix_reuse.ratio(rs)}")
+    return lines + [""]
 
 
 def _prefix_block(sp: dict) -> str:
+    lines = _flows_lines(sp)
+    if _failed(sp, "cached"):
+        return "\n".join(lines + [f"Cached tokens priced: failed ({_failed(sp, 'cached')})."])
     c = sp["cached"]
-    lines = []
-    if "model_skipped" in sp:
-        lines += [f"Whole flows on the embedded model were not run ({sp['model_skipped']}).", ""]
-    else:
-        lines += [f"Written by `make bench`. Older source: {sp['before']}. Each run is "
-                  "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
-                  "embedded server (SmolLM2-135M, one thread); \"before\" runs the older source "
-                  "with the server's prompt cache off (`FLOWMAGIC_LOCAL_CACHE_MB=0`), \"after\" "
-                  "this source with its defaults. The dabench-dev questions (one per level, "
-                  "seed 0) run as flows with `%%flow`'s defaults on this source. Tokens are the "
-                  "calls that reached the server; reused is the server's own count.", "",
-                  prefix_reuse.table(sp["csv_eda"] + sp["dabench"]), ""]
-        for what, rs in (("csv_eda (after)", [r for r in sp["csv_eda"] if r["arm"] == "after"]),
-                         ("csv_eda (before)", [r for r in sp["csv_eda"] if r["arm"] == "before"]),
-                         ("the dabench-dev sample", sp["dabench"])):
-            if rs:
-                lines.append(f"- evaluated / sent over {what}: {prefix_reuse.ratio(rs)}")
-        lines.append("")
     lines.append(
         f"Cached tokens priced: a {c['calls']}-call flow on a loopback endpoint that reports "
         f"{c['reported_cached']:,} of {c['prompt_tokens']:,} prompt tokens as cached "
@@ -167,8 +205,10 @@ def _prefix_block(sp: dict) -> str:
 
 def blocks(sp: dict) -> dict:
     """RESULTS.md's marker blocks this run rewrites: {(begin, end, heading): text}."""
-    d = sp["dask"]
-    text = "Written by `make bench`. " + dask_map.table(d, d["threads"])
+    if _failed(sp, "dask"):
+        text = f"Written by `make bench`: the Dask map failed in this run ({_failed(sp, 'dask')})."
+    else:
+        text = "Written by `make bench`. " + dask_map.table(sp["dask"], sp["dask"]["threads"])
     return {(dask_map.BEGIN, dask_map.END, "Distributed map (issue 16)"): text,
             (prefix_reuse.BEGIN, prefix_reuse.END,
              "Prompt prefix reuse on the embedded model (issue 31)"): _prefix_block(sp)}

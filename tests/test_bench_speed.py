@@ -179,3 +179,39 @@ def test_the_marked_blocks_are_rewritten_and_the_text_around_them_kept(tmp_path)
     # a block the file lacked goes at its end, under its heading
     assert text.index("## Later") < text.index("## Prompt prefix reuse on the embedded model")
     assert "not run (--skip-model)" in text and "charges $0.0004896" in text
+
+
+def test_a_part_that_breaks_is_one_line_and_the_other_figures_stay(tmp_path):
+    """A late failure (the Dask answers differ, a flow's store cannot be read) must not lose
+    the run: the part's rows say it failed, the others are written."""
+    sp = {"cached": CACHED, "before": "flowmagic/ at x"}
+    said = []
+
+    def differ():
+        raise SystemExit("bench: Dask with 2 worker(s) answered otherwise than the in-process "
+                         "engine")
+
+    def unreadable():
+        raise ValueError("no such table: calls\nsecond line")
+
+    speed._attempt(sp, "dask", differ, said.append)
+    speed._attempt(sp, "csv_eda", unreadable, said.append)
+    speed._attempt(sp, "dabench", lambda: [_run("after", "dabench q7 (hard)", reused=800)],
+                   said.append)
+    assert said == ["    failed: SystemExit: bench: Dask with 2 worker(s) answered otherwise "
+                    "than the in-process engine",
+                    "    failed: ValueError: no such table: calls"]
+    rows = {r["what"].split(" (")[0]: r for r in speed.rows(sp)}
+    dask = [r for w, r in rows.items() if w.startswith("flow.map on Dask")]
+    assert len(dask) == 2 and all(r["ok"] is False and "answered otherwise" in r["measured"]
+                                  for r in dask)
+    eda = [r for w, r in rows.items() if w.startswith("csv_eda end to end")]
+    assert eda[0]["ok"] is False and eda[0]["measured"].startswith("failed: ValueError")
+    sample = [r for w, r in rows.items() if "dabench-dev sample" in w]
+    assert sample[0]["ok"] is True                   # 0.2 evaluated / sent, the part that ran
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# r\n")
+    speed.write_blocks(results, sp)
+    text = results.read_text()
+    assert "the Dask map failed in this run" in text and "csv_eda failed in this run" in text
+    assert "| dabench q7 (hard) | after |" in text
