@@ -26,6 +26,7 @@ BEFORE_REF = "99292a4"
 SIZES = {"quick": {"n_io": 32, "n_cpu": 8, "rounds": 1},
          "full": {"n_io": 256, "n_cpu": 48, "rounds": 3}}
 DASK_THREADS = 8
+DABENCH_SEED = 0   # dabench.sample's draw (not run.py's --seed, the loopback server's)
 
 
 def _before(opts: dict, root: Path) -> tuple[str | None, str]:
@@ -69,6 +70,7 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     source, out["before"] = _before(opts, root)
     log(f"older source: {out['before']}")
     timeout = float(opts.get("model_timeout") or 900)
+    out["limits"] = (timeout, float(opts.get("question_timeout") or 420))
     arms = ["before", "after"] if source else ["after"]
     with part("csv_eda on the embedded model, " + " and ".join(arms)):
         _attempt(out, "csv_eda", lambda: prefix_reuse.csv_eda(arms, 1, timeout, source, log=log),
@@ -76,7 +78,7 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     n = int(opts.get("questions", 3))
     with part(f"{n} dabench-dev questions on the embedded model"):
         _attempt(out, "dabench", lambda: prefix_reuse.dabench_sample(
-            n, int(opts.get("seed", 0)), timeout, log=log) if n else [], log)
+            n, DABENCH_SEED, out["limits"][1], log=log) if n else [], log)
     return out
 
 
@@ -171,8 +173,10 @@ def _flows_lines(sp: dict) -> list[str]:
              "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
              "embedded server (SmolLM2-135M, one thread); \"before\" runs the older source "
              "with the server's prompt cache off (`FLOWMAGIC_LOCAL_CACHE_MB=0`), \"after\" "
-             "this source with its defaults. The dabench-dev questions (one per level, "
-             "seed 0) run as flows with `%%flow`'s defaults on this source. Tokens are the "
+             "this source with its defaults. The dabench-dev questions (one per level, seed "
+             f"{DABENCH_SEED}) run as flows with `%%flow`'s defaults on this source. A flow is "
+             f"stopped at its time limit (csv_eda {sp['limits'][0]:g} s, a question "
+             f"{sp['limits'][1]:g} s; rc \"timeout\"), its calls so far counted. Tokens are the "
              "calls that reached the server; reused is the server's own count.", "",
              prefix_reuse.table(runs), ""]
     for key in ("csv_eda", "dabench"):

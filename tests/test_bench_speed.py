@@ -184,7 +184,7 @@ def test_the_marked_blocks_are_rewritten_and_the_text_around_them_kept(tmp_path)
 def test_a_part_that_breaks_is_one_line_and_the_other_figures_stay(tmp_path):
     """A late failure (the Dask answers differ, a flow's store cannot be read) must not lose
     the run: the part's rows say it failed, the others are written."""
-    sp = {"cached": CACHED, "before": "flowmagic/ at x"}
+    sp = {"cached": CACHED, "before": "flowmagic/ at x", "limits": (900, 420)}
     said = []
 
     def differ():
