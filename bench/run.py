@@ -124,9 +124,9 @@ def _args(argv: list[str] | None):
                    "checkout that has it")
     p.add_argument("--questions", type=int, default=3,
                    help="dabench-dev questions run as flows on the embedded model (0: none)")
-    p.add_argument("--model-timeout", type=float, default=900,
+    p.add_argument("--model-timeout", type=float, default=600,
                    help="seconds one csv_eda flow on the embedded model may take")
-    p.add_argument("--question-timeout", type=float, default=420,
+    p.add_argument("--question-timeout", type=float, default=300,
                    help="seconds one dabench-dev flow may take (stopped there, its calls so far "
                    "still counted)")
     p.add_argument("--skip-model", action="store_true",

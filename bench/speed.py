@@ -69,8 +69,8 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
         return out
     source, out["before"] = _before(opts, root)
     log(f"older source: {out['before']}")
-    timeout = float(opts.get("model_timeout") or 900)
-    out["limits"] = (timeout, float(opts.get("question_timeout") or 420))
+    timeout = float(opts.get("model_timeout") or 600)
+    out["limits"] = (timeout, float(opts.get("question_timeout") or 300))
     arms = ["before", "after"] if source else ["after"]
     with part("csv_eda on the embedded model, " + " and ".join(arms)):
         _attempt(out, "csv_eda", lambda: prefix_reuse.csv_eda(arms, 1, timeout, source, log=log),
