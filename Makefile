@@ -66,7 +66,7 @@ demo: setup
 demo-text: setup
 	$(VENV)/bin/flowmagic run "Write a short guide to brewing green tea: pick the leaves, heat the water, steep, and serve" --k 2 --max-tokens 200 --out out
 
-# Every figure of bench/RESULTS.md's summary in one run (about 25 minutes on a quiet 2-core
+# Every figure of bench/RESULTS.md's summary in one run (25-35 minutes on a quiet 2-core
 # machine: whole flows on the embedded model are part of it); BENCH_ARGS="--quick" checks the harness.
 BENCH_ARGS ?=
 bench: setup
