@@ -33,6 +33,7 @@ from .engine.run_core import RunCore
 from .engine.run_record import RECORD_FIELDS, RunRecord
 from .engine.run_space import RunSpace
 from .engine.tool_choice import ToolChoice
+from .engine.prompt_start import flow_start
 from .model.graph import Workflow
 from .llm.client import LLM, get_llm
 from .store import Store, get_store
@@ -475,7 +476,7 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
     say_where_code_cannot_run(settings)
     run_id = _new_run_id()
-    context = None
+    context = start = None
     if inputs is not None:
         from .engine.workspace import Workspace
         store_home = llm.store.path.parent
@@ -483,10 +484,12 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
                                       settings.workdir_writes)
         await asyncio.to_thread(workspace.add, inputs)   # the inputs are read off the loop
         context = workspace.describe()
+        if settings.execute != "off" and workspace.inputs:   # its nodes' prompts open alike
+            start = flow_start(task.strip(), workspace, int(settings.context_chars))
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,
         max_subtasks=settings.max_subtasks, max_agents=settings.max_agents, run_id=run_id,
-        progress=progress, context=context, method=settings.plan_method,
+        progress=progress, context=context, start=start, method=settings.plan_method,
         time_limit_s=settings.plan_time_s)
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,

@@ -125,3 +125,58 @@ def test_last_subtasks_that_only_state_the_answer_are_left_out_where_the_task_ha
     assert bool(said) is (len(kept) == 1)
     if said:
         assert "left out display_result, format_output" in said[0]
+
+
+def _q136_chain():   # the bench model's plan for dabench-dev q136, stating step left out
+    return {"subtasks": [
+        {"id": "group_by_class", "requirement": "Group the passengers of titanic.csv by "
+         "Pclass.", "agent": "coder", "depends_on": []},
+        {"id": "calculate_fares", "requirement": "Calculate the fares of each class.",
+         "agent": "coder", "depends_on": ["group_by_class"]},
+        {"id": "shapiro_wilk_test", "requirement": "Perform the Shapiro-Wilk test on the fares "
+         "of each class.", "agent": "statistician", "depends_on": ["calculate_fares"]},
+        {"id": "plot_fares", "requirement": "Plot a histogram of the fares of each class.",
+         "agent": "coder", "depends_on": ["calculate_fares"]},
+        {"id": "count_classes", "requirement": "Count the passengers in each class.",
+         "agent": "coder", "depends_on": []},
+        {"id": "explain", "requirement": "Explain what the test results mean for the fares.",
+         "agent": "writer", "depends_on": ["shapiro_wilk_test"]}]}
+
+
+P_VALUES = ("Are the fares of each passenger class normally distributed?\n\nConstraints: Use the "
+            "Shapiro-Wilk test.\n\nAnswer format: @p_value_class_1[p_value] "
+            "@p_value_class_2[p_value] @p_value_class_3[p_value], rounded to four decimal "
+            "places.\n\nThe data is the input file titanic.csv.")
+
+
+@pytest.mark.parametrize("task, nodes, edges", [
+    # a chain of code steps is one script; a branch point, a parallel question and a
+    # writing step stay steps of their own
+    (P_VALUES, ["calculate_fares", "shapiro_wilk_test", "plot_fares", "count_classes",
+                "explain"],
+     [("calculate_fares", "shapiro_wilk_test"), ("calculate_fares", "plot_fares"),
+      ("shapiro_wilk_test", "explain")]),
+    # no prescribed form: the steps stay as planned
+    (P_VALUES.replace("\n\nAnswer format: @p_value_class_1[p_value] @p_value_class_2[p_value] "
+                      "@p_value_class_3[p_value], rounded to four decimal places.", ""),
+     ["group_by_class", "calculate_fares", "shapiro_wilk_test", "plot_fares", "count_classes",
+      "explain"],
+     [("group_by_class", "calculate_fares"), ("calculate_fares", "shapiro_wilk_test"),
+      ("calculate_fares", "plot_fares"), ("shapiro_wilk_test", "explain")]),
+])
+def test_a_chain_of_code_steps_is_one_subtask_where_the_task_has_a_form(task, nodes, edges):
+    llm = fast_llm()
+    with LoopbackServer(responder=lambda body: json.dumps(_q136_chain())) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        [cand] = run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
+    wf = cand.workflow
+    assert list(wf.nodes) == nodes
+    assert sorted(wf.edges()) == sorted(edges)
+    said = [w for w in cand.warnings if w.startswith("joined ")]
+    assert bool(said) is (len(nodes) == 5)
+    if said:
+        assert wf.nodes["calculate_fares"].requirement == (
+            "Group the passengers of titanic.csv by Pclass; then calculate the fares of each "
+            "class.")
+        assert wf.nodes["calculate_fares"].agent == "coder"
+        assert "joined group_by_class into" in said[0]

@@ -531,3 +531,39 @@ def test_without_tables_a_computing_subtask_is_not_told_to_answer_with_code(tmp_
         flow.run()
         flow.close()
     assert ends == ["Write the result of your subtask now."]
+
+
+def test_the_plan_request_and_every_node_prompt_open_with_the_same_start(tmp_path):
+    """A server that keeps the last prompt's state evaluates only what follows the start a new
+    prompt shares with it: the plan request of a flow on input files opens as its nodes'
+    prompts do (on the bench model, 20-30 s of evaluation a node call that did not)."""
+    seen: list[list[dict]] = []
+    plan = {"subtasks": [
+        {"id": "means", "requirement": "Compute the mean of y for each dataset.",
+         "agent": "analyst", "depends_on": []},
+        {"id": "spread", "requirement": "Compute the standard deviation of y for each dataset.",
+         "agent": "analyst", "depends_on": []}]}
+
+    def respond(body):
+        seen.append(body["messages"])
+        if "Your role: the planner." in body["messages"][-1]["content"]:
+            return json.dumps(plan)
+        return _fenced("print(df.groupby('dataset')['y'].mean().round(2).to_dict())")
+
+    task = ("What is the mean of y in each dataset of anscombe.csv?\n\nAnswer format: "
+            "@mean_y_I[value], rounded to two decimal places.")
+    with LoopbackServer(responder=respond) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = flowmagic.plan(task, k=1, inputs=[CSV], plan_method="oneshot", starter="off",
+                              consolidate=False)
+        flow.run()
+        flow.close()
+    assert flow.status == "done", flow.message
+    planning, nodes = seen[0], seen[1:]
+    assert len(nodes) == 2
+    for messages in nodes:
+        assert messages[0] == planning[0]   # the house rules
+        start = messages[1]["content"].split("\n\nYour role: the ")[0]
+        assert planning[1]["content"].startswith(start + "\n\nYour role: the planner.")
+        assert "A working start" in start and "anscombe.csv (table)" in start
+    assert "@mean_y_I" not in planning[1]["content"]   # the summary writes the form

@@ -27,6 +27,7 @@ from .._internal.text import cut as text_cut
 from .scheduler import Outcome
 from .validation import retry_prompt
 from .working_start import fall_back_on_start, ran_start, said_once
+from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
 from .diagnosis import code_feedback
 from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
@@ -68,13 +69,6 @@ def shares(lengths: list[int], budget: int) -> list[int]:
         out[i] = min(lengths[i], fair)
         left -= out[i]
     return out
-
-
-# The system message every node's call shares, byte for byte: an endpoint's prompt cache
-# (OpenAI's, a local server's) then reuses the whole shared start of a flow's prompts.
-HOUSE_RULES = ("You are one agent in a team of agents working on one task. Do only your own "
-               "subtask, using the results you are given. Give the result itself (text, code "
-               "or data), complete and concrete, not a description of it.")
 
 
 END = "Write the result of your subtask now."
@@ -131,8 +125,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
                          for (p, n), t, k in zip(done, texts, allowed))
     later = "\n".join(f"- {nodes[c].requirement}" for c in wf.children(node_id))
     task = without_pairs(wf.task or "")   # the summary writes the task's answer form
-    parts = {"agent": node.agent, "task": "Overall task:\n"
-             + (task if len(task) <= budget // 2 else cut(task, budget // 2)),
+    parts = {"agent": node.agent, "task": task_part(wf.task, budget),
              "subtask": f"Your subtask ({node_id}):\n{node.requirement}",
              "inputs": f"Results of earlier subtasks:\n{inputs}" if inputs else "",
              "note": "", "later": f"Later subtasks will build on your result:\n{later}" if later else "",

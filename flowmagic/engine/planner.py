@@ -20,13 +20,14 @@ from typing import Any, Callable
 
 from . import stepwise
 from .answerform import prescribed
+from .prompt_start import HOUSE_RULES
 from ..errors import (ConfigError, EndpointError, FlowError, ModelOutputError, OffTopicError,
                       PlanError)
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
-from ..model.plan_checks import (check_plan, data_task, loads_only, same_task, states_only,
-                                 topic_share)
+from ..model.plan_checks import (check_plan, computes, data_task, loads_only, same_task,
+                                 states_only, topic_share)
 from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -165,8 +166,13 @@ def _context_text(context: Any) -> str:
 
 
 def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: int | None = None,
-                      max_agents: int | None = None, context: Any = None) -> list[dict]:
-    """The system and user messages asking for a plan (kept short for 8k-context models)."""
+                      max_agents: int | None = None, context: Any = None,
+                      start: str | None = None) -> list[dict]:
+    """The system and user messages asking for a plan (kept short for 8k-context models).
+    `start` (prompt_start.flow_start: a flow on input files) lays the request out as a call of
+    the flow: the house rules, that start (the task, the inputs, the working start; it holds
+    what `context` would say), then the planner's part, so the first node's prompt is
+    evaluated from where this one left off."""
     _check_strategy(strategy)
     instruction, usual = STRATEGIES[strategy]
     lines = [
@@ -188,6 +194,12 @@ def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: in
         lines.append(f"Use at most {max_agents} different agent roles.")
     lines.append("Answer with JSON of this shape; every <...> is a placeholder to replace with "
                  f"your own words for the task, never to copy:\n{_example(strategy)}")
+    if start:
+        lines[0] = ("Split the overall task above into subtasks that form a dependency graph "
+                    "for the team. Each subtask has:")
+        own = "\n".join(["Your role: the planner.", "", "Your subtask:", *lines])
+        return [{"role": "system", "content": HOUSE_RULES},
+                {"role": "user", "content": f"{start}\n\n{own}"}]
     user = f"Task: {task.strip()}{_context_text(context)}"
     return [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": user}]
 
@@ -252,6 +264,44 @@ def _drop_stating(wf: Workflow, task: str) -> None:
         wf.warnings.append(f"left out {', '.join(dropped)}: a last subtask that only states the "
                            "answer (the closing summary writes it in the task's form from what "
                            "the code printed)")
+
+
+def _join_chains(wf: Workflow, task: str) -> None:
+    """Join each chain of computing subtasks into one subtask, in a plan for a data task that
+    prescribes its answer's form (a question with a few values for an answer). A link of a
+    chain (a subtask whose one child has it as its one parent) gains no parallelism from
+    being a node of its own, and on a model that writes code each link cost a model call with
+    the flow's whole prompt and a chance to lose the thread: on the bench model's dabench-dev
+    flows, a chain of 2 to 4 code steps took 70-130 s of calls where one script for the same
+    question took 15-45 s, and q136's chain dropped what its first link computed. Joined
+    steps keep their order in one requirement ("A; then B"), the last step's id and role;
+    independent questions stay parallel branches, and a step that writes prose stays a
+    step of its own."""
+    if prescribed(task) is None or not data_task(task):
+        return
+    joined: list[str] = []
+    again = True
+    while again:
+        again = False
+        for first in list(wf.nodes):
+            kids = wf.children(first)
+            if len(kids) != 1 or wf.parents(kids[0]) != [first]:
+                continue
+            a, b = wf.nodes[first], wf.nodes[kids[0]]
+            if not (computes(a.requirement) and computes(b.requirement)):
+                continue
+            step = b.requirement.strip()
+            if step[1:2].islower():   # "Calculate ..." reads on as "then calculate ..."
+                step = step[:1].lower() + step[1:]
+            b.requirement = f"{a.requirement.strip().rstrip('.;')}; then {step}"
+            _bypass(wf, first)
+            joined.append(first)
+            again = True
+            break
+    if joined:
+        wf.warnings.append(f"joined {', '.join(joined)} into the steps after them: a chain of "
+                           "steps on the data answers the question in one script (no step "
+                           "of it could run beside another)")
 
 
 def _cap_agents(wf: Workflow, cap: int) -> None:
@@ -330,6 +380,7 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
     wf.warnings.extend(extra)
     _drop_loading(wf)
     _drop_stating(wf, task)
+    _join_chains(wf, task)
     if topic_share([n.requirement for n in wf.nodes.values()], task) == 0.0:
         wf.warnings.append("no subtask shares a word with the task; check that the plan is "
                            "about it (a stronger model plans better)")
@@ -365,7 +416,7 @@ def _method_of(method: str, model: str | None) -> str:
 
 
 def _job(task: str, method: str, strategy: str, max_subtasks, max_agents, context,
-         store) -> dict:
+         store, start: str | None = None) -> dict:
     """What every candidate of one planning shares: prompt or examples, schema, copy texts."""
     if method == "stepwise":
         usual = STRATEGIES[strategy][1] or (3, 6)
@@ -379,7 +430,8 @@ def _job(task: str, method: str, strategy: str, max_subtasks, max_agents, contex
                 "copyable": copyable + list(EXAMPLE_TEXTS)}
     return {"method": method, "copyable": EXAMPLE_TEXTS,
             "messages": planning_messages(task, strategy=strategy, max_subtasks=max_subtasks,
-                                          max_agents=max_agents, context=context),
+                                          max_agents=max_agents, context=context,
+                                          start=start),
             "schema": plan_schema(strategy, max_subtasks)}
 
 
@@ -423,7 +475,7 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                           strategy: str = "balanced", max_subtasks: int | None = None,
                           max_agents: int | None = None, llm=None, seed: int = 0,
                           run_id: str | None = None, context: Any = None,
-                          temperature: float = 0.7, max_tokens: int | None = None,
+                          start: str | None = None, temperature: float = 0.7, max_tokens: int | None = None,
                           cache: bool = True, method: str = "auto",
                           time_limit_s: float | None = None,
                           progress: Callable[[dict], Any] | None = None) -> list[Candidate]:
@@ -446,7 +498,7 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     if time_limit_s is None and chosen_method == "stepwise" and method == "auto":
         time_limit_s = PLAN_TIME_S * k
     job = _job(task.strip(), chosen_method, strategy, max_subtasks, max_agents, context,
-               getattr(llm, "store", None))
+               getattr(llm, "store", None), start)
     if chosen_method == "oneshot" and max_tokens is None:
         max_tokens = _TOKENS_PER_SUBTASK * (max_subtasks or 10) + 40
     opts = dict(model=model, temperature=temperature, max_tokens=max_tokens, cache=cache,

@@ -10,13 +10,16 @@ __all__ = ["request_body", "WITH_USAGE", "StreamReader", "read_completion"]
 
 
 def _with_schema_note(messages: list[dict], schema: dict) -> list[dict]:
+    """The messages with the schema said in words, after the last user message: the system
+    message and the start of a flow's prompts stay byte for byte what its other calls send,
+    so a server's prompt cache reuses them (prompt_start)."""
     note = ("Answer with one JSON value and nothing else. It must match this JSON schema:\n"
             + json.dumps(schema, separators=(",", ":")))
     out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system":
-        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+    if out and out[-1].get("role") == "user" and isinstance(out[-1].get("content"), str):
+        out[-1]["content"] = f"{out[-1]['content']}\n\n{note}"
     else:
-        out.insert(0, {"role": "system", "content": note})
+        out.append({"role": "user", "content": note})
     return out
 
 
