@@ -485,7 +485,8 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
         await asyncio.to_thread(workspace.add, inputs)   # the inputs are read off the loop
         context = workspace.describe()
         if settings.execute != "off" and workspace.inputs:   # its nodes' prompts open alike
-            start = flow_start(task.strip(), workspace, int(settings.context_chars))
+            start = flow_start(task.strip(), workspace, int(settings.context_chars),
+                               working_start=False)
     candidates, chosen = await planner.plan(
         task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,
         max_subtasks=settings.max_subtasks, max_agents=settings.max_agents, run_id=run_id,

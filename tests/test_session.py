@@ -563,7 +563,9 @@ def test_the_plan_request_and_every_node_prompt_open_with_the_same_start(tmp_pat
     assert len(nodes) == 2
     for messages in nodes:
         assert messages[0] == planning[0]   # the house rules
-        start = messages[1]["content"].split("\n\nYour role: the ")[0]
+        start = messages[1]["content"].split("\n\nA working start: ")[0]
         assert planning[1]["content"].startswith(start + "\n\nYour role: the planner.")
-        assert "A working start" in start and "anscombe.csv (table)" in start
+        assert "anscombe.csv (table)" in start
+    # the working start's example is not shown to the planner: it planned its plot
+    assert "A working start" not in planning[1]["content"]
     assert "@mean_y_I" not in planning[1]["content"]   # the summary writes the form

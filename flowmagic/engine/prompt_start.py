@@ -31,7 +31,10 @@ def task_part(task: str, budget: int) -> str:
     return f"Overall task:\n{task}"
 
 
-def flow_start(task: str, workspace, budget: int) -> str:
+def flow_start(task: str, workspace, budget: int, *, working_start: bool = True) -> str:
     """The user message's start of every call of a flow whose workspace holds inputs (the
-    node's prompt before its role: `node_runner.node_messages` builds the same text)."""
-    return f"{task_part(task, budget)}\n\n{instructions(workspace.describe(), [], workspace.example())}"
+    node's prompt before its role: `node_runner.node_messages` builds the same text).
+    `working_start=False` stops before the working start: shown it, the bench model planned
+    its example plot as a subtask of a question that asked for one number."""
+    example = workspace.example() if working_start else ""
+    return f"{task_part(task, budget)}\n\n{instructions(workspace.describe(), [], example)}"
