@@ -37,7 +37,7 @@ import analysis_table  # noqa: E402
 import dabench  # noqa: E402
 from analysis_worker import SYSTEMS  # noqa: E402
 
-__all__ = ["main", "select", "run_one"]
+__all__ = ["main", "select", "run_one", "wait_while"]
 
 WORKER = HERE / "analysis_worker.py"
 DEFAULT_OUT = HERE / "analysis-results.jsonl"
@@ -189,6 +189,9 @@ def _args(argv):
     ap.add_argument("--data", type=Path, help="the dabench-dev folder (default: found)")
     ap.add_argument("--work", type=Path, help="where each run's FLOWMAGIC_HOME is kept "
                     "(default bench/.cache/analysis-homes/<results file's stem>)")
+    ap.add_argument("--pause-file", type=Path, metavar="FILE",
+                    help="before each question, wait while FILE exists (a shared machine's "
+                         "quiet window for other measurements; no question is cut by it)")
     ap.add_argument("--report", type=Path, metavar="FILE",
                     help="print the table of a results file and run nothing")
     args = ap.parse_args(argv)
@@ -221,6 +224,18 @@ def _endpoint(args, cache_log: Path):
     return server.base_url, benchmodel.MODEL_NAME, server
 
 
+def wait_while(pause: Path | None, every: float = 10.0) -> float:
+    """Wait while `pause` exists (looked at every `every` s), saying so; the seconds waited."""
+    if pause is None or not pause.exists():
+        return 0.0
+    log(f"paused while {pause} exists")
+    t0 = time.monotonic()
+    while pause.exists():
+        time.sleep(every)
+    log("going on")
+    return time.monotonic() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if args.report:
@@ -245,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             for system in turn:
                 if (q.id, system) in done:
                     continue
+                wait_while(args.pause_file)
                 row = run_one(q, system, data=data, base_url=base_url, model=model,
                               homes=homes, timeout=args.timeout, sandbox=args.sandbox,
                               version=commit())

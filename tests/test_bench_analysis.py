@@ -229,3 +229,15 @@ def test_a_worker_stopped_from_outside_records_no_answer(tmp_path):
         _, err = harness.communicate(timeout=60)
     assert harness.returncode != 0 and "not recorded" in err
     assert not out.exists() or out.read_text() == ""
+
+
+def test_a_sample_waits_between_questions_while_the_pause_file_exists(tmp_path):
+    import threading
+
+    import analysis
+
+    pause = tmp_path / "quiet"
+    assert analysis.wait_while(pause, every=0.01) == 0.0   # no file: no wait
+    pause.touch()
+    threading.Timer(0.3, pause.unlink).start()
+    assert analysis.wait_while(pause, every=0.01) >= 0.3
