@@ -129,7 +129,7 @@ def test_last_subtasks_that_only_state_the_answer_are_left_out_where_the_task_ha
 
 def _q136_chain():   # the bench model's plan for dabench-dev q136, stating step left out
     return {"subtasks": [
-        {"id": "group_by_class", "requirement": "Group the passengers of titanic.csv by "
+        {"id": "group_by_class", "requirement": "Extract the Fare column of titanic.csv per "
          "Pclass.", "agent": "coder", "depends_on": []},
         {"id": "calculate_fares", "requirement": "Calculate the fares of each class.",
          "agent": "coder", "depends_on": ["group_by_class"]},
@@ -176,7 +176,7 @@ def test_a_chain_of_code_steps_is_one_subtask_where_the_task_has_a_form(task, no
     assert bool(said) is (len(nodes) == 5)
     if said:
         assert wf.nodes["calculate_fares"].requirement == (
-            "Group the passengers of titanic.csv by Pclass; then calculate the fares of each "
+            "Extract the Fare column of titanic.csv per Pclass; then calculate the fares of each "
             "class.")
         assert wf.nodes["calculate_fares"].agent == "coder"
         assert "joined group_by_class into" in said[0]

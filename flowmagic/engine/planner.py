@@ -26,8 +26,8 @@ from ..errors import (ConfigError, EndpointError, FlowError, ModelOutputError, O
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
-from ..model.plan_checks import (check_plan, computes, data_task, loads_only, same_task,
-                                 states_only, topic_share)
+from ..model.plan_checks import (check_plan, data_task, loads_only, same_task, states_only,
+                                 topic_share, writes)
 from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -275,8 +275,8 @@ def _join_chains(wf: Workflow, task: str) -> None:
     flows, a chain of 2 to 4 code steps took 70-130 s of calls where one script for the same
     question took 15-45 s, and q136's chain dropped what its first link computed. Joined
     steps keep their order in one requirement ("A; then B"), the last step's id and role;
-    independent questions stay parallel branches, and a step that writes prose stays a
-    step of its own."""
+    independent questions stay parallel branches, and a step that writes prose (or states
+    a result) stays a step of its own."""
     if prescribed(task) is None or not data_task(task):
         return
     joined: list[str] = []
@@ -288,7 +288,7 @@ def _join_chains(wf: Workflow, task: str) -> None:
             if len(kids) != 1 or wf.parents(kids[0]) != [first]:
                 continue
             a, b = wf.nodes[first], wf.nodes[kids[0]]
-            if not (computes(a.requirement) and computes(b.requirement)):
+            if writes(a.requirement) or writes(b.requirement):
                 continue
             step = b.requirement.strip()
             if step[1:2].islower():   # "Calculate ..." reads on as "then calculate ..."

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
            "copied", "check_plan", "data_task", "loads_only", "states_only",
-           "computes"]
+           "computes", "writes"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -172,6 +172,13 @@ def states_only(requirement: str) -> bool:
 # A step that writes prose about results (findings, a summary) rather than computing them.
 _WRITES = re.compile(r"^\W*(?:finally,?\s+|then,?\s+)?(?:write|draft|summari[sz]e|explain|"
                      r"discuss|interpret|conclude|compose|describe|state|list)\b", re.IGNORECASE)
+
+
+def writes(requirement: str) -> bool:
+    """Whether a subtask writes prose about results ("Write three findings", "Explain what
+    the test means") or only states a result others computed."""
+    text = requirement or ""
+    return _WRITES.match(text) is not None or states_only(text)
 
 
 def computes(requirement: str) -> bool:
