@@ -142,8 +142,8 @@ def _parse(candidate: str) -> Any:
     attempts.append(cleaned)
     attempts.append(_BARE_KEY.sub(r'\1"\2"\3', cleaned))
     for attempt in attempts:
-        try:
-            return json.loads(attempt)
+        try:   # a raw newline or tab inside a string, as small models write them, is read
+            return json.loads(attempt, strict=False)
         except (ValueError, RecursionError):   # nested deeper than the recursion limit
             pass
     for attempt in attempts[1:]:
@@ -168,7 +168,7 @@ def extract_json(text: str, *, finish_reason: str | None = None) -> Any:
         raise ModelOutputError("the model returned an empty answer; try again or use a stronger model")
     stripped = text.strip()
     try:
-        value = json.loads(stripped)
+        value = json.loads(stripped, strict=False)
         if isinstance(value, (dict, list)):
             return value
     except (ValueError, RecursionError):

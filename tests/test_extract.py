@@ -36,3 +36,9 @@ def test_corpus(case):
 def test_length_finish_reason_is_truncation_not_a_guess():
     with pytest.raises(TruncatedError, match="cut off"):
         extract_json('{"plan": "', finish_reason="length")
+
+
+def test_a_raw_newline_inside_a_string_is_read():
+    # SmolLM2 under the embedded server's grammar wrote a line break inside a string value
+    assert extract_json('{ "colour" : ");\n{" ,"count":1 }') == {"colour": ");\n{", "count": 1}
+    assert extract_json('Here: {"a": "tab\there"}') == {"a": "tab\there"}
