@@ -259,3 +259,21 @@ def test_the_by_name_check_leaves_other_packages_alone(tmp_path):
     probe.write_text('import importlib\nimportlib.import_module("pandas")\n'
                      'importlib.import_module(name)\n__import__(gui)\n')
     assert not list(imports_by_name(probe))
+
+
+def own_defs(cls):
+    """The functions defined in a class's own body (each property getter and setter counted,
+    dunders included; inherited ones not)."""
+    import inspect
+    import textwrap
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return [n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_flow_class_itself_stays_small():
+    """`Flow` is its concerns put together (flowmagic/flow/: running, steering, readings,
+    tools, operations); its own body holds what a Flow is, under 30 methods. A new method goes
+    into the concern it belongs to, or a new one."""
+    from flowmagic.flow import Flow
+    defs = own_defs(Flow)
+    assert len(defs) <= 29, f"Flow's own body has {len(defs)} defs: {defs}"
