@@ -191,3 +191,20 @@ def test_a_table_whose_lines_end_with_a_lone_carriage_return_is_a_table(tmp_path
     assert "old_mac.csv (table): 3 rows x 2 columns" in said and "  - gdp: float64" in said
     assert ws.columns() == {"old_mac.csv": ["year", "gdp"]}
     assert "df.plot.scatter(x='year', y='gdp')" in ws.example()
+
+
+@pytest.mark.parametrize("rows", [3, 2500])   # within the rows read for dtypes, and past them
+def test_a_table_whose_values_hold_line_breaks_is_told_by_its_rows_not_its_lines(tmp_path, rows):
+    """q209's news table has 691 lines and 166 rows (an article's text holds line breaks):
+    every prompt said "691 rows" beside a session DataFrame of 166 rows."""
+    import pandas as pd
+
+    from flowmagic.engine.workspace import Workspace
+
+    table = tmp_path / "news.csv"
+    table.write_text("title,text,neg\n" + "".join(f't{i},"first line\nsecond line\nthird",0.{i}\n'
+                                                  for i in range(rows)))
+    assert len(pd.read_csv(table)) == rows
+    ws = Workspace(tmp_path / "ws")
+    ws.add([table])
+    assert f"news.csv (table): {rows} rows x 3 columns" in ws.describe()
