@@ -65,10 +65,15 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def _append(path: Path, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    """One row, in one write to a file opened for appending: shards running side by side
+    into the same file never interleave their rows."""
+    data = (json.dumps(row, default=str) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _usage(home: Path) -> dict:
@@ -189,6 +194,9 @@ def _args(argv):
     ap.add_argument("--data", type=Path, help="the dabench-dev folder (default: found)")
     ap.add_argument("--work", type=Path, help="where each run's FLOWMAGIC_HOME is kept "
                     "(default bench/.cache/analysis-homes/<results file's stem>)")
+    ap.add_argument("--shard", metavar="K/N", help="only the sample's questions K, K+N, "
+                    "K+2N ... (0 <= K < N): N harnesses, each with a server of its own, share a "
+                    "sample and its --out file")
     ap.add_argument("--pause-file", type=Path, metavar="FILE",
                     help="before each question, wait while FILE exists (a shared machine's "
                          "quiet window for other measurements; no question is cut by it)")
@@ -201,6 +209,11 @@ def _args(argv):
         ap.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     if bool(args.base_url) != bool(args.model):
         ap.error("--base-url and --model go together")
+    if args.shard is not None:
+        k, _, n = args.shard.partition("/")
+        if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+            ap.error(f"--shard is K/N with 0 <= K < N, e.g. 0/2, not {args.shard!r}")
+        args.shard = (int(k), int(n))
     return args
 
 
@@ -243,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = args.data or dabench.locate()
     questions = select(dabench.load(data), args.limit, args.seed)
+    if args.shard is not None:
+        questions = questions[args.shard[0]::args.shard[1]]
     rows = read_rows(args.out)
     if rows and not args.resume:
         raise SystemExit(f"{args.out} already holds {len(rows)} results: pass --resume to go "

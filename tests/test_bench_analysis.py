@@ -241,3 +241,31 @@ def test_a_sample_waits_between_questions_while_the_pause_file_exists(tmp_path):
     pause.touch()
     threading.Timer(0.3, pause.unlink).start()
     assert analysis.wait_while(pause, every=0.01) >= 0.3
+
+
+def test_two_shards_side_by_side_share_a_sample_and_its_file(tmp_path):
+    import threading
+
+    with LoopbackServer(responder=responder(True), model="m") as server:
+        results = {}
+        lanes = [threading.Thread(target=lambda k=k: results.update(
+            {k: _harness(tmp_path, server, "--systems", "baseline", "--resume",
+                         "--shard", f"{k}/2")})) for k in (0, 1)]
+        for lane in lanes:
+            lane.start()
+        for lane in lanes:
+            lane.join()
+        whole, _ = _harness(tmp_path, server, "--systems", "baseline", "--resume")
+    assert len(results) == 2
+    assert sorted(r["id"] for r in whole) == sorted(q.id for q in
+                                                   analysis_select(3))   # each once, whole rows
+    bad = subprocess.run([sys.executable, str(BENCH / "analysis.py"), "--shard", "2/2",
+                          "--report", str(tmp_path / "results.jsonl")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--shard is K/N" in bad.stderr
+
+
+def analysis_select(n):
+    import analysis
+
+    return analysis.select(dabench.load(dabench.locate()), n, 0)
