@@ -3,9 +3,11 @@
 `Settings(**given)` refuses an unknown key or a bad value (NaN, inf, a negative count, a
 wrong type) at construction, with one `ConfigError` line that says what to do; assigning a
 setting later is checked the same way. A setting given as None takes its default, except
-`concurrency` and `max_tokens`, where None means no limit. Settings read as attributes
-(`settings.k`); `settings["k"]`, `dict(settings)` and `**settings` work too, for stored runs,
-exported notebooks and the `%flow config` line, which hold them as a plain dict.
+`concurrency` and `max_tokens`, where None means no limit, and `max_attempts` and
+`continuations`, where None leaves them to the endpoint (engine/node_runner.py). Settings
+read as attributes (`settings.k`); `settings["k"]`, `dict(settings)` and `**settings` work
+too, for stored runs, exported notebooks and the `%flow config` line, which hold them as a
+plain dict.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ __all__ = ["Settings", "DEFAULTS", "UPDATE_STRATEGIES", "SANDBOXES", "HARD_MAX_K
 UPDATE_STRATEGIES = ("after-completion", "concurrent", "on-failure", "off")
 SANDBOXES = ("bwrap", "none")
 HARD_MAX_K = 1000   # candidate plans per call, whatever max_k says (each one is a paid call)
-# concurrency=None: no limit; max_tokens=None: the model's own limit (the embedded one keeps a cap)
-_NONE_MEANS_SOMETHING = frozenset(("concurrency", "max_tokens"))
+# concurrency=None: no limit; max_tokens=None: the model's own limit (the embedded one keeps a
+# cap); max_attempts and continuations None: by the endpoint (engine/node_runner.py)
+_NONE_MEANS_SOMETHING = frozenset(("concurrency", "max_tokens", "max_attempts", "continuations"))
 # The one line each refused value gets (a pydantic type error reads like a stack of types).
 _SAY = {
     "update": f"update strategy {{value!r}} is not one of {', '.join(UPDATE_STRATEGIES)}",
@@ -37,7 +40,8 @@ _SAY = {
                       "folder inside workdir) or 'all' (anywhere in workdir)",
     "code_timeout": "code_timeout must be a number of seconds above 0",
     "max_tokens": "max_tokens must be at least 1 (or None for the model's own limit)",
-    "continuations": "continuations must be 0 or more",
+    "continuations": "continuations must be 0 or more (or None: 2, none on the embedded model "
+                     "in a flow on data)",
     "concurrency": "concurrency must be at least 1 (or None for no limit)",
     "mask_rate": "mask_rate must be between 0 and 1",
     "fail_rate": "fail_rate must be between 0 and 1",
@@ -77,7 +81,7 @@ class Settings(BaseModel):
     concurrency: Any = 8
     context: str = "parents"
     budget_usd: Any = None
-    max_attempts: Any = 3
+    max_attempts: Any = None    # None: 3, or 2 on the embedded model in a flow on data
     max_updates: Any = 5
     update_k: SkipValidation[int] = 1
     mask_rate: Any = 0.0
@@ -86,7 +90,7 @@ class Settings(BaseModel):
     temperature: Any = None
     max_tokens: Any = None
     context_chars: Any = 16000
-    continuations: Any = 2
+    continuations: Any = None   # None: 2, or 0 for a node on the embedded model in a flow on data
     # code (engine/answer_code): "auto" runs the Python an answer holds in the sandbox, in the
     # run's workspace (workdir, default <home>/runs/<run>/workspace); "off" keeps text only
     execute: str = "auto"
@@ -183,7 +187,7 @@ class Settings(BaseModel):
     @classmethod
     def _limits(cls, value: Any, info) -> Any:
         least = 0 if info.field_name == "continuations" else 1
-        if value is None and info.field_name != "continuations":
+        if value is None:
             return None
         if not _whole_like(value) or float(value) < least:
             raise ValueError(_SAY[info.field_name])

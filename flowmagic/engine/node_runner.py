@@ -44,6 +44,15 @@ CUT_FEEDBACK = ("cut: the answer reached the token limit ({tokens} tokens) and w
 
 
 _RESTART = " Fix it, or begin again from the working start given above."
+# Attempts and continuations when the settings leave them to the endpoint (None).
+ATTEMPTS, CONTINUATIONS = 3, 2
+# On the embedded model in a flow on data, where a node's answer is code that runs: in twelve
+# csv_eda runs on SmolLM2 (issue 31; some repeat one path) no answer continued past the
+# 512-token cap ran (0 of 8, 636-1,536 tokens each) and 1 of 19 third attempts passed (with
+# text, no code), while each such call costs 10-30 s there at load 1. Text flows keep the
+# continuations (a joined text is still a text); a node that ran the working start still
+# falls back on it.
+EMBEDDED_DATA_ATTEMPTS, EMBEDDED_DATA_CONTINUATIONS = 2, 0
 # A node that explores or plots the data is where the working start belongs.
 _EXPLORES = re.compile(r"plot|chart|figure|graph|visuali|draw|histogram|scatter|distribut|"
                        r"explor|describ|summar|load|statistic|analy", re.IGNORECASE)
@@ -291,6 +300,30 @@ class NodeRunner:
         ex.starter = True
         return ex
 
+    def _on_embedded_data(self, node) -> bool:
+        """The node runs on the embedded model in a flow on data (one with a table input)."""
+        if not any(t.kind == "table" for t in self.ctx.inputs):
+            return False
+        from ..llm.endpoints import resolve
+        try:
+            endpoint, _ = resolve(node.model or self.ctx.settings.model)
+        except FlowError:
+            return False
+        return endpoint.local
+
+    def _limits_of(self, node) -> _Limits:
+        """The node's attempts and continuations: the settings', or where they leave them to
+        the endpoint (None), ATTEMPTS and CONTINUATIONS, fewer on the embedded model in a
+        flow on data (EMBEDDED_DATA_*)."""
+        attempts, continuations = self.ctx.settings.max_attempts, self.ctx.settings.continuations
+        if attempts is None or continuations is None:
+            embedded = self._on_embedded_data(node)
+            if attempts is None:
+                attempts = EMBEDDED_DATA_ATTEMPTS if embedded else ATTEMPTS
+            if continuations is None:
+                continuations = EMBEDDED_DATA_CONTINUATIONS if embedded else CONTINUATIONS
+        return _Limits(int(attempts), int(continuations))
+
     def _options(self, node, seed: int) -> dict:
         """The door's options of the node's call."""
         ctx, settings = self.ctx, self.ctx.settings
@@ -300,23 +333,25 @@ class NodeRunner:
                     on_text=ctx.recorder.text_sink(node.id),
                     on_wait=ctx.recorder.wait_sink(node.id))
 
-    def _answer(self, node, messages: list[dict], seed: int, record: dict | None = None):
+    def _answer(self, node, messages: list[dict], seed: int, limits: _Limits,
+                record: dict | None = None):
         """The door's coroutine of the node's answer, without tools. Given the attempt's
         `record`, the calls' log rows go to the flow (`ctx.defer_log`), which writes them in
         the commit of the node's next state and puts the last one's id in the record."""
         defer = self.ctx.defer_log
         return self.ctx.llm.complete_whole(
-            messages, continuations=int(self.ctx.settings.continuations),
+            messages, continuations=limits.continuations,
             defer_log=None if defer is None or record is None else partial(defer, record=record),
             **self._options(node, seed))
 
-    async def _reply(self, node, messages: list[dict], seed: int):
+    async def _reply(self, node, messages: list[dict], seed: int, limits: _Limits):
         """(reply, tool calls): the node's answer, through the tool loop when tools are offered
-        (`run` asks the door directly when the flow offers none: no coroutine of this one)."""
+        (`run` asks the door directly when the flow offers none: no coroutine of this one;
+        the tool loop continues no answer)."""
         ctx, settings = self.ctx, self.ctx.settings
         offered = await ctx.tools.offer(node, settings, ctx.llm)
         if not offered:
-            return await self._answer(node, messages, seed), []
+            return await self._answer(node, messages, seed, limits), []
         kwargs = self._options(node, seed)
         from .toolloop import run_with_tools
 
@@ -341,7 +376,8 @@ class NodeRunner:
             start = await self._starter(node) if self._wants_starter(node) else None
         except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
             return _failed_start(outcome, exc, history)
-        tries = _Tries(history, start, int(settings.max_attempts))
+        limits = self._limits_of(node)
+        tries = _Tries(history, start, limits.attempts)
         attempts, attempt = tries.attempts, -1
         while (attempt := attempt + 1) < tries.limit:
             record = self._record(node, tries, attempt)
@@ -351,8 +387,10 @@ class NodeRunner:
             messages = node_messages(ctx, node_id, retry_prompt(attempts), started=tries.start_report)
             try:
                 seed = settings.seed + history + attempt
-                reply, tool_calls = (await self._reply(node, messages, seed) if ctx.tools.any()
-                                     else (await self._answer(node, messages, seed, record), ()))
+                reply, tool_calls = (await self._reply(node, messages, seed, limits)
+                                     if ctx.tools.any()
+                                     else (await self._answer(node, messages, seed, limits,
+                                                              record), ()))
             except EndpointError as exc:
                 _stopped(outcome, attempts, record, output=None, error=str(exc))
                 break   # the LLM door already retried; more attempts would only wait longer
@@ -493,6 +531,13 @@ class NodeRunner:
             attempts[-1]["masked"] = True
             outcome.output, outcome.masked = MASKED, True
         return outcome
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """How many attempts a node gets, and how often a cut answer of it is continued."""
+    attempts: int
+    continuations: int
 
 
 @dataclass

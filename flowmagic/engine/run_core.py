@@ -20,7 +20,7 @@ from . import summary
 from .answer_code import made_files
 from .budget import Budget
 from .context import RunContext
-from .node_runner import NodeRunner
+from .node_runner import CONTINUATIONS, NodeRunner
 from .recorder import Recorder
 from .run_record import RunRecord
 from .run_space import RunSpace
@@ -243,8 +243,9 @@ class RunCore:
     # -- the final write-up ----------------------------------------------------------------------
     async def _summary(self, messages: list[dict]):
         settings = self.record.settings
+        more = CONTINUATIONS if settings.continuations is None else int(settings.continuations)
         reply = await self.llm.complete_whole(messages, model=settings.model, seed=settings.seed,
-                                              continuations=int(settings.continuations),
+                                              continuations=more,
                                               max_tokens=settings.max_tokens,
                                               run_id=self.record.run_id, purpose="consolidate")
         self.budget.spend(reply.cost_usd)
