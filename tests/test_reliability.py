@@ -268,8 +268,8 @@ def test_planning_over_http_turns_any_reply_into_a_flow_or_one_line():
     """The whole planning path (structured call, extraction, repair, selection of K=2)."""
     replies: dict[str, str] = {}
 
-    def responder(body):
-        task = body["messages"][-1]["content"]
+    def responder(body):   # the user message opens with the task; the schema note follows
+        task = body["messages"][-1]["content"].split("\n\n")[0]
         return replies.get(task, "{}")
 
     counter = itertools.count()
