@@ -569,3 +569,28 @@ def test_the_plan_request_and_every_node_prompt_open_with_the_same_start(tmp_pat
     # the working start's example is not shown to the planner: it planned its plot
     assert "A working start" not in planning[1]["content"]
     assert "@mean_y_I" not in planning[1]["content"]   # the summary writes the form
+
+
+def test_code_that_prints_only_an_empty_or_missing_result_goes_back_as_a_code_fix(flows):
+    """q308's filter matched no row and printed `Series([], ...)`, q716's mean printed nan:
+    both were taken as results and the summary filled the answer's form with a guess."""
+    asked: list[str] = []
+
+    def respond(body):
+        asked.append(body["messages"][-1]["content"])
+        if len(asked) == 1:   # a filter on a value the column does not hold
+            return _fenced("print(df[df['dataset'] == 'V']['y'])")
+        if len(asked) == 2:
+            return _fenced("print(df[df['dataset'] == 'V']['y'].mean())")
+        return _fenced("print(round(df[df['dataset'] == 'I']['y'].mean(), 2))")
+
+    flow = flows(respond, {"task": "Analyse anscombe.csv with pandas", "nodes": [
+        {"id": "mean", "requirement": "Compute the mean of y in dataset I.", "agent": "analyst"}],
+        "edges": []}, consolidate=False)
+    flow.run()
+    assert flow.status == "done", flow.message
+    assert len(asked) == 3
+    assert "The code failed to produce a result" in asked[1] and "Series([]" in asked[1]
+    assert "The code failed to produce a result" in asked[2] and "nan" in asked[2]
+    node = flow.workflow.nodes["mean"]
+    assert "7.5" in node.output and [a["passed"] for a in node.attempts] == [False, False, True]

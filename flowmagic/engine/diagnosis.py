@@ -19,7 +19,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 __all__ = ["CODE_FAILED", "code_feedback", "failing_line", "error_of", "code_failure",
-           "available_libraries", "DATA_LIBRARIES"]
+           "available_libraries", "DATA_LIBRARIES", "hollow_result"]
 
 CODE_FAILED = "The code failed"   # how a failed run's feedback begins (runner, repairs)
 # The libraries a data scientist expects, as imported (module name, what to write).
@@ -186,6 +186,32 @@ def code_feedback(execution: Mapping, *, node_id: str | None = None,
     parts.append("Send the whole corrected code in one ```python block; do not write what it "
                  "prints (it is run and its real output is kept).")
     return "\n".join(parts)
+
+
+# A printed line that holds no result: an empty pandas object, its footer, or a value that is
+# missing (q308's filter matched no row and printed "Series([], Name: Fare, ...)"; q716's mean
+# printed nan; both were taken as results and the summary filled the form with a guess).
+_HOLLOW = re.compile(r"^(?:Series\(\[\],.*\)|Empty (?:DataFrame|Series)|Columns: \[.*\]|"
+                     r"Index: \[\]|\[\]|\{\}|set\(\)|\(\)|None|"
+                     r"(?:Name: .*, )?dtype: \w+|"
+                     r"(?:.*[\s:=,(\[{'\"])?(?:nan|NaN|<NA>|NaT)[\s)\]},'\"]*)$")
+
+
+def hollow_result(execution: Mapping) -> str:
+    """The feedback for code that ran and printed only empty or missing values ("" when it
+    printed a result, or nothing at all): such a printout is a bug to fix, not a result."""
+    if not execution.get("ran") or not execution.get("ok"):
+        return ""
+    lines = [line.strip() for line in str(execution.get("stdout") or "").splitlines()
+             if line.strip()]
+    if not lines or not all(_HOLLOW.match(line) for line in lines):
+        return ""
+    shown = "\n".join(lines[:6])
+    return (f"{CODE_FAILED} to produce a result: it ran, but all it printed is empty or "
+            f"missing values:\n{shown}\nAn empty Series or DataFrame means a filter or a lookup "
+            "matched no row; NaN means the values it used were missing or did not match. Print "
+            "the values it works on (e.g. df[col].unique()[:10]) to see why, fix the code, and "
+            "send the whole corrected code in one ```python block.")
 
 
 def code_failure(attempts: Iterable[Any]) -> bool:

@@ -29,7 +29,7 @@ from .validation import retry_prompt
 from .working_start import fall_back_on_start, ran_start, said_once
 from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
-from .diagnosis import code_feedback
+from .diagnosis import code_feedback, hollow_result
 from .numbers import (numbers_feedback, output_lines, printed_lines, stated_numbers,
                       strip_claims, trace, untraced, untraced_mark, without_code)
 from ..model.plan_checks import computes
@@ -414,6 +414,9 @@ class NodeRunner:
             keep = False   # the names of the answer's code, when they wait for the verdict
             try:
                 said = self._verdict_now(output, reply.finish_reason)
+                if (said is None or said[0]) and ex is not None:
+                    hollow = hollow_result(ex.to_dict())   # code that printed no result
+                    said = (False, hollow) if hollow else said
                 passed, feedback = (said if said is not None else
                                     await self._verdict(node, output, bool(ex and ex.ran), record))
                 keep = passed
