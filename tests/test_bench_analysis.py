@@ -240,7 +240,7 @@ def test_a_sample_waits_between_questions_while_the_pause_file_exists(tmp_path):
     assert analysis.wait_while(pause, every=0.01) == 0.0   # no file: no wait
     pause.touch()
     threading.Timer(0.3, pause.unlink).start()
-    assert analysis.wait_while(pause, every=0.01) >= 0.3
+    assert analysis.wait_while(pause, every=0.01) >= 0.2   # the timer started before it
 
 
 def test_two_shards_side_by_side_share_a_sample_and_its_file(tmp_path):

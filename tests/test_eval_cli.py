@@ -222,7 +222,9 @@ def test_context_reaches_the_planner_only_when_asked(loopback, tmp_path):
     gold.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def prompts():
-        return [m["content"] for r in loopback.stats(bodies=True)["requests"]
+        # (the task opens the user message; the JSON schema note follows it there)
+        return [m["content"].split("\n\nAnswer with one JSON value")[0]
+                for r in loopback.stats(bodies=True)["requests"]
                 if r["path"].endswith("/chat/completions")
                 for m in r["body"]["messages"] if m["role"] == "user"]
 

@@ -343,7 +343,8 @@ def action_responder(body):
     """An endpoint without function calling: 500 on `tools`, JSON actions by schema."""
     if body.get("tools"):
         raise ValueError("tools are not supported")
-    results = [m["content"] for m in body["messages"] if m["content"].startswith("Result of")]
+    results = [m["content"].split("\n\nAnswer with one JSON value")[0]   # the schema note
+               for m in body["messages"] if m["content"].startswith("Result of")]
     if body.get("response_format") and not results:
         return json.dumps({"action": "call", "tool": "word_count", "arguments": {"text": "x y"}})
     return json.dumps({"action": "answer", "content": f"done: {results[-1] if results else ''}"})
