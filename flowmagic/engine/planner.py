@@ -169,10 +169,10 @@ def planning_messages(task: str, *, strategy: str = "balanced", max_subtasks: in
                       max_agents: int | None = None, context: Any = None,
                       start: str | None = None) -> list[dict]:
     """The system and user messages asking for a plan (kept short for 8k-context models).
-    `start` (prompt_start.flow_start: a flow on input files) lays the request out as a call of
-    the flow: the house rules, that start (the task, the inputs, the working start; it holds
-    what `context` would say), then the planner's part, so the first node's prompt is
-    evaluated from where this one left off."""
+    `start` (prompt_start.flow_start without the working start: a flow on input files) lays
+    the request out as a call of the flow: the house rules, that start (the task, how code
+    runs, the inputs; it holds what `context` would say), then the planner's part, so the
+    first node's prompt is evaluated from where this one left off."""
     _check_strategy(strategy)
     instruction, usual = STRATEGIES[strategy]
     lines = [
@@ -475,7 +475,8 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
                           strategy: str = "balanced", max_subtasks: int | None = None,
                           max_agents: int | None = None, llm=None, seed: int = 0,
                           run_id: str | None = None, context: Any = None,
-                          start: str | None = None, temperature: float = 0.7, max_tokens: int | None = None,
+                          start: str | None = None, temperature: float = 0.7,
+                          max_tokens: int | None = None,
                           cache: bool = True, method: str = "auto",
                           time_limit_s: float | None = None,
                           progress: Callable[[dict], Any] | None = None) -> list[Candidate]:

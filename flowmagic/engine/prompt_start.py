@@ -2,12 +2,13 @@
 
 A server that keeps the last prompt's state (llama.cpp, Ollama) evaluates only what follows the
 longest start a new prompt shares with it, and OpenAI's prompt cache bills a shared start of
-1,024 tokens or more at the cached rate. So the plan request, every node's prompt and the closing
-summary of a flow with input files open alike: the house rules as the system message, then the
-task (without the words about its answer's form: the summary writes that form), how code runs
-and what the inputs hold, the working start; each call's own part comes after. On the bench model
-(one thread, ~40 prompt tokens a second) the start is 700-1,300 tokens: 20-30 s of evaluation a
-call that does not share it.
+1,024 tokens or more at the cached rate. So every node's prompt of a flow with input files opens
+alike: the house rules as the system message, then the task (without the words about its
+answer's form: the summary writes that form), how code runs and what the inputs hold, the working
+start; each call's own part comes after. The plan request opens the same way up to the working
+start. (The closing summary and the update request do not share it yet.) On the bench model (one
+thread, ~40 prompt tokens a second) the start is 700-1,300 tokens: 20-30 s of evaluation a call
+that does not share it.
 """
 
 from __future__ import annotations

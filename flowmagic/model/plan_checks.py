@@ -186,8 +186,7 @@ def computes(requirement: str) -> bool:
     test, plot, mean ...), rather than loading it, stating a result others computed, or
     writing prose about results ("Write three findings", "Summarise the analysis")."""
     text = requirement or ""
-    return (_WORK.search(text) is not None and _WRITES.match(text) is None
-            and not states_only(text) and not loads_only(text))
+    return _WORK.search(text) is not None and not writes(text) and not loads_only(text)
 
 
 def topic_share(requirements: list[str], task: str) -> float:
