@@ -171,10 +171,15 @@ def test_the_marked_blocks_are_rewritten_and_the_text_around_them_kept(tmp_path)
         for r in sp["dask"][kind]["rounds"]:
             r[1] = {"rate": 10.0, "startup": 2.0, "driver_ms": 1.0}
             r[2].update(startup=3.0, driver_ms=2.0)
+            r["half"] = {"rate": 9.0, "startup": 3.0, "driver_ms": 2.0}
     speed.write_blocks(results, sp)
     text = results.read_text()
     assert "old dask" not in text and "Written by `make bench`" in text
     assert "| I/O-bound (200 ms latency) | 256 |" in text
+    assert "2 workers at half / in process: I/O-bound 0.90 (load 0.5)" in text
+    [io] = [r for r in speed.rows(sp) if r["what"].startswith("flow.map on Dask, 2 workers / "
+                                                               "in process, I/O")]
+    assert io["measured"].endswith("; 8 in flight on both (4 per worker): 0.90")
     assert "hand-written prose" in text and "## Later\n\nkept" in text
     # a block the file lacked goes at its end, under its heading
     assert text.index("## Later") < text.index("## Prompt prefix reuse on the embedded model")

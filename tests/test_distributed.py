@@ -199,6 +199,38 @@ def test_rate_limits_hold_across_the_cluster(cluster):
     assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) <= 2
 
 
+@pytest.mark.parametrize("limit", ["configure(concurrency=2)", "a server with 2 slots"])
+def test_an_endpoints_own_limit_holds_across_the_cluster(cluster, limit):
+    # In process these hold for the process, i.e. the whole map; each of 2 workers holding
+    # them on its own would let 4 requests reach the server at once.
+    with LoopbackServer(responder=echo, latency=0.2,
+                        slots=2 if "slots" in limit else None) as server:
+        if "slots" in limit:   # a llama.cpp server: its slots are read from GET /props
+            flowmagic.configure(base_url=server.base_url, model="m", self_hosted=True)
+        else:
+            flowmagic.configure(base_url=server.base_url, model="m", concurrency=2)
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(cities(16), engine=cluster, concurrency=4, progress=False)
+        peak = server.stats()["max_in_flight"]
+    assert list(out["result"]) == [f"found c{i}/{2000 + i}" for i in range(16)]
+    assert peak == 2
+
+
+def test_workers_take_an_endpoint_as_hosted_or_local_as_the_driver_does(cluster):
+    # The workers' environment lacks the driver's FLOWMAGIC_SELF_HOSTED=0 (conftest), and
+    # by its address alone the loopback server is one the user runs: streamed and queued
+    # one request at a time (it does not report its slots).
+    with LoopbackServer(responder=echo, latency=0.1) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        out = flow.map(cities(8), engine=cluster, concurrency=4, progress=False)
+        bodies = [r["body"] for r in server.requests if ASKED.search(str(r["body"]))]
+        peak = server.stats()["max_in_flight"]
+    assert set(out["status"]) == {"done"} and len(bodies) == 8
+    assert not [b for b in bodies if b.get("stream")]   # sent as the driver would
+    assert peak > 2
+
+
 def test_a_budget_stops_submitting_new_inputs(cluster):
     from flowmagic.llm import endpoints
     endpoints.set_prices({"m": (100.0, 100.0)})   # USD per million tokens: ~$0.002 a call

@@ -18,9 +18,11 @@ The tasks themselves depend on nothing but their inputs, so Dask puts each on th
 worker (a payload task would draw every task to the worker holding it).
 
 Cluster-wide limits: `ClusterGate` wraps each model request in `distributed.Semaphore`s
-held on the scheduler, one per endpoint: `requests_at_once` leases for the requests in
-flight, and `rpm` leases for requests per window, each released `window_s` after it was
-taken, so every window of that length holds at most `rpm` requests across all workers.
+held on the scheduler, one per endpoint: as many leases for the requests in flight as the
+endpoint takes at once (the lowest of `requests_at_once`, its `concurrency` and a
+self-hosted server's slots, see distributed._caps), and `rpm` leases for requests per
+window, each released `window_s` after it was taken, so every window of that length holds
+at most `rpm` requests across all workers.
 """
 
 from __future__ import annotations
@@ -70,10 +72,13 @@ class MapPlugin(WorkerPlugin):
 
 
 class ClusterGate:
-    """Per-endpoint cluster-wide caps on model requests (see the module docstring)."""
+    """Per-endpoint cluster-wide caps on model requests (see the module docstring):
+    `caps` by endpoint identity, `at_once` for an endpoint not in it."""
 
-    def __init__(self, rpm: int | None, at_once: int | None, window_s: float = 60.0):
+    def __init__(self, rpm: int | None, at_once: int | None, window_s: float = 60.0,
+                 caps: dict[str, int] | None = None):
         self.rpm, self.at_once, self.window_s = rpm, at_once, window_s
+        self.caps = dict(caps or {})
         self._sems: dict[tuple[str, str], Any] = {}
 
     def _sem(self, kind: str, identity: str, leases: int):
@@ -93,10 +98,11 @@ class ClusterGate:
             timer = threading.Timer(self.window_s, window.release)   # the oldest lease
             timer.daemon = True
             timer.start()
-        if not self.at_once:
+        leases = self.caps.get(endpoint.identity, self.at_once)
+        if not leases:
             yield
             return
-        flight = self._sem("at-once", endpoint.identity, self.at_once)
+        flight = self._sem("at-once", endpoint.identity, leases)
         await asyncio.to_thread(flight.acquire)
         try:
             yield
@@ -130,7 +136,7 @@ class _Runner:
         self.path = os.path.join(_folder(), f"flowmagic-{tag}.db")
         self.store = Store(self.path)
         llm = LLM(self.store, rpm=None, concurrency=spec["llm_concurrency"])
-        llm.gate = ClusterGate(spec["rpm"], spec["at_once"], spec["window_s"])
+        llm.gate = ClusterGate(spec["rpm"], spec["at_once"], spec["window_s"], spec["caps"])
         self.flow = spec["flow_class"](spec["workflow"], name=spec["name"], llm=llm,
                                        store=self.store, save=False, **spec["settings"])
         if spec["tools"] is not None:   # else the tools registered in this process

@@ -231,7 +231,9 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
                  concurrency: int = 4) -> bytes:
     """What every task of a map shares (pickled once, handed to every worker with the keys
     in a MapPlugin): the workflow, settings, the flow's chosen tools, endpoints with their
-    keys blanked, prices, inputs at once per worker and the cluster-wide limits."""
+    keys blanked (and local or hosted as this process sees them: a worker's environment or
+    network may say otherwise), prices, inputs at once per worker and the cluster-wide
+    limits."""
     from ..llm import endpoints
 
     import cloudpickle   # Dask's own: the user's tool functions from a notebook go by value
@@ -240,11 +242,33 @@ def task_payload(flow: "Flow", found: dict, *, rpm: int | None = None,
         "flow_class": type(flow),   # by reference: the worker imports flowmagic as we do
         "workflow": fresh_copy(flow.workflow), "name": flow.name, "settings": flow.settings,
         "tools": flow.chosen_tools,
-        "endpoints": {n: dataclasses.replace(e, api_key="") for n, e in found.items()},
+        "endpoints": {n: dataclasses.replace(e, api_key="", hosting="local" if e.self_hosted
+                                             else "hosted") for n, e in found.items()},
         "prices": dict(endpoints.PRICES), "cached_prices": dict(endpoints.CACHED_PRICES),
         "llm_concurrency": flow.llm.concurrency,
-        "rpm": rpm or flow.llm.rpm, "at_once": at_once, "window_s": window_s,
-        "concurrency": concurrency})
+        "rpm": rpm or flow.llm.rpm, "at_once": at_once, "caps": _caps(found, at_once),
+        "window_s": window_s, "concurrency": concurrency})
+
+
+def _caps(found: dict, at_once: int | None) -> dict[str, int]:
+    """Requests at once per endpoint (by identity) across the whole cluster: the lowest of
+    `requests_at_once`, the endpoint's own `concurrency` and, for a server the user runs,
+    its slots (llm.queue). In process they hold for the process, which runs the whole map;
+    on Dask each worker would hold them apart, and N workers send N times as many. The
+    embedded model is left out: each worker process starts its own."""
+    from ..llm import queue
+
+    caps = {}
+    for endpoint in found.values():
+        if endpoint.local:
+            continue
+        limits = [n for n in (at_once, endpoint.concurrency) if n]
+        if endpoint.self_hosted:
+            limits.append(queue.slots_of(endpoint, endpoint.base_url))
+        limits = [int(n) for n in limits if n]
+        if limits:
+            caps[endpoint.identity] = min(limits)
+    return caps
 
 
 def _is_dask_frame(inputs: Any) -> bool:
@@ -273,7 +297,9 @@ def dask_map(flow: "Flow", inputs: Any, *, engine: Any = "dask", concurrency: in
 
     `engine`: "dask" ($FLOWMAGIC_DASK, else a LocalCluster of `workers` processes, one per
     core by default), a scheduler address or a Client; `concurrency`: inputs at once per
-    worker; `rpm` / `requests_at_once`: per endpoint, across the whole cluster;
+    worker (N workers run N times as many); `rpm` / `requests_at_once`, like the endpoint's
+    own `concurrency` and a self-hosted server's slots: per endpoint, across the whole
+    cluster (`_caps`);
     `budget_usd`: no new input is submitted once the list-price cost of this map reaches
     it; `progress`: True (a line on stderr), False, or a function called with a MapProgress
     after each result. A Dask DataFrame is run partition by partition where each partition
