@@ -105,6 +105,54 @@ def test_a_code_error_that_persists_goes_to_the_updater_never_to_refine_or_subst
     panel.close()
 
 
+def test_an_update_that_would_run_a_failed_node_again_as_it_was_ends_the_run():
+    """On dabench-dev q618 the bench model's updater gave the failed node back three times
+    with its requirement unchanged (but for a full stop): each time three more tries failed
+    the same way. Such an update is not applied; one that changes the node is."""
+    requirement = "Print the mean of y in anscombe.csv."
+
+    def agent(body):
+        prompt = body["messages"][-1]["content"]
+        if body.get("response_format"):   # the updater: the same node, the same words
+            return json.dumps({"rationale": "try again", "action": "update", "subtasks": [
+                {"id": "stats", "requirement": requirement.rstrip(".").upper(),
+                 "agent": "analyst", "depends_on": [], "rerun": True}]})
+        if "MEAN OF Y" in prompt:   # (never reached: the same words are not run again)
+            return fenced(GOOD)
+        return fenced("print(undefined_table.shape)")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(requirement, max_attempts=2, max_updates=3)
+        flow.run()
+        prompts = node_prompts(server)
+    node = flow.workflow.nodes["stats"]
+    assert node.status == "failed" and len(prompts) == 2
+    assert [e["kind"] for e in flow.update_log] == ["replan"]
+    assert flow.update_log[0]["no_change"]
+    assert any("would run stats again as it was" in w
+               for w in flow.update_log[0]["diff"]["warnings"])
+
+
+def test_an_update_that_changes_the_failed_node_runs_it_again():
+    def agent(body):
+        prompt = body["messages"][-1]["content"]
+        if body.get("response_format"):
+            return json.dumps({"rationale": "name the file", "action": "update", "subtasks": [
+                {"id": "stats", "requirement": "Read anscombe.csv with pandas and print the "
+                 "mean of its y column.", "agent": "analyst", "rerun": True}]})
+        if "its y column" in prompt:
+            return fenced(GOOD)
+        return fenced("print(undefined_table.shape)")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=2, max_updates=3)
+        flow.run()
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    assert not flow.update_log[0]["no_change"]
+
+
 def test_a_key_error_retry_names_the_real_columns():
     def agent(body):
         if "were rejected" in body["messages"][-1]["content"]:

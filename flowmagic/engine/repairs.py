@@ -19,7 +19,11 @@ failing line and what exists (engine/diagnosis.py), never by a rewritten instruc
 another agent; when its attempts are spent, the updater re-plans. A rewritten instruction
 is checked as a plan's subtask is: an echo of the prompt (its example, its own sentences),
 a placeholder, an empty text or one about nothing of the task or the subtask is refused,
-and the fallback is used.
+and the fallback is used. An update whose only change is to run such a node again as it
+was (the same requirement, agent and parents) is not applied (`same_again`): its code
+would meet the same data with the same words. On dabench-dev q618 the bench model's updater
+answered three times with the failed node's requirement unchanged, each costing an update
+call and three more failed tries (some 90 s each at load 3).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .._internal.text import cut
 from .diagnosis import code_failure
 
 __all__ = ["REPAIR_KINDS", "AGENT_POOL", "Repair", "refine_instruction", "substitute_agent",
-           "repair", "next_kind", "feedback_of", "plan_repair", "refusal"]
+           "repair", "next_kind", "feedback_of", "plan_repair", "refusal", "same_again"]
 
 REPAIR_KINDS = ("refine_instruction", "substitute_agent")
 AGENT_POOL = ("analyst", "coder", "writer", "researcher", "reviewer", "planner", "assistant")
@@ -255,3 +259,25 @@ async def plan_repair(workflow, update_log: list[dict], llm, **options) -> Repai
         if kind is not None:
             return await repair(kind, workflow, node.id, feedback_of(node), llm, **options)
     return None
+
+
+def _words(text: str | None) -> str:
+    return " ".join(re.findall(r"\w+", (text or "").lower()))
+
+
+def same_again(before, after, diff: dict) -> list[str]:
+    """The failed nodes an update would only run again as they were, when that is all it
+    does ([] when it changes anything else): each failed on its code, and keeps its
+    requirement (case, spacing and punctuation aside), its agent and its parents."""
+    if any(diff.get(key) for key in ("added", "removed", "reassigned", "rewired")):
+        return []
+    ids = list(dict.fromkeys([*diff.get("rerun", []), *diff.get("edited", [])]))
+    for node_id in ids:
+        old, new = before.nodes.get(node_id), after.nodes.get(node_id)
+        if (old is None or new is None or old.status != Status.FAILED
+                or not code_failure(old.attempts)
+                or _words(old.requirement) != _words(new.requirement)
+                or old.agent != new.agent
+                or set(before.parents(node_id)) != set(after.parents(node_id))):
+            return []
+    return ids

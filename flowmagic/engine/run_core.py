@@ -220,7 +220,7 @@ class RunCore:
 
     async def _replan(self, before, trigger: list[dict]):
         """(update log entry, update or None): the updater's answer to what called it."""
-        from . import updater
+        from . import repairs, updater
 
         record, settings = self.record, self.record.settings
         # Not the nodes' cap: a restructure cut at 512 tokens silently became "no change";
@@ -232,6 +232,12 @@ class RunCore:
         for candidate in result.candidates or []:
             self.budget.spend(getattr(candidate, "cost_usd", 0.0))
         called = {t["node"] for t in trigger if t["why"] != "finished"}
+        again = [] if result.no_change else repairs.same_again(before, result.workflow, result.diff)
+        if again:   # its code would fail as it did: the run ends here rather than repeat it
+            result.no_change = True
+            result.diff["warnings"].append(
+                f"not run again: the update would run {', '.join(again)} again as it was, "
+                "and its code failed on every try; change its requirement or its code to go on")
         entry = {"kind": "replan", "no_change": result.no_change, "stats": result.stats,
                  "calls": len(result.candidates or []),
                  "diff": result.diff, "errors": list(result.errors or []),
