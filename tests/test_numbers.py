@@ -2,7 +2,7 @@
 
 import pytest
 
-from flowmagic.engine.numbers import (CLAIM_MARK, NOT_RUN, stated_numbers, strip_claims, trace,
+from flowmagic.engine.numbers import (CLAIM_MARK, NOT_RUN, WITHHELD_MARK, withhold, stated_numbers, strip_claims, trace,
                                       untraced, without_code)
 
 OUT = [("stats", "species"),
@@ -159,7 +159,7 @@ def test_an_answer_with_invented_numbers_goes_back_once_and_output_blocks_reach_
     assert list(table["line"]) == [f"mean of y {TRUE_MEAN}"]
 
 
-def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_marked(tmp_path):
+def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_withheld(tmp_path):
     summaries = []
 
     def summary(messages):
@@ -170,15 +170,28 @@ def test_a_result_stating_a_number_no_output_holds_is_sent_back_once_then_marked
     assert len(summaries) == 2
     assert "copied from the printed outputs above exactly" in summaries[0][-1]["content"]
     assert "appear in no printed output above: 7.9" in summaries[1][-1]["content"]
+    # the result never states it: [?] where it was, and a line saying why
+    assert f"The mean of y is {TRUE_MEAN}; the median is [?]." in flow.result
+    assert "7.9" not in flow.result
+    assert flow.result.endswith(WITHHELD_MARK)
     table = flow.trace_numbers()
     assert table.to_dict("records") == [
         {"number": str(TRUE_MEAN), "value": TRUE_MEAN, "node": "stats",
-         "line": f"mean of y {TRUE_MEAN}"},
-        {"number": "7.9", "value": 7.9, "node": None, "line": None}]
-    assert flow.result.endswith("[numbers that trace to no executed output: 7.9]")
+         "line": f"mean of y {TRUE_MEAN}"}]
     nb = nbformat.read(str(flow.to_notebook(tmp_path / "nums.ipynb")), as_version=4)
     shown = json.dumps([c.get("outputs", []) for c in nb.cells])
-    assert "numbers that trace to no executed output: 7.9" in shown
+    assert "the median is [?]" in shown and "7.9" not in shown
+
+
+@pytest.mark.parametrize("text, numbers, expected", [
+    ("@mean[1.65] @n[5]: 5 columns, 1.65 again", ["1.65", "5"],
+     "@mean[?] @n[?]: 5 columns, [?] again"),   # a single digit only in a slot
+    ("in 2020 the rate was 12.5%; `x = 12.5`", ["12.5%", "2020"],
+     "in 2020 the rate was [?]; `x = 12.5`"),       # code and years kept
+    ("11.65 and 1.655 stay", ["1.65"], "11.65 and 1.655 stay"),   # whole numbers only
+])
+def test_withhold_replaces_exactly_the_numbers_found(text, numbers, expected):
+    assert withhold(text, numbers) == expected
 
 
 def test_a_node_whose_numbers_still_do_not_trace_is_marked_for_its_children_and_the_panel():

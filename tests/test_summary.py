@@ -3,6 +3,7 @@ copied from the printed outputs (engine/summary.py, engine/answerform.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -91,15 +92,19 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
         messages = body["messages"]
         if not _is_summary(messages):
             return nodes(messages)
-        asked.append(messages)
+        asked.append(body)
+        if "Answer with one JSON value" in messages[-1]["content"]:   # the form's values
+            return json.dumps({"mean_y": str(MEAN)})
         if "does not give the answer in the form" in messages[-1]["content"]:
-            return f"@mean_y[{MEAN}]"
+            return "@0[0]"   # as the bench model answered dabench-dev q468, twice
         return PARAPHRASE
 
     flow, _ = run_flow(agent)
-    assert len(asked) == 2 and "lacks @mean_y[mean_value]" in asked[1][-1]["content"]
-    assert "Reply with only the answer in exactly that form" in asked[1][-1]["content"]
-    assert flow.result.startswith(f"{PARAPHRASE}\n\n@mean_y[{MEAN}]")   # the answer added
+    assert len(asked) == 2 and "lacks @mean_y[mean_value]" in asked[1]["messages"][-1]["content"]
+    assert "one JSON object with exactly these keys: \"mean_y\"" in asked[1]["messages"][-1]["content"]
+    assert '"required":["mean_y"],"additionalProperties":false' in asked[1]["messages"][-1]["content"]
+    assert flow.result.startswith(f"{PARAPHRASE}\n\n@mean_y[{MEAN}]")   # the form written here
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}
 
     flow, summaries = run_flow(lambda body: (PARAPHRASE if _is_summary(body["messages"])
                                              else nodes(body["messages"])))

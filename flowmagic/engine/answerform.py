@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
-           "form_feedback", "FORM_MISSING", "decimals", "rounded"]
+           "form_feedback", "FORM_MISSING", "decimals", "rounded", "values_schema",
+           "values_request", "from_values"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -205,6 +206,39 @@ def form_feedback(form: Form, lacking: list[str], only: bool = False) -> str:
                        "from a printed output above.")
     return head + ("End your answer with the answer in exactly that form, each value copied "
                    "from a printed output above.")
+
+
+def values_schema(form: Form) -> dict:
+    """The JSON schema of the form's values: one string for each name of its pairs, every
+    one required and no other (an endpoint that constrains its output to the schema cannot
+    answer with other names)."""
+    names = [name for name, _ in form.pairs]
+    return {"type": "object", "properties": {name: {"type": "string"} for name in names},
+            "required": names, "additionalProperties": False}
+
+
+def values_request(form: Form, lacking: list[str]) -> str:
+    """Asking for the form's values as JSON, when an answer twice missed the form's names."""
+    keys = ", ".join(json.dumps(name) for name, _ in form.pairs)
+    return (f"Your answer does not give the answer in the form the task prescribes: it lacks "
+            f"{', '.join(lacking)}. The task says:\n{form.words}\nGive the values as one JSON "
+            f"object with exactly these keys: {keys}. Copy each value from a printed output "
+            "above (rounding is fine); write a word as the task writes it.")
+
+
+def from_values(form: Form, data) -> str:
+    """The answer in the form written from the values a JSON answer gave (`values_schema`):
+    "@name[value]" for each name with a filled value, in the form's order ("" for none)."""
+    if not isinstance(data, dict):
+        return ""
+    out = []
+    for name, placeholder in form.pairs:
+        value = data.get(name)
+        value = "" if value is None or isinstance(value, (dict, list)) else str(value)
+        value = " ".join(value.replace("[", "(").replace("]", ")").split())
+        if _filled(value, placeholder):
+            out.append(f"@{name}[{value}]")
+    return ", ".join(out)
 
 
 def decimals(form: Form | None) -> int | None:

@@ -35,7 +35,8 @@ from typing import Any, Iterable, Mapping
 __all__ = ["Stated", "Traced", "stated_numbers", "output_lines", "printed_lines", "trace",
            "untraced", "untraced_mark", "numbers_feedback", "strip_claims", "trace_text",
            "CLAIM_MARK", "UNTRACED", "result_trace", "result_untraced", "trace_rows",
-           "SUMMARY_NUMBERS", "summary_feedback", "without_code", "NOT_RUN", "every_number"]
+           "SUMMARY_NUMBERS", "summary_feedback", "without_code", "NOT_RUN", "every_number",
+           "WITHHELD", "WITHHELD_MARK", "withhold"]
 
 _SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
 _NUMBER = re.compile(
@@ -236,6 +237,38 @@ def untraced(traced: list[Traced]) -> list[str]:
 
 UNTRACED = "numbers that trace to no executed output"
 _MARK = re.compile(r"\[" + UNTRACED + r": [^\]\n]*\]")
+
+
+WITHHELD = "[?]"
+WITHHELD_MARK = ("[?] (? in the answer's form) stands for a number the summary wrote that no "
+                 "executed output holds: it was sent back once and still traced nowhere, so it "
+                 "is left out of the result.")
+_SLOT = re.compile(r"@\w+\[[^\]\n]*\]")
+
+
+def withhold(text: str, numbers: Iterable[str]) -> str:
+    """`text` with each number it states whose text is one of `numbers` (`untraced`'s)
+    replaced by WITHHELD ("?" inside an `@name[...]` slot): the final result never states a
+    number nothing computed. Code is
+    left as it is; outside an `@name[...]` slot a single digit or a year is too (the rule
+    never asks them to trace there, so they are not the ones found)."""
+    drop = set(numbers)
+    if not drop or not text:
+        return text
+    code = [m.span() for m in _FENCED.finditer(text)]
+    slots = [m.span() for m in _SLOT.finditer(text)]
+
+    def fix(m: re.Match) -> str:
+        s = _parse(m)
+        if s is None or s.text not in drop or any(a <= m.start() < b for a, b in code):
+            return m.group(0)
+        whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
+        exempt = whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100)
+        if any(a <= m.start() < b for a, b in slots):
+            return "?"   # (brackets in @name[...] would break the pair)
+        return m.group(0) if exempt else WITHHELD
+
+    return _NUMBER.sub(fix, text)
 
 
 def untraced_mark(numbers: list[str]) -> str:

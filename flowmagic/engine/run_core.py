@@ -247,11 +247,11 @@ class RunCore:
         return entry, None if result.no_change else result.update
 
     # -- the final write-up ----------------------------------------------------------------------
-    async def _summary(self, messages: list[dict]):
+    async def _summary(self, messages: list[dict], schema: dict | None = None):
         settings = self.record.settings
         more = CONTINUATIONS if settings.continuations is None else int(settings.continuations)
         reply = await self.llm.complete_whole(messages, model=settings.model, seed=settings.seed,
-                                              continuations=more,
+                                              continuations=more, schema=schema,
                                               max_tokens=settings.max_tokens,
                                               run_id=self.record.run_id, purpose="consolidate")
         self.budget.spend(reply.cost_usd)

@@ -13,7 +13,10 @@ the summary none. So the writer is given what it must copy, and what it writes i
 - a summary whose numbers trace nowhere, whose form values trace nowhere (these are checked
   without the exemptions of `numbers`: a single digit, a year or a number the task writes
   must be printed too), or that lacks a form the task prescribes (`answerform`) goes back
-  once, naming what is wrong; what is still wrong is marked;
+  once, naming what is wrong; a number that still traces nowhere is withheld (written
+  `[?]`, with a line saying why: the result never states a number nothing computed), a
+  form still missing is marked; when only the form's names were missed, its values are
+  asked for as JSON under a schema with those names and the form is written from them;
 - when a done node already states the whole answer in the task's form with every value
   traced to a printed output, that answer is the result and no summary is written: a
   rewrite could only lose it (one model call less).
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from .._internal.text import cut as text_cut
+from ..errors import ModelOutputError
 from ..model.status import Status
 from . import answerform, numbers
 from .answerform import Form
@@ -39,7 +43,7 @@ CODE_LEFT_OUT = "[its Python code, which ran in the sandbox: what it printed is 
 _RUNNABLE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(?:python3?|py)?[ \t]*\n.*?^[ \t]*\1[`~]*[ \t]*$",
                        re.MULTILINE | re.DOTALL | re.IGNORECASE)
 
-Ask = Callable[[list[dict]], Awaitable]
+Ask = Callable[..., Awaitable]   # (messages, schema=None) -> a Reply
 
 
 @dataclass
@@ -198,9 +202,24 @@ def _feedback(form, loose, lacking) -> str:
     return "\n\n".join(parts)
 
 
+async def _form_values(ask: Ask, back: list[dict], form: Form, lacking: list[str]) -> str:
+    """The answer in the form, written here from the values a JSON answer gives: asked for
+    when a summary missed the form's names (the bench model wrote `@0[0]` for
+    `@number_of_outliers[...]` on dabench-dev q468, and again when asked for the form alone);
+    an endpoint that follows the schema cannot answer with other names. "" when none."""
+    try:
+        reply = await ask([*back, {"role": "user",
+                                   "content": answerform.values_request(form, lacking)}],
+                          schema=answerform.values_schema(form))
+    except ModelOutputError:   # not JSON even so: the form stays missing, and is marked
+        return ""
+    return answerform.from_values(form, reply.data)
+
+
 async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
     """The result: a node's traced answer in the task's form when one gave it whole, else a
-    summary written by `ask` and checked (back once; what is still wrong is marked)."""
+    summary written by `ask` and checked (back once; a number that still traces nowhere is
+    withheld, a form still missing is marked)."""
     form = answerform.prescribed(workflow.task or "")
     kept = kept_answer(workflow, form)
     if kept is not None:
@@ -208,13 +227,17 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
         return Summary(_kept(node_id, answerform.rounded(form, answer), how), kept_from=node_id)
     messages = summary_messages(workflow, budget, form)
     reply, calls = await ask(messages), 1
-    text = reply.text
+    text, cut = reply.text, reply.cut
     loose, lacking = _wrong(workflow, form, text, data)
     if loose or lacking:   # back once, naming what is wrong
         back = [*messages, {"role": "assistant", "content": text}]
         if loose:   # written again as a whole
             reply = await ask([*back, {"role": "user", "content": _feedback(form, loose, lacking)}])
-            text = reply.text
+            text, cut = reply.text, reply.cut
+        elif form.pairs:   # only the form's values are asked for, and the form written here
+            line = await _form_values(ask, back, form, lacking)
+            if line:
+                text = f"{text.rstrip()}\n\n{line}"
         else:   # only the answer in the form is asked for, and added to the summary
             reply = await ask([*back, {"role": "user",
                                        "content": answerform.form_feedback(form, lacking, only=True)}])
@@ -222,9 +245,10 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
                 text = f"{text.rstrip()}\n\n{reply.text.strip()}"
         calls = 2
         loose, lacking = _wrong(workflow, form, text, data)
+    if loose:   # a number nothing computed is not stated: withheld, and the mark says why
+        text = f"{numbers.withhold(text, loose)}\n\n{numbers.WITHHELD_MARK}"
+        lacking = answerform.missing(form, text)
     text = answerform.rounded(form, text)   # as the task's words ask; it still traces
-    if loose:
-        text += f"\n\n{numbers.untraced_mark(loose)}"
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
         text += f"\n\n{answerform.missing_mark(lacking)}"
-    return Summary(text, cut=reply.cut, calls=calls, untraced=loose, lacking=lacking)
+    return Summary(text, cut=cut, calls=calls, untraced=loose, lacking=lacking)
