@@ -9,7 +9,7 @@ import pytest
 import flowmagic
 from flowmagic.engine import stepwise
 from flowmagic.engine.planner import DATA_RULES, plan_candidates, planning_messages
-from flowmagic.model.plan_checks import data_task, loads_only, states_only
+from flowmagic.model.plan_checks import data_task, loads_only, splits_only, states_only
 from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm, run
@@ -72,6 +72,51 @@ def test_a_loading_subtask_is_left_out_of_a_plan_and_its_links_kept():
     assert list(wf.nodes) == ["fit", "plot", "answer"]
     assert wf.edges() == [("fit", "plot"), ("fit", "answer"), ("plot", "answer")]
     assert any("left out load: a subtask that only loads data" in w for w in cand.warnings)
+
+
+RATIO = ("Create a new feature named \"TOTUSJZ_TOTUSJH_RATIO\" by dividing the TOTUSJZ column "
+         "by the TOTUSJH column. Calculate the mean and standard deviation of this new feature."
+         "\n\nAnswer format: Return 2 values: @mean_ratio[mean], @stddev_ratio[std].\n\n"
+         "The data is the input file 3901.csv.")
+
+
+def _q272_plan():   # the bench model's plan for dabench-dev q272
+    return {"subtasks": [
+        {"id": "split_data", "requirement": "Split the input data into a training set and a "
+         "validation set.", "agent": "researcher", "depends_on": []},
+        {"id": "ratio", "requirement": "Calculate the mean and standard deviation of the new "
+         "feature 'TOTUSJZ_TOTUSJH_RATIO' from the training set.", "agent": "coder",
+         "depends_on": ["split_data"]}]}
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_train_test_split_the_task_does_not_ask_for_is_left_out(asked):
+    task = RATIO.replace("Calculate", "Split the rows 80/20 into a training and a test set. "
+                         "Calculate") if asked else RATIO
+    llm = fast_llm()
+    with LoopbackServer(responder=lambda body: json.dumps(_q272_plan())) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        [cand] = run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
+    assert list(cand.workflow.nodes) == ["ratio"]   # (asked: the chain joined into one step)
+    ratio = cand.workflow.nodes["ratio"].requirement
+    left_out = any("left out split_data: a train/test split the task does not ask for" in w
+                   for w in cand.warnings)
+    if asked:
+        assert ratio.startswith("Split the input data into a training set")
+        assert ratio.endswith("from the training set.") and not left_out
+    else:
+        assert ratio == ("Calculate the mean and standard deviation of the new feature "
+                         "'TOTUSJZ_TOTUSJH_RATIO'.") and left_out
+
+
+@pytest.mark.parametrize("requirement, only", [
+    ("Split the input data into a training set and a validation set.", True),
+    ("Divide the dataset into training and testing sets", True),
+    ("Split the name column into first and last name", False),
+    ("Calculate the mean of the training set's ages", False),
+])
+def test_a_split_step_is_told_apart(requirement, only):
+    assert splits_only(requirement) is only
 
 
 SKEW = ("Check if the fare distribution is skewed.\n\nConstraints: Calculate the skewness of the "

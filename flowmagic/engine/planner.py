@@ -26,8 +26,8 @@ from ..errors import (ConfigError, EndpointError, FlowError, ModelOutputError, O
 from ..settings import HARD_MAX_K
 from ..model.answers import plan_from_answer
 from ..model.graph import Workflow
-from ..model.plan_checks import (check_plan, data_task, loads_only, same_task, states_only,
-                                 topic_share, writes)
+from ..model.plan_checks import (asks_split, check_plan, data_task, loads_only, same_task,
+                                 splits_only, states_only, topic_share, without_split, writes)
 from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi_step, score, select
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
@@ -239,6 +239,26 @@ def _drop_loading(wf: Workflow) -> None:
                            "imports libraries (every subtask's code has them at hand)")
 
 
+def _drop_split(wf: Workflow, task: str) -> None:
+    """Remove a train/test split the task did not ask for, in a plan for a data task: a
+    subtask that only splits goes, and the others' "from the training set" with it (they
+    mean the whole data). The planner is told to add no such step (DATA_RULES); the bench
+    model added one anyway on dabench-dev q272, whose mean and standard deviation of a ratio
+    were then computed on 80% of the rows. A plan made of nothing else keeps its first."""
+    if not data_task(task) or asks_split(task):
+        return
+    dropped = [i for i, n in wf.nodes.items() if splits_only(n.requirement)]
+    if len(dropped) == len(wf.nodes):
+        dropped = dropped[1:]
+    for d in dropped:
+        _bypass(wf, d)
+    for node in wf.nodes.values():
+        node.requirement = without_split(node.requirement)
+    if dropped:
+        wf.warnings.append(f"left out {', '.join(dropped)}: a train/test split the task does "
+                           "not ask for (its questions are about the whole data)")
+
+
 def _drop_stating(wf: Workflow, task: str) -> None:
     """Remove the last subtasks that only state, format or show the answer
     (plan_checks.states_only) when the task prescribes its answer's form: the closing summary
@@ -379,6 +399,7 @@ async def _candidate(llm, index: int, seed: int, task: str, job: dict, opts: dic
         return cand
     wf.warnings.extend(extra)
     _drop_loading(wf)
+    _drop_split(wf, task)
     _drop_stating(wf, task)
     _join_chains(wf, task)
     if topic_share([n.requirement for n in wf.nodes.values()], task) == 0.0:

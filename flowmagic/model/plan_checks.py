@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
            "copied", "check_plan", "data_task", "loads_only", "states_only",
-           "computes", "writes"]
+           "computes", "writes", "asks_split", "splits_only", "without_split"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -141,6 +141,40 @@ def loads_only(requirement: str) -> bool:
     text = requirement or ""
     return (_LOADS.match(text) is not None and _DATA_OBJECT.search(text) is not None
             and _WORK.search(text) is None)
+
+
+# A train/test split: what a small model adds to a descriptive question (the issue's mtcars
+# regression; dabench-dev q272's mean of a ratio became the mean over an 80% "training set").
+_SPLIT_WORDS = re.compile(r"\b(?:train(?:ing)?|test(?:ing)?|validation|hold[- ]?out|evaluation)"
+                          r"[- ]+(?:and[- ]+(?:a[- ]+)?(?:test(?:ing)?|validation)[- ]+)?"
+                          r"(?:sets?|data(?:sets?)?|splits?|subsets?|samples?)\b|"
+                          r"\btrain[/ -]test\b|\bcross[- ]validat", re.IGNORECASE)
+# what in a task's words could want held-out rows (conservative: any of it keeps the split)
+_ASKS_SPLIT = re.compile(r"\btrain|\btest(?:ing)?[- ]+(?:sets?|data|splits?)\b|validat|"
+                         r"accuracy|hold[- ]?out|\bsplit", re.IGNORECASE)
+_SPLIT_STEP = re.compile(r"^\W*(?:split|divide|partition|separate)\b", re.IGNORECASE)
+_ON_SPLIT = re.compile(r",?\s*\b(?:from|on|of|in|using|for|over)\s+(?:the\s+)?(?:training|train|"
+                       r"test|testing|validation)\s+(?:sets?|data(?:sets?)?|splits?|subsets?)\b",
+                       re.IGNORECASE)
+
+
+def asks_split(task: str) -> bool:
+    """Whether the task's words could want held-out rows (a split, training, a test set,
+    validation, accuracy): then a split the plan makes is kept."""
+    return _ASKS_SPLIT.search(task or "") is not None
+
+
+def splits_only(requirement: str) -> bool:
+    """Whether a subtask is a train/test split ("Split the data into a training set and a
+    validation set"): its first word says so and it names the sets."""
+    text = requirement or ""
+    return _SPLIT_STEP.match(text) is not None and _SPLIT_WORDS.search(text) is not None
+
+
+def without_split(requirement: str) -> str:
+    """The requirement without "from the training set" and the like (for a task that asks
+    for no split, the whole data is meant)."""
+    return _ON_SPLIT.sub("", requirement or "")
 
 
 # A step that only hands on the answer: its first word says so, and it computes nothing.
