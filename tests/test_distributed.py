@@ -216,6 +216,18 @@ def test_an_endpoints_own_limit_holds_across_the_cluster(cluster, limit):
     assert peak == 2
 
 
+def test_a_later_map_with_other_limits_on_the_same_cluster_runs(cluster):
+    # The scheduler refuses a second semaphore of one name with other leases.
+    with LoopbackServer(responder=echo, latency=0.05) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(PLAN, task="answer questions")
+        first = flow.map(cities(16)[:8], engine=cluster, progress=False, requests_at_once=2,
+                         rpm=100)
+        then = flow.map(cities(16)[8:], engine=cluster, progress=False, requests_at_once=3,
+                        rpm=200)
+    assert set(first["status"]) == set(then["status"]) == {"done"}, list(then["error"])[:1]
+
+
 def test_workers_take_an_endpoint_as_hosted_or_local_as_the_driver_does(cluster):
     # The workers' environment lacks the driver's FLOWMAGIC_SELF_HOSTED=0 (conftest), and
     # by its address alone the loopback server is one the user runs: streamed and queued

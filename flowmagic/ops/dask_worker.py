@@ -82,18 +82,21 @@ class ClusterGate:
         self._sems: dict[tuple[str, str], Any] = {}
 
     def _sem(self, kind: str, identity: str, leases: int):
+        """The scheduler's semaphore for this limit. Its name holds the limit itself: the
+        scheduler refuses a semaphore of the same name with other leases, so a later map
+        with another limit on a long-lived cluster would fail every request."""
         from distributed import Semaphore
 
         with _lock:
             if (kind, identity) not in self._sems:
-                self._sems[kind, identity] = Semaphore(max_leases=leases,
-                                                       name=f"flowmagic-{kind}-{identity}")
+                self._sems[kind, identity] = Semaphore(
+                    max_leases=leases, name=f"flowmagic-{kind}-{leases}-{identity}")
             return self._sems[kind, identity]
 
     @contextlib.asynccontextmanager
     async def __call__(self, endpoint: Any):
         if self.rpm:
-            window = self._sem("rpm", endpoint.identity, self.rpm)
+            window = self._sem(f"rpm-per-{self.window_s:g}s", endpoint.identity, self.rpm)
             await asyncio.to_thread(window.acquire)
             timer = threading.Timer(self.window_s, window.release)   # the oldest lease
             timer.daemon = True
