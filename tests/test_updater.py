@@ -231,6 +231,22 @@ def test_prompt_shows_every_node_and_failures():
     assert "NOT deleted" in text and '"rerun": true' in text
 
 
+def test_a_failure_that_quotes_the_reviewer_is_said_once():
+    """A node that failed every try carries "failed 2 attempt(s); last: <the last feedback>" and
+    that feedback: the update request said the same traceback twice (~100 tokens of csv_eda's)."""
+    wf = workflow([("load", "done"), ("plot", "failed")], [("load", "plot")])
+    feedback = "The code failed: SyntaxError: expected ':'\nIt failed at line 2:\n    def f(x)"
+    wf.nodes["plot"].error = "failed 2 attempt(s); last: " + " ".join(feedback.split())
+    wf.nodes["plot"].attempts = [{"output": "x", "feedback": feedback, "passed": False}] * 2
+    text = build_update_prompt(wf)[1]["content"]
+    assert text.count("SyntaxError: expected") == 1
+    assert "failed: failed 2 attempt(s)\n  reviewer: The code failed: SyntaxError" in text
+    wf.nodes["plot"].error = "failed 2 attempt(s); last: the sandbox timed out"   # not the feedback
+    text = build_update_prompt(wf)[1]["content"]
+    assert "failed: failed 2 attempt(s); last: the sandbox timed out" in text
+    assert "SyntaxError: expected" in text
+
+
 def test_prompt_cuts_outputs_to_the_budget_longest_and_earliest_first():
     wf = workflow([("a", "done", "A" * 5000), ("b", "done", "B" * 300),
                    ("c", "done", "C" * 5000)], [])
@@ -446,3 +462,65 @@ def test_a_crash_in_one_candidate_cancels_the_others(monkeypatch):
         flowmagic.configure(base_url=server.base_url, model="updater")
         left = asyncio.run(main(LLM(Store(), timeout=20.0, backoff_base=0.01, backoff_max=0.05)))
     assert left == [], left
+
+
+def test_the_update_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_share(tmp_path):
+    """A server that keeps the last prompt's state evaluates only what follows the start a new
+    prompt shares with it: on csv_eda's embedded flows the update, opening with a system
+    message of its own, was the largest prompt of the run (~2,400 tokens, 5 reused). In a flow
+    on input files it opens as the nodes' prompts do; a text flow's update is laid out as before."""
+    from flowmagic.ops.nbrun import TEMPLATES
+    seen: list[list[dict]] = []
+
+    def respond(body):
+        seen.append(body["messages"])
+        if body.get("response_format"):
+            return json.dumps({"rationale": "nothing to add", "action": "no_change"})
+        return "```python\nprint(df.nope)\n```"   # fails: the node fails, the update is asked
+
+    plan = {"nodes": [{"id": "means", "requirement": "Print the mean of y per dataset.",
+                       "agent": "analyst"},
+                      {"id": "report", "requirement": "Write three findings.", "agent": "writer"}],
+            "edges": [["means", "report"]]}
+    with LoopbackServer(responder=respond) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        for name, inputs in (("data", [TEMPLATES / "data" / "anscombe.csv"]), ("text", None)):
+            flow = flowmagic.Flow.from_dict(plan, task="Explore anscombe.csv", name=name,
+                                            inputs=inputs, max_attempts=1, starter="off",
+                                            consolidate=False)
+            flow.run()
+            flow.close()
+    node, update, text_node, text_update = seen
+    assert "You were called because:\n- subtask means failed" in update[-1]["content"]
+    assert update[0] == node[0]   # the house rules
+    start = node[1]["content"].split("\n\nYour role: the ")[0]
+    assert "anscombe.csv (table)" in start and "A working start" in start
+    assert update[1]["content"].startswith(start + "\n\nYou are the global updater")
+    assert text_update[0]["content"].startswith("You are the global updater")
+    assert text_update[0] != text_node[0]
+
+
+def test_on_the_embedded_model_the_update_shows_the_done_results_in_a_quarter(embedded_url):
+    """Every prompt token is ~9 ms on the embedded model's one thread, and csv_eda's update was
+    its run's longest prompt (2,382 tokens, ~1,100 of them results): there the done results
+    share 1,500 characters, on any other endpoint 6,000 (the loopback below shows both whole)."""
+    long = "\n".join(f"row {i}: x={i} y={i * 0.5}" for i in range(50))   # ~1,000 characters
+    wf = workflow([("a", "done", long), ("b", "done", long), ("c", "failed")], [("a", "c")])
+    llm = LLM(Store(), timeout=300)
+
+    async def main():
+        try:
+            return await propose(wf, llm=llm, run_id="run-e", max_tokens=4,
+                                 trigger=[{"node": "c", "why": "failed"}])
+        finally:
+            await llm.aclose()
+
+    asyncio.run(main())
+    first = Store().recent_calls(10, run_id="run-e")[-1]   # (a cut answer is continued)
+    sent = first["messages"][-1]["content"]
+    results = sent[sent.index("Results of done subtasks:"):sent.index("Before you answer:")]
+    assert "[a]\nrow 0:" in results and "[b]\nrow 0:" in results and "[cut]" in results
+    assert 1500 <= len(results) < 1600
+    _, seen = propose_with(wf, lambda body: {"action": "no_change"})
+    hosted = seen[0]["messages"][-1]["content"]
+    assert hosted.count(long) == 2   # whole

@@ -228,7 +228,7 @@ class RunCore:
         result = await updater.propose(before, llm=self.llm, k=int(settings.update_k),
                                        model=settings.model, seed=settings.seed,
                                        run_id=record.run_id, max_tokens=updater.UPDATE_MAX_TOKENS,
-                                       trigger=trigger)
+                                       trigger=trigger, start=self._flow_start(before))
         for candidate in result.candidates or []:
             self.budget.spend(getattr(candidate, "cost_usd", 0.0))
         called = {t["node"] for t in trigger if t["why"] != "finished"}
@@ -245,6 +245,16 @@ class RunCore:
                  "trigger": [i for i, n in before.nodes.items()   # plan order
                              if n.status == Status.FAILED or i in called]}
         return entry, None if result.no_change else result.update
+
+    def _flow_start(self, workflow, *, working_start: bool = True) -> str | None:
+        """The start the nodes' prompts of a flow on input files share (prompt_start), for a
+        call of the run's own (the update) to open with; None for any other flow."""
+        settings = self.record.settings
+        if settings.execute == "off" or not self.space.inputs():
+            return None
+        from .prompt_start import flow_start
+        return flow_start(workflow.task or "", self.space.workspace, int(settings.context_chars),
+                          working_start=working_start)
 
     # -- the final write-up ----------------------------------------------------------------------
     async def _summary(self, messages: list[dict], schema: dict | None = None):

@@ -27,6 +27,7 @@ from ..model.graph import Workflow
 from ..model.merge import DIFF_KEYS, merge, stats
 from ..model.status import Status
 from .plan_selection import BaseCandidate
+from .prompt_start import HOUSE_RULES
 
 __all__ = ["UPDATE_SCHEMA", "UPDATE_MAX_TOKENS", "TRIGGER_KINDS", "DIFF_KEYS", "UpdateCandidate", "UpdateResult",
            "build_update_prompt", "merge", "stats", "propose"]
@@ -46,6 +47,11 @@ _CONTINUATIONS = 2   # a cut-off answer is continued at most this many times
 # Room for a multi-node restructure (the old 512 cut one and it became "no change"), yet a
 # bound on a small model that rambles; an answer cut here is continued.
 UPDATE_MAX_TOKENS = 2048
+# The done results shown, in characters in all (see _fit_outputs). On the embedded model every
+# prompt token is ~9 ms of evaluation on its one thread, and csv_eda's update request was the
+# longest prompt of its run (2,382 tokens, ~1,100 of them results at 6,000): there each result
+# is shown by its head and tail in a quarter of that.
+RESULTS_CHARS, EMBEDDED_RESULTS_CHARS = 6000, 1500
 
 
 # ---------------------------------------------------------------------------- the prompt
@@ -109,11 +115,20 @@ def _node_line(wf: Workflow, node_id: str) -> str:
             f"{', '.join(wf.parents(node_id)) or 'nothing'}\n  requirement: {_cut(n.requirement, 500)}")
     if n.status == Status.FAILED:
         last = n.attempts[-1] if n.attempts else {}
-        why = n.error or last.get("error") or "no reason recorded"
-        line += f"\n  failed: {_cut(str(why), 300)}"
-        if last.get("feedback"):
-            line += f"\n  reviewer: {_cut(str(last['feedback']), 400)}"
+        why = str(n.error or last.get("error") or "no reason recorded")
+        feedback = str(last.get("feedback") or "")
+        line += f"\n  failed: {_cut(_said_once(why, feedback), 300)}"
+        if feedback:
+            line += f"\n  reviewer: {_cut(feedback, 400)}"
     return line
+
+
+def _said_once(why: str, feedback: str) -> str:
+    """The failure without the last attempt's feedback when it quotes it ("failed 2
+    attempt(s); last: <the feedback>"): the reviewer's line says it whole, once."""
+    head, sep, quoted = why.partition("; last: ")
+    same = sep and feedback and " ".join(quoted.split())[:60] == " ".join(feedback.split())[:60]
+    return head if same else why
 
 
 def _why(wf: Workflow, trigger: list[dict] | None) -> str:
@@ -132,19 +147,28 @@ def _why(wf: Workflow, trigger: list[dict] | None) -> str:
 
 
 def build_update_prompt(workflow: Workflow, *, budget_chars: int = 6000,
-                        trigger: list[dict] | None = None) -> list[dict]:
+                        trigger: list[dict] | None = None, start: str | None = None) -> list[dict]:
     """Chat messages asking for an update: why it was called (`trigger`: [{"node", "why"}],
     why one of TRIGGER_KINDS), the task, every node with its status, requirement and
     dependencies, failures with their feedback, the outputs of done nodes cut to
-    `budget_chars` in all, the sufficiency and structure checks, and the answer's form."""
+    `budget_chars` in all, the sufficiency and structure checks, and the answer's form.
+
+    `start` (prompt_start.flow_start: a flow on input files) lays the request out as a call
+    of the flow: the house rules, that start (it holds the task), then the updater's part, so
+    a server's prompt cache evaluates only what follows the start its nodes' prompts share
+    (on csv_eda's embedded flows the update was the largest prompt of the run, ~2,400 tokens
+    with 5 reused)."""
     wf = workflow
     nodes = "\n".join(_node_line(wf, i) for i in wf.nodes)
     outputs = _fit_outputs(wf, budget_chars)
     results = "\n\n".join(f"[{i}]\n{outputs[i]}" for i in wf.nodes if i in outputs)
-    user = (f"You were called because:\n{_why(wf, trigger)}\n\n"
-            f"Task:\n{_cut(wf.task or '(no task text)', 2000)}\n\n"
+    task = "" if start else f"Task:\n{_cut(wf.task or '(no task text)', 2000)}\n\n"
+    user = (f"You were called because:\n{_why(wf, trigger)}\n\n{task}"
             f"Subtasks (plan order):\n{nodes or '(none)'}\n\n"
             f"Results of done subtasks:\n{results or '(none yet)'}\n\n{_CHECKS}\n\n{_RULES}")
+    if start:
+        return [{"role": "system", "content": HOUSE_RULES},
+                {"role": "user", "content": f"{start}\n\n{_SYSTEM}\n\n{user}"}]
     return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -269,10 +293,21 @@ async def _candidate(before: Workflow, messages: list, i: int, *, llm, k: int, m
     return cand
 
 
+def _results_chars(model: str | None) -> int:
+    """The done results' budget for the model that answers: EMBEDDED_RESULTS_CHARS on the
+    embedded model, RESULTS_CHARS on any other (one that cannot be resolved included)."""
+    from ..llm.endpoints import resolve
+    try:
+        endpoint, _ = resolve(model)
+    except FlowError:
+        return RESULTS_CHARS
+    return EMBEDDED_RESULTS_CHARS if endpoint.local else RESULTS_CHARS
+
+
 async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str | None = None,
                   seed: int = 0, run_id: str | None = None, select: Callable | None = None,
-                  budget_chars: int = 6000, max_tokens: int | None = None,
-                  trigger: list[dict] | None = None) -> UpdateResult:
+                  budget_chars: int | None = None, max_tokens: int | None = None,
+                  trigger: list[dict] | None = None, start: str | None = None) -> UpdateResult:
     """Ask for K update candidates concurrently (seeds seed..seed+K-1), merge each, choose one.
 
     `trigger` says why the update was called ([{"node": id, "why": "failed" | "empty" |
@@ -280,13 +315,17 @@ async def propose(workflow: Workflow, *, llm: Any = None, k: int = 1, model: str
     beats one that does not. Among those, `select(candidates) -> index` decides, by default
     `flowmagic.engine.planner.select` (the planner's rule). When every candidate fails, the result
     is a no-change with the errors in `errors` and in the diff's warnings. `max_tokens`
-    None sends no cap; an answer cut off anyway is continued.
+    None sends no cap; an answer cut off anyway is continued. `budget_chars` (the done
+    results shown) None: the model's (`_results_chars`). `start`: see `build_update_prompt`.
     """
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
     before = workflow.copy()
-    messages = build_update_prompt(before, budget_chars=budget_chars, trigger=trigger)
+    if budget_chars is None:
+        budget_chars = _results_chars(model)
+    messages = build_update_prompt(before, budget_chars=budget_chars, trigger=trigger,
+                                   start=start)
     k = max(1, int(k))
     # A bug in one candidate's call cancels the others (a bare gather left them running).
     cands = await gather_all(
