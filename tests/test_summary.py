@@ -301,3 +301,41 @@ def test_a_value_the_summary_copied_unrounded_is_rounded_as_the_task_asks():
 def test_values_are_rounded_only_to_the_one_number_of_places_the_form_asks(words, text, out):
     form = answerform.prescribed(f"Compute it.\n\nAnswer format: {words}")
     assert answerform.rounded(form, text) == out
+
+
+def test_a_result_whose_form_values_no_output_holds_sends_their_node_back_once_by_name():
+    """dabench-dev q308: the node's code kept no row ('Mr' is not 'Mr.') and printed
+    "Other 32.2"; the summary's values traced nowhere. The node is asked once more, for the
+    values by name, and the result is written from what it then prints."""
+    plan = {"task": TASK, "nodes": [{"id": "stats", "requirement": "Compute the mean of y.",
+                                     "agent": "analyst"}], "edges": []}
+    node_prompts = []
+
+    def agent(body):
+        messages = body["messages"]
+        prompt = messages[-1]["content"]
+        if _is_summary(messages):
+            printed = re.search(r"^mean_y (\S+)$", prompt, re.MULTILINE)
+            return f"@mean_y[{printed.group(1) if printed else '7.77'}]"
+        node_prompts.append(prompt)
+        if "no output held: mean_y" in prompt:
+            return "```python\nprint('mean_y', round(df['y'].mean(), 4))\n```"
+        return "```python\nprint('count of x', df['x'].count())\n```"
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="again", inputs=[CSV], starter="off")
+        flow.run()
+    assert flow.status == "done", flow.message
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}, flow.result
+    assert len(node_prompts) == 2 and "Its code printed:\ncount of x 44" in node_prompts[1]
+    assert [e["kind"] for e in flow.update_log] == ["answer_check"]
+    # once a run: a node that still prints something else leaves the value withheld
+    with LoopbackServer(responder=lambda body: (
+            "@mean_y[7.77]" if _is_summary(body["messages"])
+            else "```python\nprint('count of x', df['x'].count())\n```")) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="again2", inputs=[CSV], starter="off")
+        flow.run()
+        calls = len(server.stats(bodies=True)["requests"])
+    assert pairs(flow.result) == {"mean_y": "?"} and calls == 6   # 2 node, 2 x 2 summary

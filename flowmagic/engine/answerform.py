@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 __all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
            "form_feedback", "FORM_MISSING", "decimals", "rounded", "values_schema",
-           "values_request", "from_values"]
+           "values_request", "from_values", "unfilled"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -239,6 +239,17 @@ def from_values(form: Form, data) -> str:
         if _filled(value, placeholder):
             out.append(f"@{name}[{value}]")
     return ", ".join(out)
+
+
+def unfilled(form: Form, text: str) -> list[str]:
+    """The names of the form's pairs the text gives no value for (missing, a placeholder, or
+    a value withheld as "?")."""
+    placeholders, found = dict(form.pairs), {}
+    for name, value in _PAIR.findall(text or ""):
+        if name in placeholders:
+            found[name] = value.strip()
+    return [name for name, ph in form.pairs
+            if not _filled(found.get(name, ""), ph) or found[name] == "?"]
 
 
 def decimals(form: Form | None) -> int | None:

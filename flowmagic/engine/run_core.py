@@ -267,14 +267,40 @@ class RunCore:
         self.budget.spend(reply.cost_usd)
         return reply
 
+    def _recheck(self, node_id: str, requirement: str) -> None:
+        """Once a run: the node whose code should have printed the answer's values runs
+        again, asked for them by name (summary.recheck); logged as an update."""
+        from . import updater
+
+        record = self.record
+        before = record.workflow.copy()
+        record.workflow, diff = updater.merge(record.workflow, {"action": "update", "subtasks": [
+            {"id": node_id, "requirement": requirement, "rerun": True}]})
+        entry = {"kind": summary.RECHECK, "trigger": [node_id], "no_change": False,
+                 "errors": [], "calls": 0, "diff": diff, "stats": updater.stats(diff, before),
+                 "reason": "no output held a value the task's answer form asks for",
+                 "time": time.time(), "strategy": record.settings.update}
+        record.update_log.append(entry)
+        self.recorder.add_update(entry)
+        self.recorder.save_run()
+        if self.executor is not None:
+            self.executor.recount()
+        self.recorder.emit("updated", None, {"no_change": False, "kind": summary.RECHECK})
+
     async def consolidate(self) -> None:
         """The final write-up (engine/summary.py): a summary of what the nodes did, or the
         answer a node gave in the task's form; it never rewrites their work."""
         record, settings = self.record, self.record.settings
         wf = record.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
+        data = settings.execute != "off" and bool(self.space.inputs())
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
-                                      data=settings.execute != "off" and bool(self.space.inputs()))
+                                      data=data)
+        again = summary.recheck(wf, written) if data and settings.update != "off" else None
+        if again is not None and not any(e.get("kind") == summary.RECHECK
+                                         for e in record.update_log):
+            self._recheck(*again)   # (the result is written when it has run again)
+            return
         record.result = written.text
         made = [f for n in active for f in made_files(n.execution)]
         if made:   # the deliverables are files: listed as they are, never rewritten

@@ -36,7 +36,7 @@ from .answerform import Form
 from .node_runner import shares
 
 __all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
-           "untraced_values", "SYSTEM"]
+           "untraced_values", "SYSTEM", "recheck", "RECHECK"]
 
 SYSTEM = "You write the closing summary of a team's work."
 CODE_LEFT_OUT = "[its Python code, which ran in the sandbox: what it printed is listed below]"
@@ -252,3 +252,30 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
         text += f"\n\n{answerform.missing_mark(lacking)}"
     return Summary(text, cut=cut, calls=calls, untraced=loose, lacking=lacking)
+
+
+RECHECK = "answer_check"   # the update log's kind for it
+
+
+def recheck(workflow, written: Summary) -> tuple[str, str] | None:
+    """(node, its requirement with what the answer lacks) when the result has no traced value
+    for some of the task's answer form and a done node's code ran: the code of the last
+    such node (in the run's order) printed something else, and is asked once more for those
+    values, by name. On dabench-dev q308 the node's filter kept no title ('Mr' is not
+    'Mr.'), it printed "Other 32.2", and the summary's four values traced nowhere; q129's
+    node printed a standard deviation of another column. None when nothing is lacking."""
+    form = answerform.prescribed(workflow.task or "")
+    if form is None or not form.pairs or written.kept_from:
+        return None
+    names = answerform.unfilled(form, written.text)
+    ran = [i for i in workflow.order() if workflow.nodes[i].status == Status.DONE
+           and _runs(workflow.nodes[i].execution)]
+    if not names or not ran:
+        return None
+    node = workflow.nodes[ran[-1]]
+    printed = dict(printed_outputs(workflow)).get(node.id, "")
+    said = (f" Its code printed:\n{_cut(printed, 400)}\nwhich holds none of them." if printed
+            else " Its code printed nothing.")
+    return node.id, (f"{node.requirement.rstrip()}\nThe task's answer needs these values, which "
+                     f"no output held: {', '.join(names)}.{said} Compute each one with code and "
+                     "print it with its name.")
