@@ -39,8 +39,19 @@ def sent(server):
             for r in server.stats(bodies=True)["requests"] if r["path"].endswith("/chat/completions")]
 
 
+def node_requests(server, node="stats"):
+    """The messages of every request of `node`'s attempts, in order."""
+    return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
+            if r["path"].endswith("/chat/completions")
+            and f"Your subtask ({node})" in r["body"]["messages"][1]["content"]]
+
+
 def node_prompts(server):
-    return [u for s, u in sent(server) if "Your subtask (stats)" in u]
+    return [m[-1]["content"] for m in node_requests(server)]
+
+
+def is_retry(body):
+    return len(body["messages"]) > 2 and "is not done yet" in body["messages"][-1]["content"]
 
 
 def fenced(code):
@@ -48,27 +59,39 @@ def fenced(code):
 
 
 GOOD = "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(round(df['y'].mean(), 4))"
+MEANS = fenced("import pandas as pd\nframe = pd.read_csv('anscombe.csv')\nprint(means.round(2))")
+
+
+def test_a_retry_continues_the_conversation_the_server_has_cached():
+    """The retry is the node's prompt as it was sent, the model's answer as it was given, then
+    the feedback: a server that keeps the last prompt's state evaluates only the feedback."""
+    with LoopbackServer(responder=lambda b: fenced(GOOD) if is_retry(b) else MEANS) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node()
+        flow.run()
+        first, second = node_requests(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[:2] == first   # byte for byte: the prefix the server evaluated already
+    assert second[2]["content"] == MEANS   # the answer as the model wrote it
+    feedback = second[3]["content"]
+    assert feedback.startswith("Your subtask (stats) is not done yet: attempt 1 was rejected.")
+    assert "The code failed: NameError: name 'means' is not defined" in feedback
+    assert "It failed at line 3:\n    print(means.round(2))" in feedback
+    assert "Define 'means' in your code before using it" in feedback
+    assert "```python\n" not in feedback   # the code is in the answer's turn, not restated
 
 
 def test_a_name_error_is_answered_by_a_retry_that_names_the_line_and_what_exists():
-    def agent(body):
-        prompt = body["messages"][-1]["content"]
-        if "were rejected" in prompt:
-            return fenced(GOOD)
-        return fenced("import pandas as pd\nframe = pd.read_csv('anscombe.csv')\n"
-                      "print(means.round(2))")
-
-    with LoopbackServer(responder=agent) as server:
+    with LoopbackServer(responder=lambda b: fenced(GOOD) if is_retry(b) else MEANS) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = one_node()
         flow.run()
         prompts = node_prompts(server)
     assert flow.workflow.nodes["stats"].status == "done", flow.message
     retry = prompts[1]
-    assert "The code failed: NameError: name 'means' is not defined" in retry
-    assert "It failed at line 3:\n    print(means.round(2))" in retry
-    assert "Define 'means' in your code before using it" in retry
-    assert "Its code was:\n```python\nimport pandas as pd" in retry   # the code to fix
+    assert "Names that exist in the session: " in retry and "df (DataFrame" in retry
+    assert "The end of the traceback" not in retry   # the failing line and the error say it
     assert len(prompts) == 2
 
 
@@ -155,7 +178,7 @@ def test_an_update_that_changes_the_failed_node_runs_it_again():
 
 def test_a_key_error_retry_names_the_real_columns():
     def agent(body):
-        if "were rejected" in body["messages"][-1]["content"]:
+        if is_retry(body):
             return fenced(GOOD)
         return fenced("import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(df['Y'].mean())")
 
@@ -171,6 +194,55 @@ def test_a_key_error_retry_names_the_real_columns():
     assert "anscombe.csv: dataset, x, y" in hint and "df: dataset, x, y" in hint
     assert hint.endswith(" (did you mean 'y'?)")
     assert flow.workflow.nodes["stats"].status == "done"
+
+
+def test_a_year_taken_for_a_column_name_is_told_the_name_is_text(tmp_path):
+    """q496's KeyError: 1974: the column's name is the text '1974' (a wide table of years)."""
+    table = tmp_path / "degrees.csv"
+    table.write_text("field,1974,1975\nMath,10.5,11.0\nArt,60.0,61.5\n")
+    plan = {"task": "Mean share of degrees in 1974 in degrees.csv.",
+            "nodes": [{"id": "stats", "requirement": "Print the mean of the 1974 column.",
+                       "agent": "analyst"}], "edges": []}
+
+    def agent(body):
+        return fenced("print(df['1974'].mean())" if is_retry(body) else "print(df[1974].mean())")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="years", inputs=[table], starter="off")
+        flow.run()
+        retry = node_prompts(server)[1]
+    assert "The code failed: KeyError: 1974" in retry
+    assert "The column is named by the text '1974', not the number 1974: write df['1974']." in retry
+    assert flow.workflow.nodes["stats"].status == "done"
+    assert "35.25" in flow.workflow.nodes["stats"].output
+
+
+def test_a_repeated_error_is_called_one_with_what_was_tried_and_the_conversation_grows():
+    """Three attempts on the same wrong line (q5's correlation unpacked three times): the third
+    request is the second one continued, and it names both attempts and the line they tried."""
+    answers = [fenced("r, p = df['x'].corr(df['y'])\nprint(r)"),
+               fenced("# again\nr, p = df['x'].corr(df['y'])\nprint(r)"),
+               fenced("print(df['x'].corr(df['y']))")]
+
+    def agent(body):
+        return answers[min(len(body["messages"]) // 2 - 1, 2)]
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=3, update="off")
+        flow.run()
+        requests = node_requests(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    second, third = requests[1], requests[2]
+    assert third[:5] == second + [{"role": "assistant", "content": answers[1]}]
+    said = third[-1]["content"]
+    assert "cannot unpack non-iterable" in said
+    assert "returns one numpy.float64 value, not several: assign it to one name" in said
+    assert ("This is the same error as attempt 1: the change since then did not fix it. "
+            "Failing line(s) tried so far:\n    r, p = df['x'].corr(df['y'])") in said
+    assert "same error" not in second[-1]["content"]
+    assert all("```python\n" not in m["content"] for m in third[3::2])   # nothing restated
 
 
 def test_a_missing_module_retry_names_the_libraries_that_exist_and_a_repeat_is_called_one():
@@ -276,3 +348,16 @@ def test_each_call_of_a_node_says_why_it_was_made():
         "attempt (#1)", "continuation 1 of #1 (cut at the token limit)",
         "validation of #1 by the judge", "repair: refine instruction", "rerun (#3)"]
     assert calls_text(rows).startswith("5 model calls (1 from the cache): attempt (#1) · ")
+
+
+def test_feedback_on_an_attempt_without_an_answer_joins_the_prompts_user_message():
+    from flowmagic.engine.node_runner import _continued
+    from flowmagic.engine.validation import retry_turns
+    prompt = [{"role": "system", "content": "rules"}, {"role": "user", "content": "do it"}]
+    turns = retry_turns([{"output": None, "error": "injected failure", "passed": False},
+                         {"output": "ans", "feedback": "wrong", "passed": False}], "a", "End.")
+    messages = _continued(prompt, turns)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"].startswith("do it\n\nYour subtask (a) is not done yet: attempt 1")
+    assert messages[2]["content"] == "ans" and messages[3]["content"].endswith("wrong\n\nEnd.")
+    assert prompt[1]["content"] == "do it"   # the node's prompt itself is left as it was

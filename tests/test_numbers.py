@@ -147,7 +147,11 @@ def test_an_answer_with_invented_numbers_goes_back_once_and_output_blocks_reach_
     stats_prompts = [m[-1]["content"] for m in sent if "Your subtask (stats)" in m[-1]["content"]]
     assert len(stats_prompts) == 2   # back once
     assert f"appear in no output of code that ran: {INVENTED}, 3.14159" in stats_prompts[1]
-    assert f"Its code printed:\nmean of y {TRUE_MEAN}" in stats_prompts[1]
+    assert f"Your code printed:\nmean of y {TRUE_MEAN}" in stats_prompts[1]
+    # the answer sent back is the model's own turn before that feedback, not restated in it
+    retry = next(m for m in sent if len(m) > 2 and "Your subtask (stats)" in m[1]["content"])
+    assert retry[2] == {"role": "assistant", "content": stats.attempts[0]["output"]}
+    assert INVENTED not in retry[3]["content"].split("\n", 1)[1].split("Your code printed")[1]
     assert second["passed"] and "untraced" not in second
     assert stats.output.startswith(f"The mean of y is {TRUE_MEAN}.")
     assert f"mean of y {TRUE_MEAN}" in stats.output   # the kept run's printed output

@@ -11,7 +11,7 @@ from flowmagic.model.graph import Node
 from flowmagic.llm import LLM
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.store import Store
-from flowmagic.engine.validation import JUDGE_SCHEMA, Verdict, retry_prompt, validate
+from flowmagic.engine.validation import JUDGE_SCHEMA, Verdict, retry_turns, validate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -225,29 +225,29 @@ def test_unknown_mode_is_a_config_error():
 
 # -- retry prompts -------------------------------------------------------------------------
 
-def test_retry_prompt_names_each_rejection_newest_first():
+def test_retry_turns_give_each_rejected_answer_as_its_turn_then_what_was_wrong():
     attempts = [{"output": "first try", "feedback": "too short", "passed": False},
                 {"output": "second try", "feedback": "wrong number", "passed": False}]
-    text = retry_prompt(attempts)
-    assert text.startswith("Your earlier attempt")
-    assert text.index("Attempt 2 was rejected because: wrong number") < text.index(
-        "Attempt 1 was rejected because: too short")
-    assert "second try" in text and "first try" in text
+    turns = retry_turns(attempts, "sq", "Write the result of your subtask now.")
+    assert [t["role"] for t in turns] == ["assistant", "user", "assistant", "user"]
+    assert [turns[0]["content"], turns[2]["content"]] == ["first try", "second try"]
+    assert turns[1]["content"] == ("Your subtask (sq) is not done yet: attempt 1 was rejected.\n"
+                                   "too short\n\nWrite the result of your subtask now.")
+    assert "wrong number" in turns[3]["content"] and "too short" not in turns[3]["content"]
 
 
-def test_retry_prompt_skips_passed_attempts_and_is_empty_without_rejections():
-    assert retry_prompt([]) == "" and retry_prompt(None) == ""
-    assert retry_prompt([{"output": "x", "feedback": "", "passed": True}]) == ""
-    text = retry_prompt([{"output": None, "error": "injected failure", "passed": False}])
-    assert "injected failure" in text and "(no output)" in text
+def test_retry_turns_skip_passed_attempts_and_merge_an_attempt_without_an_answer():
+    assert retry_turns([], "a") == [] and retry_turns(None, "a") == []
+    assert retry_turns([{"output": "x", "feedback": "", "passed": True}], "a") == []
+    turns = retry_turns([{"output": None, "error": "injected failure", "passed": False},
+                         {"output": None, "error": "injected failure", "passed": False}], "a")
+    assert [t["role"] for t in turns] == ["user"]
+    assert turns[0]["content"].count("injected failure") == 2
 
 
-@pytest.mark.parametrize("budget", [100, 300, 1000, 3000])
-def test_retry_prompt_fits_the_budget(budget):
-    attempts = [{"output": "x" * 50_000, "feedback": "f" * 5000, "passed": False}
-                for _ in range(6)]
-    attempts[-1]["feedback"] = "THE LATEST REASON " + "y" * 5000
-    text = retry_prompt(attempts, budget_chars=budget)
-    assert 0 < len(text) <= budget
-    if budget >= 300:
-        assert "THE LATEST REASON" in text
+def test_retry_turns_show_what_code_that_ran_printed_and_cut_a_long_answer():
+    ran = {"ran": True, "ok": True, "stdout": "mean 7.5\n"}
+    turns = retry_turns([{"output": "x" * 50_000, "feedback": "the numbers 9.1 trace nowhere",
+                          "execution": ran, "passed": False}], "a", answer_chars=1000)
+    assert turns[0]["content"].startswith("x" * 1000) and len(turns[0]["content"]) < 1100
+    assert "Your code printed:\nmean 7.5" in turns[1]["content"]

@@ -34,6 +34,10 @@ _KEY_ERROR = re.compile(r"KeyError: (.+)$")
 _MODULE = re.compile(r"No module named '([^'.]+)")
 _ATTRIBUTE = re.compile(r"AttributeError: '(DataFrame|Series|DataFrameGroupBy)' object has no "
                         r"attribute '([^']+)'")
+_SCALAR_ATTRIBUTE = re.compile(r"AttributeError: '((?:numpy\.)?(?:float|int|str|bool)\w*)' "
+                               r"object has no attribute '([^']+)'")
+_UNPACK = re.compile(r"cannot unpack non-iterable (\S+) object")
+_ALL_MISSING = re.compile(r"Encountered all NA values|All-NaN (?:slice|axis) encountered")
 _NOT_FOUND = re.compile(r"(?:FileNotFoundError|No such file or directory).*?'([^']+)'")
 _LIST = 40   # names or columns listed at most
 
@@ -132,6 +136,21 @@ def _columns_hint(word: str, columns: Mapping[str, list[str]]) -> str:
             f"{_closest(word, every)}; use those names exactly as written.")
 
 
+def _key_hint(key: str, columns: Mapping[str, list[str]]) -> str:
+    """A KeyError's hint: the real columns, and a number used where a column's name is
+    text (or the other way round; q496 took the year 1974 for a column)."""
+    word, quoted = key.strip("'\""), key[:1] in "'\""
+    every = [c for cols in columns.values() for c in cols]
+    if word in every and not quoted:
+        return (f"The column is named by the text {word!r}, not the number {word}: write "
+                f"df[{word!r}].")
+    hint = _columns_hint(word, columns)
+    if hint and word.lstrip("-").replace(".", "", 1).isdigit():
+        hint += (f" {word} is a value, not a column: to pick rows where a column holds it, "
+                 f"write df[df['column'] == {word}].")
+    return hint
+
+
 def _hint(error: str, execution: Mapping, columns: Mapping[str, list[str]],
           files: list[str]) -> str:
     """What the fix needs to know about this kind of error ('' when nothing more)."""
@@ -148,9 +167,21 @@ def _hint(error: str, execution: Mapping, columns: Mapping[str, list[str]],
                 f"Libraries that exist: {'; '.join(libs) or 'the standard library only'}. "
                 "Do it with those.")
     if (m := _KEY_ERROR.search(error)) and columns:
-        return _columns_hint(m.group(1).strip().strip("'\""), columns)
+        return _key_hint(m.group(1).strip(), columns)
     if (m := _ATTRIBUTE.search(error)) and columns:
         return _columns_hint(m.group(2), columns) + " Write df['name'] for a column."
+    if m := _SCALAR_ATTRIBUTE.search(error):
+        kind, attribute = m.groups()
+        return (f"The expression before .{attribute} on that line is one {kind} value, not a "
+                f"Series, and has no .{attribute}"
+                + (": round one number with round(value, 2)." if attribute == "round" else "."))
+    if m := _UNPACK.search(error):
+        return (f"The call on that line returns one {m.group(1)} value, not several: assign "
+                "it to one name.")
+    if _ALL_MISSING.search(error):
+        return ("The values that line works on are all missing (NaN): a column assigned from a "
+                "result whose index does not match the rows is NaN in every row. Print them "
+                "(e.g. .head()) to see why, and compute them from the rows themselves.")
     if (m := _NOT_FOUND.search(error)) and files:
         return (f"Files in the working directory: {_listed(files)}"
                 f"{_closest(m.group(1), files)}.")
@@ -174,18 +205,38 @@ def code_feedback(execution: Mapping, *, node_id: str | None = None,
     hint = _hint(error, execution, columns, list(files))
     if hint:
         parts.append(hint)
-    same = [i for i, a in enumerate(earlier, 1)
-            if error_of((a.get("execution") or {})) == error and error]
+    same = _repeated(error, earlier, node_id)
     if same:
-        parts.append(f"This is the same error as attempt {same[-1]}: the change since then did "
-                     "not fix it. Change the failing line itself.")
+        parts.append(same)
     tail = str(execution.get("stderr") or "").strip()
-    if tail:
+    if tail and where is None:   # the failing line and the error say it when they are known
         tail = tail[-traceback_chars:]
         parts.append(f"The end of the traceback:\n{tail}")
     parts.append("Send the whole corrected code in one ```python block; do not write what it "
                  "prints (it is run and its real output is kept).")
     return "\n".join(parts)
+
+
+def _repeated(error: str, earlier: Iterable[Mapping], node_id: str | None) -> str:
+    """What to say when earlier attempts failed with this same error: which ones, and the
+    lines they failed at (what was tried), so the fix is not the same line again."""
+    if not error:
+        return ""
+    same = [(i, a.get("execution") or {}) for i, a in enumerate(earlier, 1)
+            if error_of(a.get("execution") or {}) == error]
+    if not same:
+        return ""
+    which = ", ".join(str(i) for i, _ in same)
+    lines = []
+    for i, ran in same:
+        where = failing_line(ran, f"{node_id}.py" if node_id else None)
+        if where is not None and where[1].strip() not in lines:
+            lines.append(where[1].strip())
+    tried = "".join(f"\n    {line}" for line in lines)
+    return (f"This is the same error as attempt{'s' if len(same) > 1 else ''} {which}: the change "
+            "since then did not fix it." + (f" Failing line(s) tried so far:{tried}" if tried else "")
+            + "\nDo not write that line the same way again: change the failing line itself, or "
+            "compute its value another way.")
 
 
 # A printed line that holds no result: an empty pandas object, its footer, or a value that is

@@ -3,7 +3,8 @@
 The prompt carries the overall task, the node's requirement, its agent role, the outputs
 of its parents (or of all its ancestors), and the requirements of its children so it knows
 what is expected of it; what every node shares comes first (see `node_messages`). A failed
-validation re-runs the node with its earlier attempts and the feedback, up to `max_attempts`.
+validation re-runs the node as the conversation continued: its prompt, each rejected answer
+and what was wrong with it (validation.retry_turns), up to `max_attempts`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .context import RunContext
 from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .scheduler import Outcome
-from .validation import retry_prompt
+from .validation import retry_turns
 from .working_start import fall_back_on_start, ran_start, said_once
 from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
@@ -104,7 +105,8 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     """The node's prompt: what every call of the flow shares first (the house rules, the
     task, how code runs and what the inputs are, the working start), then what is the
     node's own (its role, subtask, parents' results, what comes after, a retry's feedback),
-    so that consecutive prompts share their longest possible start. `workspace=False`
+    so that consecutive prompts share their longest possible start (a retry continues
+    this prompt as a conversation: validation.retry_turns). `workspace=False`
     leaves out what the workspace holds (the replay fingerprint must not depend on a
     folder another machine does not have). `facts=True` gives the same parts in the order
     of flowmagic before this layout (the role in the system message): the replay
@@ -392,7 +394,9 @@ class NodeRunner:
             if settings.fail_rate and self._chance(node_id, "fail", history + attempt) < settings.fail_rate:
                 _failed(attempts, record, output=None, error="injected failure (fail_rate)")
                 continue
-            messages = node_messages(ctx, node_id, retry_prompt(attempts), started=tries.start_report)
+            messages = node_messages(ctx, node_id, started=tries.start_report)
+            if attempts:   # the conversation goes on: the server's prefix covers the last try
+                messages = _continued(messages, retry_turns(attempts, node_id, _end_of(messages)))
             try:
                 seed = settings.seed + history + attempt
                 reply, tool_calls = (await self._reply(node, messages, seed, limits)
@@ -564,6 +568,21 @@ class _Tries:
 
     def __post_init__(self) -> None:
         self.start_report = report(self.start) if self.start is not None else ""
+
+
+def _end_of(messages: list[dict]) -> str:
+    """What the node's prompt asks it to answer (a retry's feedback ends the same way)."""
+    return CODE_END if messages[-1]["content"].endswith(CODE_END) else END
+
+
+def _continued(messages: list[dict], turns: list[dict]) -> list[dict]:
+    """The prompt followed by the retry's turns; feedback on an attempt that got no answer
+    (an injected failure) joins the prompt's own user message."""
+    if turns and turns[0]["role"] == "user":
+        last = messages[-1]
+        messages = messages[:-1] + [{**last, "content": f"{last['content']}\n\n{turns[0]['content']}"}]
+        turns = turns[1:]
+    return messages + turns
 
 
 def _failed_start(outcome: Outcome, exc: Exception, history: int) -> Outcome:

@@ -25,12 +25,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, ModelOutputError
-from .._internal.text import keep_ends
+from .._internal.text import cut as text_cut, keep_ends
 from ..llm.endpoints import scrub
 from .code_blocks import extract_code
+from .diagnosis import CODE_FAILED
 from .sandbox import arun_code
 
-__all__ = ["Verdict", "JUDGE_SCHEMA", "validate", "retry_prompt", "judge_messages"]
+__all__ = ["Verdict", "JUDGE_SCHEMA", "validate", "retry_turns", "judge_messages"]
 
 JUDGE_SCHEMA = {
     "type": "object",
@@ -208,36 +209,40 @@ async def validate(node: Any, output: Any, *, task: str = "", mode: Any = "llm",
                       f"not {mode!r}")
 
 
-def retry_prompt(attempts: list[dict], *, budget_chars: int = 3000) -> str:
-    """Text to append to a node's prompt after rejected attempts; '' when there are none.
+def retry_turns(attempts: list[dict], node_id: str, end: str = "", *,
+                answer_chars: int = 4000, printed_chars: int = 1500) -> list[dict]:
+    """The conversation after a node's prompt once attempts were rejected: each rejected
+    answer as the model's own turn, then what was wrong with it as the user's ([] when none
+    was rejected).
 
-    The newest attempt comes first and gets the most room (two thirds of what is left):
-    its feedback (head kept, up to two thirds of its share: it says what to fix), then its
-    output (head and tail; for code that ran and failed, that code, which the fix edits);
-    older attempts share the rest, and the text never exceeds `budget_chars`.
-    """
+    Earlier turns are sent again exactly as they were, so a server that keeps its last
+    prompt's state evaluates only the newest feedback; nothing is restated (the answer is
+    in its turn, the feedback says only what is wrong and what the fix needs). An answer
+    longer than `answer_chars` keeps its head (its start is what a server has cached). A
+    turn that did not get its code's output shown otherwise gets what the code printed,
+    and each feedback ends with `end` (what to answer) unless it says so itself."""
     rejected = [a for a in attempts or [] if isinstance(a, dict) and not a.get("passed")]
-    if not rejected or budget_chars <= 0:
-        return ""
-    head = ("Your earlier attempt(s) at this subtask were rejected. Fix every problem named "
-            "below and do not repeat them.")
-    parts, left = [head], budget_chars - len(head)
-    for n, attempt in reversed(list(enumerate(rejected, 1))):
-        share = left * 2 // 3 if n > 1 else left
-        if share < 80:
-            parts.append(f"[{n} older attempt(s) cut]")
-            break
-        why = str(attempt.get("feedback") or attempt.get("error") or "no reason given")
-        if len(why) > share * 2 // 3:  # the reason's first words matter most: keep its head
-            why = why[: max(share * 2 // 3 - 6, 20)] + " [cut]"
-        ran = attempt.get("execution") or {}
-        failed_code = ran.get("ran") and not ran.get("ok") and ran.get("code")
-        what, text = (("Its code was", f"```python\n{ran['code'].rstrip()}\n```") if failed_code
-                      else ("Its output was", str(attempt.get("output") or "(no output)")))
-        if attempt.get("untraced") and ran.get("stdout"):   # the numbers it may state
-            text = f"Its code printed:\n{ran['stdout'].rstrip()}\n\nIts answer was:\n{text}"
-        shown = _clip(text, max(share - len(why) - 70, 20))
-        block = f"Attempt {n} was rejected because: {why}\n{what}:\n{shown}"
-        parts.append(block[:share])
-        left -= len(parts[-1]) + 2
-    return scrub("\n\n".join(parts)[:budget_chars])
+    turns: list[dict] = []
+    for n, attempt in enumerate(rejected, 1):
+        answer = attempt.get("output")
+        if isinstance(answer, str) and answer.strip():
+            turns.append({"role": "assistant", "content": text_cut(answer, answer_chars, "\n[cut here: {n} more characters not shown]")})
+        said = _feedback_turn(attempt, n, node_id, end, printed_chars)
+        if turns and turns[-1]["role"] == "user":   # an attempt that got no answer
+            turns[-1]["content"] += "\n\n" + said
+        else:
+            turns.append({"role": "user", "content": said})
+    return [{**t, "content": scrub(t["content"])} for t in turns]
+
+
+def _feedback_turn(attempt: dict, n: int, node_id: str, end: str, printed_chars: int) -> str:
+    """What was wrong with one rejected attempt, as the user's turn after it."""
+    why = str(attempt.get("feedback") or attempt.get("error") or "no reason given").strip()
+    parts = [f"Your subtask ({node_id}) is not done yet: attempt {n} was rejected.\n{why}"]
+    ran = attempt.get("execution") or {}
+    printed = str(ran.get("stdout") or "").rstrip()
+    if ran.get("ran") and ran.get("ok") and printed and not why.startswith(CODE_FAILED):
+        parts.append(f"Your code printed:\n{_clip(printed, printed_chars)}")
+    if end and "```python block" not in why:
+        parts.append(end)
+    return "\n\n".join(parts)
