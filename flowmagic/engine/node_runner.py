@@ -120,11 +120,11 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                  "working on one task. Do only your own subtask, using the results you are "
                  "given. Give the result itself (text, code or data), complete and concrete, "
                  "not a description of it."},
-                {"role": "user", "content": "\n\n".join(x for x in user if x)}]
+                {"role": "user", "content": "\n\n".join(filter(None, user))}]
     user = [p["task"], p["how"], f"Your role: the {p['agent']}.", p["subtask"], p["inputs"],
             p["note"], p["later"], p["files"], p["session"], p["started"], p["retry"], p["end"]]
     return [{"role": "system", "content": HOUSE_RULES},
-            {"role": "user", "content": "\n\n".join(x for x in user if x)}]
+            {"role": "user", "content": "\n\n".join(filter(None, user))}]
 
 
 def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: bool,
@@ -440,7 +440,8 @@ class NodeRunner:
                 _stopped(outcome, attempts, record, error=str(exc))
                 break
             finally:
-                await self._settle(ex, record, keep)
+                if ex is not None:   # (a text answer ran no code: no coroutine for it)
+                    await self._settle(ex, record, keep)
             if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
                               (passed, feedback), outcome):
                 break

@@ -35,8 +35,12 @@ def _by_size(chars: int) -> int:
 def request_chars(messages: list[dict]) -> int:
     """The size of a request: the characters of its messages' texts and tool calls (the
     JSON around them is not what a model reads)."""
-    return sum(len(v) if isinstance(v, str) else len(json.dumps(v))
-               for m in messages for k, v in m.items() if k != "role" and v)
+    chars = 0   # (a loop, not a generator: this runs on every call)
+    for m in messages:
+        for k, v in m.items():
+            if k != "role" and v:
+                chars += len(v) if isinstance(v, str) else len(json.dumps(v))
+    return chars
 
 
 def call_cost(endpoint: Endpoint, model: str, tokens_in: int, tokens_out: int,
@@ -66,7 +70,7 @@ def checked_usage(endpoint: Endpoint, model: str, reported: tuple, chars: tuple[
     """(input tokens, output tokens, priced by size): each reported count when it could
     be true (`_token_count`), else the request's or the answer's characters / 4; said
     once per model (`said` holds the models told of) when that is what prices its calls."""
-    counts = [_token_count(r, c) for r, c in zip(reported, chars)]
+    counts = [_token_count(reported[0], chars[0]), _token_count(reported[1], chars[1])]
     if None not in counts:
         return counts[0], counts[1], False
     model_id = f"{endpoint.name}:{model}"
