@@ -251,3 +251,10 @@ def test_retry_turns_show_what_code_that_ran_printed_and_cut_a_long_answer():
                           "execution": ran, "passed": False}], "a", answer_chars=1000)
     assert turns[0]["content"].startswith("x" * 1000) and len(turns[0]["content"]) < 1100
     assert "Your code printed:\nmean 7.5" in turns[1]["content"]
+
+
+def test_retry_turns_keep_a_long_feedback_to_its_head():
+    turns = retry_turns([{"output": "a", "feedback": "FIX THIS " + "z" * 20_000,
+                          "passed": False}], "a", "End.")
+    assert "FIX THIS" in turns[1]["content"] and len(turns[1]["content"]) < 4_300
+    assert turns[1]["content"].endswith("End.")

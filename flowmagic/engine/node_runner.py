@@ -104,8 +104,8 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                   workspace: bool = True, started: str = "", facts: bool = False) -> list[dict]:
     """The node's prompt: what every call of the flow shares first (the house rules, the
     task, how code runs and what the inputs are, the working start), then what is the
-    node's own (its role, subtask, parents' results, what comes after, a retry's feedback),
-    so that consecutive prompts share their longest possible start (a retry continues
+    node's own (its role, subtask, parents' results, what comes after), so that
+    consecutive prompts share their longest possible start (a retry continues
     this prompt as a conversation: validation.retry_turns). `workspace=False`
     leaves out what the workspace holds (the replay fingerprint must not depend on a
     folder another machine does not have). `facts=True` gives the same parts in the order

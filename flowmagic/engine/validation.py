@@ -226,7 +226,7 @@ def retry_turns(attempts: list[dict], node_id: str, end: str = "", *,
     for n, attempt in enumerate(rejected, 1):
         answer = attempt.get("output")
         if isinstance(answer, str) and answer.strip():
-            turns.append({"role": "assistant", "content": text_cut(answer, answer_chars, "\n[cut here: {n} more characters not shown]")})
+            turns.append({"role": "assistant", "content": text_cut(answer, answer_chars, _CUT)})
         said = _feedback_turn(attempt, n, node_id, end, printed_chars)
         if turns and turns[-1]["role"] == "user":   # an attempt that got no answer
             turns[-1]["content"] += "\n\n" + said
@@ -235,9 +235,14 @@ def retry_turns(attempts: list[dict], node_id: str, end: str = "", *,
     return [{**t, "content": scrub(t["content"])} for t in turns]
 
 
+_CUT = "\n[cut here: {n} more characters not shown]"
+_FEEDBACK_TURN_CHARS = 4000   # of one attempt's feedback (a judge's may run long)
+
+
 def _feedback_turn(attempt: dict, n: int, node_id: str, end: str, printed_chars: int) -> str:
     """What was wrong with one rejected attempt, as the user's turn after it."""
     why = str(attempt.get("feedback") or attempt.get("error") or "no reason given").strip()
+    why = text_cut(why, _FEEDBACK_TURN_CHARS, _CUT)   # its head says what to fix
     parts = [f"Your subtask ({node_id}) is not done yet: attempt {n} was rejected.\n{why}"]
     ran = attempt.get("execution") or {}
     printed = str(ran.get("stdout") or "").rstrip()
