@@ -361,3 +361,32 @@ def test_feedback_on_an_attempt_without_an_answer_joins_the_prompts_user_message
     assert messages[1]["content"].startswith("do it\n\nYour subtask (a) is not done yet: attempt 1")
     assert messages[2]["content"] == "ans" and messages[3]["content"].endswith("wrong\n\nEnd.")
     assert prompt[1]["content"] == "do it"   # the node's prompt itself is left as it was
+
+
+def test_the_last_subtasks_code_that_prints_nothing_goes_back_and_a_parents_does_not():
+    """dabench-dev q114: the one subtask's code found the answer, printed nothing, and the
+    summary answered "none". A subtask whose names a later one reads may print nothing (and
+    so may any subtask of a task with no answer form: tests/test_session.py)."""
+    def agent(body):
+        prompt = body["messages"][-1]["content"]
+        if "printed nothing" in prompt:
+            return fenced("top = df['y'].max()\nprint('highest y', top)")
+        if "Your subtask (prep)" in prompt:
+            return fenced("ys = df['y']")
+        return fenced("top = df['y'].max()")
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        plan = {"task": "Using anscombe.csv, find the highest y.\n\n"
+                        "Answer format: @highest_y[value]",
+                "nodes": [{"id": "prep", "requirement": "Keep the y column.", "agent": "analyst"},
+                          {"id": "stats", "requirement": "Find the highest y.", "agent": "analyst"}],
+                "edges": [["prep", "stats"]]}
+        flow = Flow.from_dict(plan, name="quiet", inputs=[CSV], starter="off", update="off")
+        flow.run()
+        prompts = node_prompts(server)
+    prep, stats = flow.workflow.nodes["prep"], flow.workflow.nodes["stats"]
+    assert prep.status == "done" and len(prep.attempts) == 1   # its child reads `ys`
+    assert stats.status == "done" and len(prompts) == 2
+    assert "ran without error but printed nothing" in prompts[1]
+    assert "highest y 12.74" in stats.output

@@ -248,13 +248,21 @@ _HOLLOW = re.compile(r"^(?:Series\(\[\],.*\)|Empty (?:DataFrame|Series)|Columns:
                      r"(?:.*[\s:=,(\[{'\"])?(?:nan|NaN|<NA>|NaT)[\s)\]},'\"]*)$")
 
 
-def hollow_result(execution: Mapping) -> str:
-    """The feedback for code that ran and printed only empty or missing values ("" when it
-    printed a result, or nothing at all): such a printout is a bug to fix, not a result."""
+def hollow_result(execution: Mapping, last: bool = False) -> str:
+    """The feedback for code that ran and printed only empty or missing values, or (`last`:
+    no later subtask uses the names it defines) printed nothing and made no file; "" when it
+    printed a result. Such a printout is a bug to fix, not a result: on dabench-dev q114 the
+    one subtask's code found the countries with the highest score, printed nothing, and the
+    summary answered "none"."""
     if not execution.get("ran") or not execution.get("ok"):
         return ""
     lines = [line.strip() for line in str(execution.get("stdout") or "").splitlines()
              if line.strip()]
+    if not lines and last and not execution.get("files") and not execution.get("saved"):
+        return (f"{CODE_FAILED} to produce a result: it ran without error but printed nothing, "
+                "and what it prints is this subtask's result (no later subtask reads its "
+                "names). Print the values the subtask asks for, each with its name, and send "
+                "the whole code in one ```python block.")
     if not lines or not all(_HOLLOW.match(line) for line in lines):
         return ""
     shown = "\n".join(lines[:6])

@@ -19,7 +19,7 @@ from functools import partial
 
 from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
-from .answerform import without_pairs
+from .answerform import prescribed, without_pairs
 from .answer_code import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
                         has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
@@ -377,6 +377,14 @@ class NodeRunner:
         reply.text = scrub(reply.text)   # it may be taken out of an action's JSON
         return reply, result.calls
 
+    def _answers(self, node_id: str, ex) -> bool:
+        """Whether a run that printed nothing had to print: the code of a last subtask (no
+        later one reads its names) of a task whose answer has a prescribed form, which the
+        summary fills from what the code printed."""
+        wf = self.ctx.workflow
+        return (not str(ex.stdout or "").strip() and not wf.children(node_id)
+                and prescribed(wf.task or "") is not None)
+
     async def run(self, node_id: str) -> Outcome:
         ctx, settings = self.ctx, self.ctx.settings
         node = ctx.workflow.nodes[node_id]
@@ -427,7 +435,7 @@ class NodeRunner:
             try:
                 said = self._verdict_now(output, reply.finish_reason)
                 if (said is None or said[0]) and ex is not None:
-                    hollow = hollow_result(ex.to_dict())   # code that printed no result
+                    hollow = hollow_result(ex.to_dict(), last=self._answers(node_id, ex))
                     said = (False, hollow) if hollow else said
                 passed, feedback = (said if said is not None else
                                     await self._verdict(node, output, bool(ex and ex.ran), record))
