@@ -297,8 +297,16 @@ def test_a_value_the_summary_copied_unrounded_is_rounded_as_the_task_asks():
     ("@m[v] to two decimal places and @p[p] to four decimal places.", "@m[0.0687] @p[0.123456]",
      "@m[0.0687] @p[0.123456]"),   # which value gets which places is not read: left as written
     ("@m[v], the mean.", "@m[0.0687]", "@m[0.0687]"),   # no places asked
+    # per value, where a clause names its placeholder (dabench-dev q668, q144)
+    ('@r[r_value], @p[p_value], @s[s] where "r_value" is a number between -1 and 1, rounded '
+     'to two decimal places; "p_value" is a number between 0 and 1, rounded to four decimal '
+     'places; "s" is a boolean', "@r[0.1333], @p[0.03241234], @s[true]",
+     "@r[0.13], @p[0.0324], @s[true]"),
+    ('@mean_dem[mean_dem]\n@std_dem[std_dem]\nwhere "mean_dem" is the mean, rounded to two '
+     'decimal places.\nwhere "std_dem" is the standard deviation, rounded to three decimal '
+     'places.', "@mean_dem[42.1234] @std_dem[1.23456]", "@mean_dem[42.12] @std_dem[1.235]"),
 ])
-def test_values_are_rounded_only_to_the_one_number_of_places_the_form_asks(words, text, out):
+def test_values_are_rounded_to_the_places_the_form_asks_for_them(words, text, out):
     form = answerform.prescribed(f"Compute it.\n\nAnswer format: {words}")
     assert answerform.rounded(form, text) == out
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 __all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
            "form_feedback", "FORM_MISSING", "decimals", "rounded", "values_schema",
-           "values_request", "from_values", "unfilled"]
+           "values_request", "from_values", "unfilled", "slot_decimals"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -263,22 +263,50 @@ def decimals(form: Form | None) -> int | None:
     return said.pop() if len(said) == 1 and 0 <= min(said) <= 15 else None
 
 
+def _places(clause: str) -> int | None:
+    said = {_WORD_NUMBERS.get(n.lower()) or int(n) for n in _DECIMALS.findall(clause)
+            if n.lower() in _WORD_NUMBERS or n.isdigit()}
+    return said.pop() if len(said) == 1 and 0 <= min(said) <= 15 else None
+
+
+def slot_decimals(form: Form | None) -> dict[str, int]:
+    """The decimal places each `@name[...]` value is to be rounded to: the one number the
+    form's words give in all (`decimals`), else, per value, the one a clause naming its
+    placeholder gives (dabench-dev q668: "r_value" ... two decimal places; "p_value" ...
+    four). A name no clause gives places to is left out."""
+    if form is None or not form.pairs:
+        return {}
+    every = decimals(form)
+    if every is not None:
+        return {name: every for name, _ in form.pairs}
+    clauses = re.split(r";|(?<=[.!?])\s+|\n", _WORDS_PAIR.sub(" ", form.words))
+    out = {}
+    for name, placeholder in form.pairs:
+        words = {w for w in (placeholder.strip(), name) if w and re.fullmatch(r"\w+", w)}
+        said = {_places(c) for c in clauses
+                if any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", c) for w in words)
+                and _DECIMALS.search(c)} - {None}
+        if len(said) == 1:
+            out[name] = said.pop()
+    return out
+
+
 def rounded(form: Form | None, text: str) -> str:
     """`text` with each `@name[value]` of the form whose value is a plain decimal number with
-    more places than the form's words ask (`decimals`) rounded to them. The subtasks' code
-    is not shown the form, so it prints what it computed, unrounded (dabench-dev q210: the
-    result stated @mean_neg[0.0687] where the task asked for two places); a rounded value
-    still traces to the printed one (engine/numbers: rounding to the places written)."""
-    places = decimals(form)
-    if places is None:
+    more places than the form's words ask for it (`slot_decimals`) rounded to them. The
+    subtasks' code is not shown the form, so it prints what it computed, unrounded
+    (dabench-dev q210: the result stated @mean_neg[0.0687] where the task asked for two
+    places); a rounded value still traces to the printed one (engine/numbers: rounding to the
+    places written)."""
+    places = slot_decimals(form)
+    if not places:
         return text
-    names = {name for name, _ in form.pairs}
 
     def fix(match: re.Match) -> str:
         name, value = match.group(1), match.group(2)
         plain = _PLAIN_DECIMAL.match(value)
-        if name not in names or plain is None or len(plain.group(1)) <= places:
+        if name not in places or plain is None or len(plain.group(1)) <= places[name]:
             return match.group(0)
-        return f"@{name}[{float(value):.{places}f}]"
+        return f"@{name}[{float(value):.{places[name]}f}]"
 
     return _PAIR.sub(fix, text)
