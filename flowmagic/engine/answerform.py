@@ -256,15 +256,12 @@ def decimals(form: Form | None) -> int | None:
     """The decimal places the form's words ask its values to be rounded to ("rounded to two
     decimal places"), or None when they name none or more than one (which value gets which
     is not read here)."""
-    if form is None or not form.pairs:
-        return None
-    said = {_WORD_NUMBERS.get(n.lower()) or int(n) for n in _DECIMALS.findall(form.words)
-            if n.lower() in _WORD_NUMBERS or n.isdigit()}
-    return said.pop() if len(said) == 1 and 0 <= min(said) <= 15 else None
+    return None if form is None or not form.pairs else _places(form.words)
 
 
-def _places(clause: str) -> int | None:
-    said = {_WORD_NUMBERS.get(n.lower()) or int(n) for n in _DECIMALS.findall(clause)
+def _places(text: str) -> int | None:
+    """The one number of decimal places the text names, or None (none, or several)."""
+    said = {_WORD_NUMBERS.get(n.lower()) or int(n) for n in _DECIMALS.findall(text)
             if n.lower() in _WORD_NUMBERS or n.isdigit()}
     return said.pop() if len(said) == 1 and 0 <= min(said) <= 15 else None
 

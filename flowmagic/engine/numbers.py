@@ -114,6 +114,12 @@ def _given(texts: Iterable[str]) -> set[float]:
     return {abs(s.value) for t in texts for s in _all_numbers(t)}
 
 
+def _exempt(s: Stated) -> bool:
+    """A single digit or a year, written as a whole number: it needs no code."""
+    whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
+    return whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100)
+
+
 def stated_numbers(text: str, given: Iterable[str] = ()) -> list[Stated]:
     """The numbers `text` states that must trace (see the module's rule for what is left
     out); `given` are texts whose numbers need no tracing (the task, the requirement)."""
@@ -129,8 +135,7 @@ def stated_numbers(text: str, given: Iterable[str] = ()) -> list[Stated]:
             s = _parse(m)
             if s is None:
                 continue
-            whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
-            if whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100):
+            if _exempt(s):
                 continue   # a single digit, a year
             if known is None:
                 known = _given(given)
@@ -249,9 +254,9 @@ _SLOT = re.compile(r"@\w+\[[^\]\n]*\]")
 def withhold(text: str, numbers: Iterable[str]) -> str:
     """`text` with each number it states whose text is one of `numbers` (`untraced`'s)
     replaced by WITHHELD ("?" inside an `@name[...]` slot): the final result never states a
-    number nothing computed. Code is
-    left as it is; outside an `@name[...]` slot a single digit or a year is too (the rule
-    never asks them to trace there, so they are not the ones found)."""
+    number nothing computed. Code is left as it is; outside an `@name[...]` slot a single
+    digit or a year is too (the rule never asks them to trace there, so they are not the
+    ones found)."""
     drop = set(numbers)
     if not drop or not text:
         return text
@@ -262,11 +267,9 @@ def withhold(text: str, numbers: Iterable[str]) -> str:
         s = _parse(m)
         if s is None or s.text not in drop or any(a <= m.start() < b for a, b in code):
             return m.group(0)
-        whole = s.unit >= 1 and float(s.value).is_integer() and not s.percent
-        exempt = whole and (abs(s.value) < 10 or 1900 <= s.value <= 2100)
         if any(a <= m.start() < b for a, b in slots):
             return "?"   # (brackets in @name[...] would break the pair)
-        return m.group(0) if exempt else WITHHELD
+        return m.group(0) if _exempt(s) else WITHHELD
 
     return _NUMBER.sub(fix, text)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import FlowError, NodeError, PlanError
 from ..model.answers import agent_from_answer, refine_from_answer
-from ..model.plan_checks import content_words, copied
+from ..model.plan_checks import content_words, copied, normalized
 from ..model.status import Status
 from .._internal.text import cut
 from .diagnosis import code_failure
@@ -261,10 +261,6 @@ async def plan_repair(workflow, update_log: list[dict], llm, **options) -> Repai
     return None
 
 
-def _words(text: str | None) -> str:
-    return " ".join(re.findall(r"\w+", (text or "").lower()))
-
-
 def same_again(before, after, diff: dict) -> list[str]:
     """The failed nodes an update would only run again as they were, when that is all it
     does ([] when it changes anything else): each failed on its code, and keeps its
@@ -276,7 +272,7 @@ def same_again(before, after, diff: dict) -> list[str]:
         old, new = before.nodes.get(node_id), after.nodes.get(node_id)
         if (old is None or new is None or old.status != Status.FAILED
                 or not code_failure(old.attempts)
-                or _words(old.requirement) != _words(new.requirement)
+                or normalized(old.requirement or "") != normalized(new.requirement or "")
                 or old.agent != new.agent
                 or set(before.parents(node_id)) != set(after.parents(node_id))):
             return []

@@ -187,7 +187,7 @@ class RunCore:
     async def update(self) -> None:
         """Repair cheaply first (refine the instruction, then substitute the agent of a
         failed node), and re-plan with the updater only when no repair is left."""
-        from . import repairs, updater
+        from . import repairs
 
         record, settings = self.record, self.record.settings
         trigger, self._triggers = self._triggers, []
@@ -207,9 +207,16 @@ class RunCore:
             return
         else:
             entry, update = await self._replan(before, trigger)
-        entry.update(time=time.time(), strategy=settings.update)
+        self._apply(entry, update, before)
+
+    def _apply(self, entry: dict, update, before) -> None:
+        """Merge an update (None: no change) onto the live workflow, nodes may have finished
+        since the snapshot `before`, and log it."""
+        from . import updater
+
+        record = self.record
+        entry.update(time=time.time(), strategy=record.settings.update)
         if update is not None:
-            # Merge onto the live workflow: nodes may have finished since the snapshot.
             record.workflow, entry["diff"] = updater.merge(record.workflow, update)
             entry["stats"] = updater.stats(entry["diff"], before)
             self.restart_running(entry["diff"]["stale"])
@@ -246,11 +253,15 @@ class RunCore:
                              if n.status == Status.FAILED or i in called]}
         return entry, None if result.no_change else result.update
 
+    def _on_data(self) -> bool:
+        """Whether this is a flow on input files whose code runs."""
+        return self.record.settings.execute != "off" and bool(self.space.inputs())
+
     def _flow_start(self, workflow, *, working_start: bool = True) -> str | None:
         """The start the nodes' prompts of a flow on input files share (prompt_start), for a
         call of the run's own (the update) to open with; None for any other flow."""
         settings = self.record.settings
-        if settings.execute == "off" or not self.space.inputs():
+        if not self._on_data():
             return None
         from .prompt_start import flow_start
         return flow_start(workflow.task or "", self.space.workspace, int(settings.context_chars),
@@ -270,22 +281,14 @@ class RunCore:
     def _recheck(self, node_id: str, requirement: str) -> None:
         """Once a run: the node whose code should have printed the answer's values runs
         again, asked for them by name (summary.recheck); logged as an update."""
-        from . import updater
-
-        record = self.record
-        before = record.workflow.copy()
-        record.workflow, diff = updater.merge(record.workflow, {"action": "update", "subtasks": [
-            {"id": node_id, "requirement": requirement, "rerun": True}]})
         entry = {"kind": summary.RECHECK, "trigger": [node_id], "no_change": False,
-                 "errors": [], "calls": 0, "diff": diff, "stats": updater.stats(diff, before),
-                 "reason": "no output held a value the task's answer form asks for",
-                 "time": time.time(), "strategy": record.settings.update}
-        record.update_log.append(entry)
-        self.recorder.add_update(entry)
-        self.recorder.save_run()
+                 "errors": [], "calls": 0,
+                 "reason": "no output held a value the task's answer form asks for"}
+        self._apply(entry, {"action": "update", "subtasks": [
+            {"id": node_id, "requirement": requirement, "rerun": True}]},
+            self.record.workflow.copy())
         if self.executor is not None:
             self.executor.recount()
-        self.recorder.emit("updated", None, {"no_change": False, "kind": summary.RECHECK})
 
     async def consolidate(self) -> None:
         """The final write-up (engine/summary.py): a summary of what the nodes did, or the
@@ -293,7 +296,7 @@ class RunCore:
         record, settings = self.record, self.record.settings
         wf = record.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
-        data = settings.execute != "off" and bool(self.space.inputs())
+        data = self._on_data()
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
                                       data=data)
         again = summary.recheck(wf, written) if data and settings.update != "off" else None

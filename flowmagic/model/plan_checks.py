@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 __all__ = ["content_words", "subject_words", "on_topic", "topic_share", "same_task",
            "copied", "check_plan", "data_task", "loads_only", "states_only",
-           "computes", "writes", "asks_split", "splits_only", "without_split"]
+           "computes", "writes", "normalized", "asks_split", "splits_only", "without_split"]
 
 _STOP = set("""a an the and or of to in on for with from by at as is are be it its this that
 these those then than into onto each every all any some one two three four five six seven
@@ -81,7 +81,8 @@ def same_task(a: str, b: str) -> bool:
     return bool(wa and wb) and len(wa & wb) >= 0.5 * min(len(wa), len(wb))
 
 
-def _norm(text: str) -> str:
+def normalized(text: str) -> str:
+    """The text's words, lowercase, one space apart (case, spacing and punctuation aside)."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
@@ -98,10 +99,10 @@ def copied(requirement: str, task: str, examples: Iterable[str]) -> bool:
     task, or carries most of an example verbatim whose words the task does not have."""
     if _PLACEHOLDER.match(requirement):
         return True
-    mine, task_words = _norm(requirement), content_words(task)
+    mine, task_words = normalized(requirement), content_words(task)
     about_task = bool(content_words(requirement) & task_words)
     for example in examples:
-        theirs = _norm(example)
+        theirs = normalized(example)
         if not theirs:
             continue
         if not about_task and difflib.SequenceMatcher(None, mine, theirs).ratio() >= COPY_RATIO:
