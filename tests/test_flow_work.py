@@ -97,7 +97,7 @@ def test_the_figure_is_saved_and_children_get_what_really_happened(eda):
     assert "Figures it drew (PNG files): plot_figure_1.png" in report_prompt
     load_prompt = next(p for p in sent if "Your subtask (load)" in p)
     assert "anscombe.csv (table): 44 rows x 3 columns" in load_prompt   # inputs with schema
-    assert "dataset: " in load_prompt and "first 5 rows" in load_prompt
+    assert "dataset: " in load_prompt and "first 3 rows" in load_prompt
     # a start that runs, from the file's own columns, for models that write weak code
     assert "A working start" in load_prompt
     assert "print(df.shape)\nprint(df.describe())" in load_prompt   # df: read by the prelude
