@@ -108,6 +108,29 @@ def test_a_child_uses_what_its_parent_defined_without_reloading(flows):
     assert ex["seq"] > flow.workflow.nodes["clean"].execution["seq"] and ex["kept"]
 
 
+def test_a_table_bound_to_two_names_is_described_once_in_the_prompts(flows):
+    """`df` is the input's DataFrame under a second name; a cell's `alias = subset` too:
+    the prompts list such a name as the same object, not its columns again."""
+    sent = {}
+
+    def answer(body):
+        sent[_node(body)] = body["messages"][-1]["content"]
+        return _fenced({"pick": "subset = df[df['x'] > 8]\nalias = subset\nprint(len(alias))",
+                        "use": "print(alias['y'].sum())"}[_node(body)])
+
+    flow = flows(answer, _chain("pick", "use"))
+    flow.run()
+    assert flow.status == "done", flow.message
+    columns = "columns: dataset, x, y"
+    assert "- df: DataFrame, the same object as anscombe" in sent["pick"]
+    assert sent["pick"].count(columns) == 1
+    assert "- alias: DataFrame, the same object as subset" in sent["use"]
+    assert "- df: DataFrame, the same object as anscombe" in sent["use"]
+    assert sent["use"].count(columns) == 2          # anscombe and subset, each once
+    part = FRAME[FRAME["x"] > 8]
+    assert flow.workflow.nodes["use"].execution["stdout"] == f"{part['y'].sum()}\n"
+
+
 def test_a_failed_attempt_that_mutated_a_dataframe_in_place_leaves_nothing(flows):
     def answer(body):
         if _retry(body):
@@ -367,7 +390,8 @@ def test_the_prompt_lists_what_the_prelude_and_the_ancestors_defined(flows):
     rows, cols = FRAME.shape
     for prompt in (first, later):
         assert "- pd: pandas\n" in prompt and "- plt: matplotlib.pyplot\n" in prompt
-        assert f"- df: DataFrame, {rows} rows x {cols} columns: dataset, x, y\n" in prompt
+        assert f"- anscombe: DataFrame, {rows} rows x {cols} columns: dataset, x, y\n" in prompt
+        assert "- df: DataFrame, the same object as anscombe\n" in prompt
         assert "do not import or read the inputs again" in prompt
         assert "Libraries you can import: numpy, pandas, matplotlib" in prompt
     kept = FRAME[FRAME["x"] > 8]

@@ -310,6 +310,8 @@ def _names(given) -> list[dict]:
                 and item["name"].isidentifier()):
             continue
         entry = {"name": item["name"][:100]}
+        if isinstance(item.get("same_as"), str) and item["same_as"].isidentifier():
+            entry["same_as"] = item["same_as"][:100]
         for key, kind in _NAME_FIELDS.items():
             value = item.get(key)
             if isinstance(value, kind) and not isinstance(value, bool):

@@ -357,7 +357,7 @@ def _prelude_names(workspace, have: list[str]) -> list[dict]:
         out.append({"name": name, "type": "DataFrame", "about": about or f"read from {path}",
                     "columns": columns[:60]})
     if tables and tables[0][0] != "df":
-        out.append({**out[len(out) - len(tables)], "name": "df"})
+        out.append({**out[len(out) - len(tables)], "name": "df", "same_as": tables[0][0]})
     return out
 
 
@@ -384,7 +384,9 @@ _NAMES_SHOWN = 40
 
 def _name_line(info: dict) -> str:
     name, kind, about = info.get("name"), info.get("type"), str(info.get("about") or "")
-    if kind == "module":
+    if info.get("same_as"):   # its columns are listed once, under the first name
+        text = f"- {name}: {kind}, the same object as {info['same_as']}"
+    elif kind == "module":
         text = f"- {name}: {about}"
     elif kind in ("function", "class"):
         text = f"- {name}: a {kind}"
@@ -398,7 +400,9 @@ def session_text(names: list[dict], have: Iterable[str] | None = None) -> str:
     """What a node's prompt says about the session its code runs in: the names it holds
     (from `names_for`) and the libraries that can be imported."""
     have = list(libraries() if have is None else have)
-    lines = [_name_line(n) for n in names[:_NAMES_SHOWN]]
+    shown = {n.get("name") for n in names[:_NAMES_SHOWN]}
+    lines = [_name_line(n if n.get("same_as") in shown else {**n, "same_as": None})
+             for n in names[:_NAMES_SHOWN]]
     if len(names) > _NAMES_SHOWN:
         lines.append(f"- and {len(names) - _NAMES_SHOWN} more")
     parts = []

@@ -128,6 +128,7 @@ def _describe(value):
 
 def _names(ns):
     out = []
+    first = {}   # id of an object -> the first name bound to it
     for key, value in list(ns.items()):
         if key.startswith("_") or len(out) >= _NAMES_MAX:
             continue
@@ -135,6 +136,10 @@ def _names(ns):
             kind, about, extra = _describe(value)
         except Exception as exc:  # noqa: BLE001 - a value whose attributes raise is still listed
             kind, about, extra = type(value).__name__, f"({type(exc).__name__} describing it)", {}
+        if kind not in ("module", "function", "class") and "value" not in extra:
+            if id(value) in first:   # `df = sales`: one table, listed once in prompts
+                extra = {**extra, "same_as": first[id(value)]}
+            first.setdefault(id(value), key)
         out.append({"name": key, "type": kind, "about": about, **extra})
     return out
 
