@@ -458,6 +458,47 @@ def test_the_export_runs_again_top_to_bottom_and_prints_what_each_node_printed(
     assert cells[order.index("plot") + 1].outputs[-1]["data"]["image/png"]
 
 
+def test_a_table_whose_header_has_a_space_after_each_comma_is_read_by_its_column_names(
+        tmp_path, capsys):
+    """`city, temp, wind` (as some tools write CSV): pandas alone names the columns ' temp' and
+    ' wind', and df['wind'] dies on a KeyError. The prelude reads it with skipinitialspace, the
+    prompt and a KeyError's retry name the columns as the code can use them, and the export
+    runs again with the same prelude."""
+    import nbformat
+
+    from flowmagic.cli import main
+
+    table = tmp_path / "spaced.csv"
+    table.write_text("city, temp, wind\nAlba, 1.5, 3\nBrest, 2.5, 4\nCork, 3.5, 5\n")
+    sent = []
+
+    def answer(body):
+        sent.append(body["messages"][-1]["content"])
+        return _fenced("print(df['wind'].sum(), df['city'].tolist(), spaced['temp'].mean())")
+
+    server = LoopbackServer(responder=answer).start()
+    try:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(_chain("sums"), name="s", inputs=[table], starter="off")
+        try:
+            flow.run()
+            ex = flow.workflow.nodes["sums"].execution
+            assert flow.status == "done" and ex["ok"], (flow.message, ex)
+            assert ex["stdout"] == "12 ['Alba', 'Brest', 'Cork'] 2.5\n"
+            assert "  - wind: int64" in sent[0] and "' wind'" not in sent[0]
+            assert "- spaced: DataFrame, 3 rows x 3 columns: city, temp, wind" in sent[0]
+            assert flow.workspace.columns() == {"spaced.csv": ["city", "temp", "wind"]}
+            path = tmp_path / "spaced.ipynb"
+            assert main(["export", flow.run_id, str(path), "--execute"]) == 0
+            assert "2 of 2 code cells printed what they printed" in capsys.readouterr().out
+            prelude_cell = _code_cells(nbformat.read(str(path), as_version=4))[0]
+            assert "pd.read_csv('spaced.csv', skipinitialspace=True)" in prelude_cell.source
+        finally:
+            flow.close()
+    finally:
+        server.stop()
+
+
 def test_a_cell_that_prints_otherwise_when_run_again_is_named(flows, tmp_path, capsys):
     from flowmagic.cli import main
 

@@ -44,6 +44,7 @@ from ..errors import SandboxError
 from ..llm.endpoints import scrub
 from .._internal.waiting import readable
 from . import sandbox_process as _sandbox   # (its spawn and SandboxProcess)
+from .workspace import read_spaced
 
 __all__ = ["Session", "prelude", "libraries", "table_names", "recorded_cells", "kept_cells",
            "names_for",
@@ -105,8 +106,11 @@ def prelude(workspace, available: Iterable[str] | None = None) -> str:
     have = set(libraries() if available is None else available)
     lines = [line for _, pip, line in LIBRARIES if line and pip in have]
     tables = table_names(workspace) if "pandas" in have else []
+    spaced = {i.path for i in getattr(workspace, "inputs", []) if read_spaced(i)}
     for name, path, reader in tables:
         sep = ", sep='\\t'" if path.lower().endswith(".tsv") else ""
+        if path in spaced and reader == "read_csv":   # `a, b, c`: columns named as written
+            sep += ", skipinitialspace=True"
         lines.append(f"{name} = pd.{reader}({path!r}{sep})")
     if tables and tables[0][0] != "df":   # the first table is df too (the working start's)
         lines.append(f"df = {tables[0][0]}")

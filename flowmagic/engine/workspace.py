@@ -115,9 +115,19 @@ def _count_lines(root: Path, rel: str) -> int:
     return newlines or returns   # \r alone ends the lines of a file with no \n
 
 
-def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int, int | None]:
+def spaced_header(first: str, sep: str) -> bool:
+    """Whether every separator of a CSV's header line is followed by a space (`a, b, c`, as
+    some tools write them). pandas reads such a column as ' b', and code that says df['b'] (what
+    a person or a model writes from the header) dies on a KeyError: on dabench-dev's
+    baro_2015.csv the one-call baseline and the flow both failed every question that way. Such
+    a table is read with skipinitialspace=True, in the description and in the prelude alike."""
+    fields = next(csv.reader([first], delimiter=sep), [])
+    return len(fields) > 1 and all(f.startswith(" ") and f.strip() for f in fields[1:])
+
+
+def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int, int | None, bool]:
     """(the first rows of a table, its number of columns, its number of rows when the head
-    is the whole file, else None), from at most `_HEAD_BYTES` of it and at most `_COLUMNS` + 1
+    is the whole file, else None, whether it is read with skipinitialspace), from at most `_HEAD_BYTES` of it and at most `_COLUMNS` + 1
     of its columns: a table 300,000 columns wide or a file that is not a table costs the same
     as a small one. The rows are pandas' own count: a quoted value holding line breaks is one
     row of many lines (q209's news table: 691 lines, 166 rows, told as 691 rows beside a
@@ -132,38 +142,49 @@ def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int, int | None]:
     if not first.strip():
         raise ValueError("no header line in the first 4 MB")
     width = len(next(csv.reader([first], delimiter=sep)))
-    frame = pd.read_csv(io.BytesIO(head), sep=sep, nrows=_SCHEMA_ROWS,
+    spaced = spaced_header(first, sep)
+    frame = pd.read_csv(io.BytesIO(head), sep=sep, nrows=_SCHEMA_ROWS, skipinitialspace=spaced,
                         usecols=range(min(width, _COLUMNS + 1)) if width > _COLUMNS else None)
     rows = None
     if whole:
         rows = (len(frame) if len(frame) < _SCHEMA_ROWS
-                else len(pd.read_csv(io.BytesIO(head), sep=sep, usecols=[0])))
-    return frame, width, rows
+                else len(pd.read_csv(io.BytesIO(head), sep=sep, usecols=[0],
+                                     skipinitialspace=spaced)))
+    return frame, width, rows, spaced
 
 
-def _file_summary(root: Path, rel: str) -> tuple[str, str, str]:
-    """(kind, summary, working start) of a file of the workspace: tables get their schema,
-    text files their first lines."""
+def _file_summary(root: Path, rel: str) -> tuple[str, str, dict]:
+    """(kind, summary, extra) of a file of the workspace: tables get their schema, text
+    files their first lines; a table's extra holds its working start ("example") and, when
+    its header is spaced, "spaced": True (how the prelude reads it)."""
     size = confined.file_stat(root, rel).st_size
     suffix = PurePosixPath(rel).suffix.lower()
     if suffix in (".csv", ".tsv"):
         sep = "\t" if suffix == ".tsv" else ","
         try:
-            frame, width, rows = _head_frame(root, rel, sep)
+            frame, width, rows, spaced = _head_frame(root, rel, sep)
             if rows is None:   # a file past the head: its lines (a row may span several)
                 rows = max(0, _count_lines(root, rel) - 1)
             summary = _table_summary(frame, rows, width)
-            return "table", summary, _starter("df", frame)
+            example = _starter("df", frame)
+            extra = {"example": example} if example else {}
+            return "table", summary, {**extra, **({"spaced": True} if spaced else {})}
         except Exception as exc:  # noqa: BLE001 - a bad CSV is still an input; say why it has no schema
             why = " ".join(str(exc).split())[:200]
-            return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {why})", ""
+            return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {why})", {}
     if suffix in (".parquet", ".pq"):
-        return "table", f"{size} bytes (Parquet: read it with pandas.read_parquet)", ""
+        return "table", f"{size} bytes (Parquet: read it with pandas.read_parquet)", {}
     head, _ = confined.read_head(root, rel, 600)
     try:
-        return "file", f"{size} bytes, text; it starts:\n{head.decode('utf-8')}", ""
+        return "file", f"{size} bytes, text; it starts:\n{head.decode('utf-8')}", {}
     except UnicodeDecodeError:
-        return "file", f"{size} bytes, binary", ""
+        return "file", f"{size} bytes, binary", {}
+
+
+def read_spaced(entry: InputFile) -> bool:
+    """Whether the prelude reads this table with skipinitialspace (`spaced_header` when it was
+    added; a record written before, or one that says anything else, reads it as it did)."""
+    return isinstance(entry.extra, dict) and entry.extra.get("spaced") is True
 
 
 def _hidden(name: str) -> bool:
@@ -233,9 +254,8 @@ class Workspace:
             if entry.kind not in _KINDS or confined.file_stat(self.root, entry.path) is None:
                 continue
             if not trusted:
-                kind, summary, example = _file_summary(self.root, entry.path)
-                entry = InputFile(str(entry.name)[:200], entry.path, kind, summary, None,
-                                  {"example": example} if example else {})
+                kind, summary, extra = _file_summary(self.root, entry.path)
+                entry = InputFile(str(entry.name)[:200], entry.path, kind, summary, None, extra)
             out.append(entry)
         return out
 
@@ -308,9 +328,8 @@ class Workspace:
                     confined.write_stream(self.root, rel, fh)
             except OSError as exc:
                 raise ConfigError(f"cannot copy the input {src} ({exc.strerror})") from None
-        kind, summary, example = _file_summary(self.root, rel)
-        return self._replace(InputFile(rel, rel, kind, summary, source,
-                                       {"example": example} if example else {}))
+        kind, summary, extra = _file_summary(self.root, rel)
+        return self._replace(InputFile(rel, rel, kind, summary, source, extra))
 
     def add_value(self, name: str, value: Any) -> InputFile:
         """A value from the user's namespace: DataFrames and Series as CSV, else JSON or text."""
@@ -378,7 +397,8 @@ class Workspace:
                 head, _ = confined.read_head(self.root, table.path, _HEAD_BYTES)
                 first = _first_line(head).decode("utf-8-sig", "replace")
                 # csv, not pandas: pandas took 41 s over a header of 300,000 columns
-                out[table.path] = next(csv.reader([first], delimiter=sep))[:_NAMED_COLUMNS]
+                out[table.path] = next(csv.reader([first], delimiter=sep, skipinitialspace=(
+                    read_spaced(table))))[:_NAMED_COLUMNS]
             except Exception:  # noqa: BLE001 - an unreadable table has no columns to name
                 continue
         return out
