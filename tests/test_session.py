@@ -402,6 +402,31 @@ def test_the_prompt_lists_what_the_prelude_and_the_ancestors_defined(flows):
     assert "clean" not in first and "sibling_only" not in later
 
 
+def test_a_data_node_is_told_a_standard_deviation_is_the_sample_one(flows):
+    """numpy's np.std divides by n, pandas' .std() by n - 1: the bench model's np.std missed
+    a question's sample standard deviation (dabench-dev q666) that one script with pandas got.
+    The model here writes numpy code and passes ddof only when its prompt tells it to."""
+    prompts: list[str] = []
+
+    def answer(body):
+        prompt = body["messages"][-1]["content"]
+        if _node(body) is None:
+            return "The standard deviation is printed above."
+        prompts.append(prompt)
+        ddof = ", ddof=1" if "ddof=1" in prompt else ""
+        return _fenced(f"print(round(float(np.std(df['y']{ddof})), 6))")
+
+    plan = {"task": "What is the standard deviation of y in anscombe.csv?", "nodes": [
+        {"id": "a", "requirement": "Compute the standard deviation of y.", "agent": "analyst"}],
+        "edges": []}
+    flow = flows(answer, plan)
+    flow.run()
+    assert flow.status == "done", flow.message
+    assert "the sample one (pandas' .std() and .var(), ddof=1)" in prompts[0]
+    printed = flow.workflow.nodes["a"].execution["stdout"]
+    assert printed.strip() == str(round(float(FRAME["y"].std()), 6))
+
+
 # ------------------------------------------------------------------------------ the export
 DIAMOND = {"task": "Analyse anscombe.csv with pandas", "nodes": [
     {"id": i, "requirement": f"Step {i} of the analysis, with code.", "agent": "analyst"}

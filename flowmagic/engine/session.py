@@ -385,6 +385,13 @@ def names_for(workflow, node_id: str, workspace, have: list[str] | None = None) 
 
 _NAMES_SHOWN = 40
 
+# numpy's std/var divide by n, pandas' (and a statistics question's usual meaning) by n - 1:
+# the bench model reached for np.std on dabench-dev q666 and q619 and missed the label's
+# sample standard deviation, which the one-call baseline (pandas .std()) got.
+SAMPLE_STD = ("A standard deviation or variance is the sample one (pandas' .std() and .var(), "
+              "ddof=1) unless the task says population; np.std and np.var use ddof=0, so pass "
+              "ddof=1 to them.")
+
 
 def _name_line(info: dict) -> str:
     name, kind, about = info.get("name"), info.get("type"), str(info.get("about") or "")
@@ -415,4 +422,6 @@ def session_text(names: list[dict], have: Iterable[str] | None = None) -> str:
                      "read the inputs again):\n" + "\n".join(lines))
     parts.append("Libraries you can import: " + (", ".join(have) or "the standard library only")
                  + ". Nothing else is installed, and nothing can be installed.")
+    if "pandas" in have:
+        parts.append(SAMPLE_STD)
     return "\n".join(parts)
