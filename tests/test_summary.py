@@ -34,7 +34,7 @@ PARAPHRASE = (f"The data was loaded and the mean of y computed: the output indic
 
 
 def _is_summary(messages) -> bool:
-    return "closing summary" in messages[0]["content"]
+    return any(summary.SYSTEM in m["content"] for m in messages[:2])
 
 
 def run_flow(agent, plan=PLAN):
@@ -347,3 +347,38 @@ def test_a_result_whose_form_values_no_output_holds_sends_their_node_back_once_b
         flow.run()
         calls = len(server.stats(bodies=True)["requests"])
     assert pairs(flow.result) == {"mean_y": "?"} and calls == 6   # 2 node, 2 x 2 summary
+
+
+def test_the_summary_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_share():
+    """A server that keeps a node's prompt evaluates only what follows the start the summary
+    shares with it: opening with a system message of its own, the summary reused 4 of its
+    ~1,200 prompt tokens on dabench-dev's embedded flows. On data it opens with the house rules
+    and the nodes' start up to their working start (the task without its form, which the ending
+    gives); it says its answer is not run; a text flow's summary opens as before."""
+    sent: dict[str, list] = {}
+
+    def agent(body):
+        sent.setdefault(name, []).append(body["messages"])
+        return (f"The mean of y is {MEAN}.\n\n@mean_y[{MEAN}]" if _is_summary(body["messages"])
+                else STATS)
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        for name, inputs in (("data", [CSV]), ("text", None)):
+            flow = Flow.from_dict(PLAN, name=name, inputs=inputs, starter="off",
+                                  update="off", execute="auto" if inputs else "off")
+            flow.run()
+            assert flow.status == "done", flow.message
+    (node, summ), (text_node, text_summ) = (
+        (calls[0], next(m for m in calls if _is_summary(m))) for calls in sent.values())
+    assert summ[0] == node[0]   # the house rules
+    start = node[1]["content"].split("\n\nA working start")[0]
+    assert "anscombe.csv (table)" in start and "Answer format" not in start
+    assert summ[1]["content"].startswith(start + f"\n\n{summary.SYSTEM} Write prose")
+    # then the summary's own prompt, the whole task again (the bench model lost q10's
+    # direction with the task only in the start, ~1,000 tokens back)
+    assert f"Write prose: nothing you write now is run.\n\nTask:\n{TASK}\n\nResults" \
+        in summ[1]["content"]
+    assert FORM in summ[1]["content"][len(start):]   # the form, in the ending
+    assert text_summ[0]["content"] == summary.SYSTEM and text_summ[0] != text_node[0]
+    assert text_summ[1]["content"].startswith(f"Task:\n{TASK}")

@@ -6,9 +6,9 @@ longest start a new prompt shares with it, and OpenAI's prompt cache bills a sha
 alike: the house rules as the system message, then the task (without the words about its
 answer's form: the summary writes that form), how code runs and what the inputs hold, the working
 start; each call's own part comes after. The plan request opens the same way up to the working
-start, and the update request with all of it. (The closing summary does not share it yet.) On
-the bench model (one thread, ~40 prompt tokens a second) the start is 700-1,300 tokens: 20-30 s
-of evaluation a call that does not share it.
+start, the closing summary too (told that what it writes is not run), and the update request
+with all of it. On the bench model (one thread, ~40 prompt tokens a second) the start is
+700-1,300 tokens: 20-30 s of evaluation a call that does not share it.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ class RunCore:
 
     def _flow_start(self, workflow, *, working_start: bool = True) -> str | None:
         """The start the nodes' prompts of a flow on input files share (prompt_start), for a
-        call of the run's own (the update) to open with; None for any other flow."""
+        call of the run's own (the update, the summary) to open with; None for any other flow."""
         settings = self.record.settings
         if not self._on_data():
             return None
@@ -298,7 +298,8 @@ class RunCore:
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
         data = self._on_data()
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
-                                      data=data)
+                                      data=data,
+                                      start=self._flow_start(wf, working_start=False))
         again = summary.recheck(wf, written) if data and settings.update != "off" else None
         if again is not None and not any(e.get("kind") == summary.RECHECK
                                          for e in record.update_log):

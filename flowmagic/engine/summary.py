@@ -34,11 +34,14 @@ from ..model.status import Status
 from . import answerform, numbers
 from .answerform import Form
 from .node_runner import shares
+from .prompt_start import HOUSE_RULES
 
 __all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
            "untraced_values", "SYSTEM", "recheck", "RECHECK"]
 
 SYSTEM = "You write the closing summary of a team's work."
+# After the start a flow's nodes share, which says that their code blocks are run.
+PROSE = "Write prose: nothing you write now is run."
 CODE_LEFT_OUT = "[its Python code, which ran in the sandbox: what it printed is listed below]"
 _RUNNABLE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(?:python3?|py)?[ \t]*\n.*?^[ \t]*\1[`~]*[ \t]*$",
                        re.MULTILINE | re.DOTALL | re.IGNORECASE)
@@ -113,8 +116,18 @@ def _ending(form: Form | None) -> str:
             "copied from a printed output above.")
 
 
-def summary_messages(workflow, budget: int, form: Form | None) -> list[dict]:
-    """The summary's prompt: the task, the nodes' results, what the code printed, what to write."""
+def summary_messages(workflow, budget: int, form: Form | None,
+                     start: str | None = None) -> list[dict]:
+    """The summary's prompt: the task, the nodes' results, what the code printed, what to write.
+
+    `start` (prompt_start.flow_start up to the working start: a flow on input files) opens it
+    as the nodes' prompts open, the house rules and that start; what follows is the summary's
+    prompt as without it, the whole task again included (after the start alone, the task
+    ~1,000 tokens back behind the inputs' rows, the bench model answered dabench-dev q10's
+    @is_normal the wrong way round in two replays of stored prompts). So the summary evaluates
+    about what it did, but a server that keeps the last prompt still holds the start after it:
+    a node run again after the summary (`recheck`; 5 of analysis-s11/s12's 28 bench-model
+    flows) evaluated its whole ~1,100-token prompt again (39-82 s on one thread)."""
     active = [n for n in workflow.nodes.values() if n.status == Status.DONE]
     printed = printed_outputs(workflow)
     texts = [_body(n) for n in active]
@@ -126,9 +139,11 @@ def summary_messages(workflow, budget: int, form: Form | None) -> list[dict]:
     if printed:
         body += ("\n\nWhat the code printed (copy every number from here):\n"
                  + "\n\n".join(f"[{nid}]\n{t}" for (nid, _), t in zip(printed, printed_text)))
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Task:\n{workflow.task}\n\nResults of the subtasks:\n"
-                                        f"{body}\n\n{_ending(form)}"}]
+    own = f"Task:\n{workflow.task}\n\nResults of the subtasks:\n{body}\n\n{_ending(form)}"
+    if start:
+        return [{"role": "system", "content": HOUSE_RULES},
+                {"role": "user", "content": f"{start}\n\n{SYSTEM} {PROSE}\n\n{own}"}]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": own}]
 
 
 def _all_printed_lines(workflow) -> list[tuple[str, str]]:
@@ -216,7 +231,8 @@ async def _form_values(ask: Ask, back: list[dict], form: Form, lacking: list[str
     return answerform.from_values(form, reply.data)
 
 
-async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
+async def write(workflow, ask: Ask, *, budget: int, data: bool,
+                start: str | None = None) -> Summary:
     """The result: a node's traced answer in the task's form when one gave it whole, else a
     summary written by `ask` and checked (back once; a number that still traces nowhere is
     withheld, a form still missing is marked)."""
@@ -225,7 +241,7 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool) -> Summary:
     if kept is not None:
         node_id, answer, how = kept
         return Summary(_kept(node_id, answerform.rounded(form, answer), how), kept_from=node_id)
-    messages = summary_messages(workflow, budget, form)
+    messages = summary_messages(workflow, budget, form, start)
     reply, calls = await ask(messages), 1
     text, cut = reply.text, reply.cut
     loose, lacking = _wrong(workflow, form, text, data)
