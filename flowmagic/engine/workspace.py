@@ -115,21 +115,22 @@ def _count_lines(root: Path, rel: str) -> int:
     return newlines or returns   # \r alone ends the lines of a file with no \n
 
 
-def spaced_header(first: str, sep: str) -> bool:
-    """Whether every separator of a CSV's header line is followed by a space (`a, b, c`, as
-    some tools write them). pandas reads such a column as ' b', and code that says df['b'] (what
-    a person or a model writes from the header) dies on a KeyError: on dabench-dev's
-    baro_2015.csv the one-call baseline and the flow both failed every question that way. Such
-    a table is read with skipinitialspace=True, in the description and in the prelude alike."""
-    fields = next(csv.reader([first], delimiter=sep), [])
+def spaced_header(fields: list[str]) -> bool:
+    """Whether every separator of a CSV's header (its fields as csv.reader splits them) is
+    followed by a space (`a, b, c`, as some tools write them). pandas reads such a column as
+    ' b', and code that says df['b'] (what a person or a model writes from the header) dies on
+    a KeyError: on dabench-dev's baro_2015.csv the one-call baseline and the flow both failed
+    every question that way. Such a table is read with skipinitialspace=True, in the
+    description and in the prelude alike."""
     return len(fields) > 1 and all(f.startswith(" ") and f.strip() for f in fields[1:])
 
 
 def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int, int | None, bool]:
     """(the first rows of a table, its number of columns, its number of rows when the head
-    is the whole file, else None, whether it is read with skipinitialspace), from at most `_HEAD_BYTES` of it and at most `_COLUMNS` + 1
-    of its columns: a table 300,000 columns wide or a file that is not a table costs the same
-    as a small one. The rows are pandas' own count: a quoted value holding line breaks is one
+    is the whole file, else None, whether it is read with skipinitialspace), from at most
+    `_HEAD_BYTES` of it and at most `_COLUMNS` + 1 of its columns: a table 300,000 columns
+    wide or a file that is not a table costs the same as a small one (its header is split
+    once). The rows are pandas' own count: a quoted value holding line breaks is one
     row of many lines (q209's news table: 691 lines, 166 rows, told as 691 rows beside a
     DataFrame of 166)."""
     import pandas as pd
@@ -141,8 +142,8 @@ def _head_frame(root: Path, rel: str, sep: str) -> tuple[Any, int, int | None, b
     first = _first_line(head).decode("utf-8", "replace")
     if not first.strip():
         raise ValueError("no header line in the first 4 MB")
-    width = len(next(csv.reader([first], delimiter=sep)))
-    spaced = spaced_header(first, sep)
+    header = next(csv.reader([first], delimiter=sep))
+    width, spaced = len(header), spaced_header(header)
     frame = pd.read_csv(io.BytesIO(head), sep=sep, nrows=_SCHEMA_ROWS, skipinitialspace=spaced,
                         usecols=range(min(width, _COLUMNS + 1)) if width > _COLUMNS else None)
     rows = None
@@ -168,7 +169,9 @@ def _file_summary(root: Path, rel: str) -> tuple[str, str, dict]:
             summary = _table_summary(frame, rows, width)
             example = _starter("df", frame)
             extra = {"example": example} if example else {}
-            return "table", summary, {**extra, **({"spaced": True} if spaced else {})}
+            if spaced:
+                extra["spaced"] = True
+            return "table", summary, extra
         except Exception as exc:  # noqa: BLE001 - a bad CSV is still an input; say why it has no schema
             why = " ".join(str(exc).split())[:200]
             return "file", f"{size} bytes; pandas could not read it ({type(exc).__name__}: {why})", {}
