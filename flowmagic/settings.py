@@ -82,7 +82,7 @@ class Settings(BaseModel):
     context: str = "parents"
     budget_usd: Any = None
     max_attempts: Any = None    # None: 3, or 2 on the embedded model in a flow on data
-    max_updates: Any = 5
+    max_updates: Any = None     # None: 5, or 1 on the embedded model in a flow on data
     update_k: SkipValidation[int] = 1
     mask_rate: Any = 0.0
     fail_rate: Any = 0.0

@@ -356,6 +356,35 @@ def test_on_the_embedded_model_a_node_of_a_flow_on_data_gets_two_tries_none_cont
     assert tries(given) == [(True, 1)]
 
 
+@pytest.mark.embedded
+@pytest.mark.timeout(600)
+def test_on_the_embedded_model_a_flow_on_data_makes_one_update(embedded_url, flowmagic_home):
+    """SmolLM2's re-plans never served a task in 65 stored ones, and each took ~20 s of
+    csv_eda's time: there a flow on data makes one (the mechanism shown once), and says so in
+    one line when it stops a second; any other endpoint keeps five, and a value given wins."""
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "means", "requirement": "Print the mean of y per dataset.", "agent": "analyst"},
+        {"id": "counts", "requirement": "Print the rows per dataset.", "agent": "analyst"}],
+        "edges": []}
+    # one node at a time, each failing at once: an update after each failure
+    common = dict(inputs=[CSV], starter="off", fail_rate=1.0, max_attempts=1, repairs=False,
+                  concurrency=1, consolidate=False)
+
+    def updates(flow):
+        return sum(1 for e in flow.update_log if e["kind"] == "replan")
+
+    embedded = Flow.from_dict(plan, name="embedded", model="local", **common)
+    embedded.run()
+    with LoopbackServer(responder=lambda body: json.dumps({"action": "no_change"})) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        hosted = Flow.from_dict(plan, name="hosted", **common)
+        hosted.run()
+        given = Flow.from_dict(plan, name="given", max_updates=1, **common)
+        given.run()
+    assert updates(embedded) == 1 and updates(hosted) == 2 and updates(given) == 1
+    assert embedded.message.startswith("max_updates (1) reached: no update after ")
+
+
 def test_flowmagic_export_execute_reruns_the_code_cells_in_the_sandbox(eda, tmp_path, capsys):
     import nbformat
 

@@ -311,15 +311,8 @@ class NodeRunner:
         return ex
 
     def _on_embedded_data(self, node) -> bool:
-        """The node runs on the embedded model in a flow on data (one with a table input)."""
-        if not any(t.kind == "table" for t in self.ctx.inputs):
-            return False
-        from ..llm.endpoints import resolve
-        try:
-            endpoint, _ = resolve(node.model or self.ctx.settings.model)
-        except FlowError:
-            return False
-        return endpoint.local
+        """The node runs on the embedded model in a flow on data."""
+        return embedded_on_data(node.model or self.ctx.settings.model, self.ctx.inputs)
 
     def _limits_of(self, node) -> _Limits:
         """The node's attempts and continuations: the settings', or where they leave them to
@@ -631,3 +624,15 @@ def _unfinished(attempts: list, record: dict, reply) -> bool:
     record.update(end=time.time(), passed=False, feedback=why, cut=reply.cut)
     attempts.append(record)
     return True
+
+
+def embedded_on_data(model: str | None, inputs) -> bool:
+    """Whether `model` is the embedded model and `inputs` hold a table (a flow on data)."""
+    if not any(t.kind == "table" for t in inputs):
+        return False
+    from ..llm.endpoints import resolve
+    try:
+        endpoint, _ = resolve(model)
+    except FlowError:
+        return False
+    return endpoint.local

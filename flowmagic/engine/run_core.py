@@ -20,7 +20,7 @@ from . import summary
 from .answer_code import made_files
 from .budget import Budget
 from .context import RunContext
-from .node_runner import CONTINUATIONS, NodeRunner
+from .node_runner import CONTINUATIONS, NodeRunner, embedded_on_data
 from .recorder import Recorder
 from .run_record import RunRecord
 from .run_space import RunSpace
@@ -28,6 +28,13 @@ from .scheduler import Executor, Work
 from .tool_choice import ToolChoice
 
 __all__ = ["RunCore"]
+
+# Re-plans per run when the settings leave it to the endpoint (None). On the embedded model in
+# a flow on data one: SmolLM2's re-plans in 60 stored runs (65 answers, csv_eda, dabench-dev,
+# tutorials; issue 31) made no change 54 times and added a node named after the action 11
+# times ("no_change", "add_to_memory"), never a change that served the task, while each took
+# ~20 s there (~1,700 prompt tokens evaluated at ~9 ms); the one kept shows the mechanism.
+MAX_UPDATES, EMBEDDED_DATA_UPDATES = 5, 1
 
 
 class RunCore:
@@ -155,6 +162,15 @@ class RunCore:
         """Updates made by the updater so far (cheap repairs are bounded per node instead)."""
         return sum(1 for e in self.record.update_log if e.get("kind") == "replan")
 
+    def _max_updates(self) -> int:
+        """The re-plans a run may make: the settings', or where they leave it to the endpoint
+        (None) MAX_UPDATES, EMBEDDED_DATA_UPDATES on the embedded model in a flow on data."""
+        given = self.record.settings.max_updates
+        if given is not None:
+            return int(given)
+        on_data = embedded_on_data(self.record.settings.model, self.space.inputs())
+        return EMBEDDED_DATA_UPDATES if on_data else MAX_UPDATES
+
     def wants_update(self, node_id: str, ok: bool, outcome) -> bool:
         """After a node: whether an update runs before more nodes start (the executor's hook)."""
         settings = self.record.settings
@@ -168,7 +184,7 @@ class RunCore:
         if strategy == "on-failure" and problem is None:
             return False
         repair_due = problem == "failed" and settings.repairs
-        if self._replans() >= int(settings.max_updates) and not repair_due:
+        if self._replans() >= self._max_updates() and not repair_due:
             self._say_capped(node_id)
             return False
         self._triggers.append({"node": node_id, "why": problem or "finished"})
@@ -179,7 +195,7 @@ class RunCore:
         if self._capped:
             return
         self._capped = True
-        self.record.message = (f"max_updates ({int(self.record.settings.max_updates)}) reached: "
+        self.record.message = (f"max_updates ({self._max_updates()}) reached: "
                                f"no update after {node_id}; raise max_updates "
                                "(%%flow --max-updates N) to allow more")
         self.recorder.emit("update_capped", node_id, {"message": self.record.message})
@@ -202,7 +218,7 @@ class RunCore:
             entry = {"kind": fix.kind, "trigger": [fix.node_id], "reason": fix.reason,
                      "no_change": False, "errors": [], "calls": 1}
             update = fix.update
-        elif self._replans() >= int(settings.max_updates):
+        elif self._replans() >= self._max_updates():
             self._say_capped(trigger[-1]["node"] if trigger else "the last node")
             return
         else:
