@@ -76,6 +76,11 @@ def _collected(t0: float) -> tuple[float, float]:
     return build, time.perf_counter()
 
 
+def _collections() -> list[int]:
+    """The collections so far, per generation (the run's are the difference)."""
+    return [g["collections"] for g in gc.get_stats()]
+
+
 def _flowmagic_once(dag: dict) -> tuple[float, float, str]:
     with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp:
         gc.collect()
@@ -117,9 +122,13 @@ def stub_endpoint() -> None:
     flowmagic.configure(base_url="http://127.0.0.1:9/v1", model="m", self_hosted=False)
 
 
-def node_runner_once(dag: dict, profiler=None) -> tuple[float, float, str, int]:
+def node_runner_once(dag: dict, profiler=None,
+                     clocks: dict | None = None) -> tuple[float, float, str, int]:
     """(build s, run s, run state, calls logged) of one `Flow.arun()` with the HTTP call
-    answered in-process; `profiler` (a cProfile.Profile) is enabled around the run alone."""
+    answered in-process; `profiler` (a cProfile.Profile) is enabled around the run alone.
+    `clocks` gets the run's CPU seconds (`cpu_s`: this process's, which a busy machine does
+    not inflate as it does the wall clock) and the collections the run triggered per
+    generation (`gc`)."""
     from flowmagic.flow import Flow
     from flowmagic.llm import LLM
     from flowmagic.store import Store
@@ -140,10 +149,14 @@ def node_runner_once(dag: dict, profiler=None) -> tuple[float, float, str, int]:
                 await llm.aclose()
         if profiler is not None:
             profiler.enable()
+        gc0, c1 = _collections(), time.process_time()
         state = asyncio.run(go())
+        c2 = time.process_time()
         if profiler is not None:
             profiler.disable()
         t2 = time.perf_counter()
+        if clocks is not None:
+            clocks.update(cpu_s=c2 - c1, gc=[b - a for a, b in zip(gc0, _collections())])
         calls = store.count_calls(cached=False)
         store.close()
     return build, t2 - t1, state, calls
@@ -152,14 +165,19 @@ def node_runner_once(dag: dict, profiler=None) -> tuple[float, float, str, int]:
 def node_runner_overhead(n: int, repeats: int) -> dict:
     """`Flow.arun()` on n nodes with every node's model call answered at once: the executor,
     the NodeRunner (prompt, context), the LLM door (cache look-up, call log, usage) and the
-    store, with only the HTTP call replaced. Best of `repeats`, ms per node."""
+    store, with only the HTTP call replaced. Best of `repeats`, ms per node; with the
+    least CPU time of a repeat per node (`run_cpu_ms`) and that run's collections per
+    generation: whether a larger graph costs more per node in CPU or in wall time alone."""
     stub_endpoint()
     dag = family("layered", n)
-    runs = [node_runner_once(dag) for _ in range(repeats)]
+    clocks = [{} for _ in range(repeats)]
+    runs = [node_runner_once(dag, clocks=c) for c in clocks]
     build, run = min(r[0] for r in runs), min(r[1] for r in runs)
+    cpu = min(clocks, key=lambda c: c["cpu_s"])
     return {"n": n, "build_s": build, "run_s": run, "states": sorted({r[2] for r in runs}),
             "calls": min(r[3] for r in runs), "run_ms": 1000 * run / n,
-            "total_ms": 1000 * (build + run) / n, "repeats": repeats}
+            "total_ms": 1000 * (build + run) / n, "repeats": repeats,
+            "run_cpu_ms": 1000 * cpu["cpu_s"] / n, "gc_collections": cpu["gc"]}
 
 
 def executor_only(n: int, repeats: int) -> dict:
