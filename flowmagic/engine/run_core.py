@@ -30,10 +30,10 @@ from .tool_choice import ToolChoice
 __all__ = ["RunCore"]
 
 # Re-plans per run when the settings leave it to the endpoint (None). On the embedded model in
-# a flow on data one: SmolLM2's re-plans in 60 stored runs (65 answers, csv_eda, dabench-dev,
-# tutorials; issue 31) made no change 54 times and added a node named after the action 11
-# times ("no_change", "add_to_memory"), never a change that served the task, while each took
-# ~20 s there (~1,700 prompt tokens evaluated at ~9 ms); the one kept shows the mechanism.
+# a flow on data one: SmolLM2's 65 re-plans in 60 stored runs (csv_eda, dabench-dev, tutorials;
+# issue 31) made no change 54 times and added a node named "no_change" (9) or "add_to_memory"
+# (2), never a change that served the task, while each took ~20 s there (~1,700 prompt tokens
+# evaluated at ~9 ms); the one kept shows the mechanism.
 MAX_UPDATES, EMBEDDED_DATA_UPDATES = 5, 1
 
 
