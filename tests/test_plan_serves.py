@@ -225,3 +225,30 @@ def test_a_chain_of_code_steps_is_one_subtask_where_the_task_has_a_form(task, no
             "class.")
         assert wf.nodes["calculate_fares"].agent == "coder"
         assert "joined group_by_class into" in said[0]
+
+
+@pytest.mark.parametrize("task, few", [(P_VALUES, True),
+                                       (P_VALUES.split("\n\nAnswer format")[0], False),
+                                       ("Write a short report on tea", False)])
+def test_a_data_task_with_a_few_values_for_an_answer_is_planned_without_padding(task, few):
+    """What the planner sends: a data task whose answer has a prescribed form is asked for 1 to
+    7 subtasks, one per question and none that loads or only states the answer (each such step
+    would be dropped or joined, yet it costs the plan's answer ~50 tokens); the schema lets a
+    one-question task have one subtask. Other tasks keep 3 to 7 and at least two."""
+    seen = []
+
+    def answer(body):
+        seen.append(body)
+        return json.dumps(_q136_chain())
+
+    llm = fast_llm()
+    with LoopbackServer(responder=answer) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
+    [body] = seen
+    prompt = "\n".join(m["content"] for m in body["messages"])
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["subtasks"]["minItems"] == (1 if few else 2)
+    assert ("(1 to 7)" in prompt) is few and ("(3 to 7)" in prompt) is not few
+    assert ("add none that loads the data or only states the answer" in prompt) is few
+    assert ("and a last one that states the answer" in prompt) is (not few and data_task(task))
