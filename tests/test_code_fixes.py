@@ -239,6 +239,9 @@ def test_a_repeated_error_is_called_one_with_what_was_tried_and_the_conversation
     said = third[-1]["content"]
     assert "cannot unpack non-iterable" in said
     assert "returns one numpy.float64 value, not several: assign it to one name" in said
+    # what the model wanted from that line (q11: `r, p_value = ...corr(...)` three times)
+    assert "for r and its p-value write `from scipy import stats` and `r, p = " in said
+    assert "stats.pearsonr(x, y)`" in said
     assert ("This is the same error as attempt 1: the change since then did not fix it. "
             "Failing line(s) tried so far:\n    r, p = df['x'].corr(df['y'])") in said
     assert "same error" not in second[-1]["content"]
@@ -390,3 +393,24 @@ def test_the_last_subtasks_code_that_prints_nothing_goes_back_and_a_parents_does
     assert stats.status == "done" and len(prompts) == 2
     assert "ran without error but printed nothing" in prompts[1]
     assert "highest y 12.74" in stats.output
+
+
+def test_a_keyword_a_function_does_not_take_is_named_and_ddof_is_said_to_be_for_spreads():
+    """q25 of issue 29's seventh sample: told that a standard deviation is the sample one
+    (ddof=1), the bench model wrote `skew(ddof=1)`; the retry said only the TypeError, and the
+    next answer imported the table as a module. The retry names the argument to leave out."""
+    answers = [fenced("s = df['y'].skew(ddof=1)\nprint(s)"), fenced("print(df['y'].skew())")]
+
+    def agent(body):
+        return answers[min(len(body["messages"]) // 2 - 1, 1)]
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=2, update="off")
+        flow.run()
+        requests = node_requests(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    said = requests[1][-1]["content"]
+    assert "got an unexpected keyword argument 'ddof'" in said
+    assert "skew() takes no argument 'ddof': leave it out of that call." in said
+    assert "Only the standard deviation and variance take ddof" in said

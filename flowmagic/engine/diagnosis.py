@@ -37,6 +37,7 @@ _ATTRIBUTE = re.compile(r"AttributeError: '(DataFrame|Series|DataFrameGroupBy)' 
 _SCALAR_ATTRIBUTE = re.compile(r"AttributeError: '((?:numpy\.)?(?:float|int|str|bool)\w*)' "
                                r"object has no attribute '([^']+)'")
 _UNPACK = re.compile(r"cannot unpack non-iterable (\S+) object")
+_KEYWORD = re.compile(r"(\S+?)\(\) got an unexpected keyword argument '([^']+)'")
 _ALL_MISSING = re.compile(r"Encountered all NA values|All-NaN (?:slice|axis) encountered")
 _NOT_FOUND = re.compile(r"(?:FileNotFoundError|No such file or directory).*?'([^']+)'")
 _LIST = 40   # names or columns listed at most
@@ -152,7 +153,7 @@ def _key_hint(key: str, columns: Mapping[str, list[str]]) -> str:
 
 
 def _hint(error: str, execution: Mapping, columns: Mapping[str, list[str]],
-          files: list[str]) -> str:
+          files: list[str], where: tuple[int, str] | None = None) -> str:
     """What the fix needs to know about this kind of error ('' when nothing more)."""
     names = _names(execution)
     if m := _NAME_ERROR.search(error):
@@ -176,8 +177,14 @@ def _hint(error: str, execution: Mapping, columns: Mapping[str, list[str]],
                 f"Series, and has no .{attribute}"
                 + (": round one number with round(value, 2)." if attribute == "round" else "."))
     if m := _UNPACK.search(error):
-        return (f"The call on that line returns one {m.group(1)} value, not several: assign "
-                "it to one name.")
+        return _unpack_hint(m.group(1), where)
+    if m := _KEYWORD.search(error):
+        function, keyword = m.groups()
+        said = f"{function}() takes no argument {keyword!r}: leave it out of that call."
+        if keyword == "ddof":   # the node prompt's line on sample standard deviations
+            said += (" Only the standard deviation and variance take ddof (.std(), .var(), "
+                     "np.std, np.var); a skewness, correlation or mean does not.")
+        return said
     if _ALL_MISSING.search(error):
         return ("The values that line works on are all missing (NaN): a column assigned from a "
                 "result whose index does not match the rows is NaN in every row. Print them "
@@ -186,6 +193,23 @@ def _hint(error: str, execution: Mapping, columns: Mapping[str, list[str]],
         return (f"Files in the working directory: {_listed(files)}"
                 f"{_closest(m.group(1), files)}.")
     return ""
+
+
+# A correlation unpacked into r and a p-value: pandas' .corr gives r alone. On dabench-dev
+# q11 (issue 29's seventh sample) the bench model wrote `r, p_value = df[a].corr(df[b])`,
+# was told to assign the value to one name, and tried the same line twice more (once with
+# ddof=1): it wanted the p-value, which .corr does not compute.
+_CORR_CALL = re.compile(r"\.corr(?:with)?\(")
+
+
+def _unpack_hint(kind: str, where: tuple[int, str] | None) -> str:
+    """What to say when a line unpacks several names from a call that returns one value."""
+    said = f"The call on that line returns one {kind} value, not several: assign it to one name."
+    if where is not None and _CORR_CALL.search(where[1]):
+        said += (" pandas' .corr gives the correlation r alone; for r and its p-value write "
+                 "`from scipy import stats` and `r, p = stats.pearsonr(x, y)` (spearmanr and "
+                 "kendalltau alike), x and y without missing values.")
+    return said
 
 
 def code_feedback(execution: Mapping, *, node_id: str | None = None,
@@ -202,7 +226,7 @@ def code_feedback(execution: Mapping, *, node_id: str | None = None,
         at = f"at line {number}" if number else "at this line"
         parts.append(f"It failed {at}:\n    {text.strip()}")
     columns = {**session_columns(execution), **(columns or {})}
-    hint = _hint(error, execution, columns, list(files))
+    hint = _hint(error, execution, columns, list(files), where)
     if hint:
         parts.append(hint)
     same = _repeated(error, earlier, node_id)
