@@ -382,3 +382,36 @@ def test_the_summary_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_sh
     assert FORM in summ[1]["content"][len(start):]   # the form, in the ending
     assert text_summ[0]["content"] == summary.SYSTEM and text_summ[0] != text_node[0]
     assert text_summ[1]["content"].startswith(f"Task:\n{TASK}")
+
+
+MEAN_TASK = ("What is the mean of y in anscombe.csv?\n\n"
+             "Answer format: @mean_y[mean] where \"mean\" is rounded to 4 decimal places.")
+
+
+def test_a_summary_number_cut_short_instead_of_rounded_goes_back_with_it_rounded():
+    """dabench-dev q684: the code printed 0.9165830498668011, the summary wrote 0.9165 twice
+    (cut short: rounded it is 0.9166) and was told only that 0.9165 was printed nowhere; the
+    number was then withheld. The retry says it is the printed one cut short, and rounded."""
+    plan = {"task": MEAN_TASK, "nodes": [{"id": "mean", "requirement": "Compute the mean of y.",
+                                          "agent": "analyst"}], "edges": []}
+    printed = repr(float(FRAME["y"].mean()))
+    cut = printed[:printed.index(".") + 5]
+    rounded = f"{float(printed):.4f}"
+    assert cut != rounded   # the data makes the two differ (else the test proves nothing)
+    asked = []
+
+    def agent(body):
+        messages = body["messages"]
+        if not _is_summary(messages):
+            return "```python\nprint('mean of y:', repr(float(df['y'].mean())))\n```"
+        asked.append(messages)
+        if "cut short" in messages[-1]["content"]:
+            return f"The mean was computed. @mean_y[{rounded}]"
+        return f"The mean was computed. @mean_y[{cut}]"
+
+    flow, _ = run_flow(agent, plan)
+    assert len(asked) == 2, flow.message
+    said = asked[1][-1]["content"]
+    assert f"appear in no printed output above: {cut}." in said
+    assert f"{cut} is {printed} cut short, not rounded: rounded to 4 decimals it is {rounded}." in said
+    assert pairs(flow.result) == {"mean_y": rounded}

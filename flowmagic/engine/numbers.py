@@ -27,6 +27,7 @@ The rule (README "Numbers trace to code"; tests/test_numbers.py is its table):
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -284,11 +285,42 @@ SUMMARY_NUMBERS = ("State the numbers the task asks for, copied from the printed
                    "estimate or invent a number, and leave out any number no output holds.")
 
 
-def summary_feedback(numbers: list[str]) -> str:
-    """Why a final summary goes back once for its numbers."""
-    return (f"These numbers in your summary appear in no printed output above: "
+_DECIMAL = re.compile(r"-?\d+\.\d+")
+
+
+def cut_short(number: str, lines: Iterable[str]) -> tuple[str, str] | None:
+    """(the printed number, it rounded) when `number` is a printed number's digits cut after
+    its decimals instead of rounded (0.9165 of 0.9165830498668011: rounded, 0.9166), so it
+    traces nowhere; None when it is not. On dabench-dev q684 the bench model wrote the
+    Shapiro-Wilk p-value cut short twice, told only that 0.9165 was printed nowhere."""
+    number = number.strip()
+    if not _DECIMAL.fullmatch(number):
+        return None
+    places = len(number.split(".", 1)[1])
+    for line in lines:
+        for printed in _DECIMAL.findall(line):
+            if len(printed.split(".", 1)[1]) <= places or not printed.startswith(number):
+                continue
+            rounded = decimal.Decimal(printed).quantize(decimal.Decimal(1).scaleb(-places),
+                                                        rounding=decimal.ROUND_HALF_UP)
+            if str(rounded) != number:
+                return printed, str(rounded)
+    return None
+
+
+def summary_feedback(numbers: list[str], lines: Iterable[str] = ()) -> str:
+    """Why a final summary goes back once for its numbers; a number that is a printed one cut
+    short (`cut_short`) is said to be, with it rounded."""
+    lines = list(lines)
+    said = (f"These numbers in your summary appear in no printed output above: "
             f"{', '.join(numbers)}. Write the summary again; copy every number from the "
             "printed outputs (rounding is fine) or leave it out.")
+    for number in numbers:
+        cut = cut_short(number, lines)
+        if cut:
+            said += (f" {number} is {cut[0]} cut short, not rounded: rounded to "
+                     f"{len(number.split('.', 1)[1])} decimals it is {cut[1]}.")
+    return said
 
 
 def numbers_feedback(numbers: list[str], code_ran: bool = True) -> str:

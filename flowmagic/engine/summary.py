@@ -210,8 +210,9 @@ def _wrong(workflow, form, text, data) -> tuple[list[str], list[str]]:
     return loose, answerform.missing(form, text)
 
 
-def _feedback(form, loose, lacking) -> str:
-    parts = [numbers.summary_feedback(loose)] if loose else []
+def _feedback(workflow, form, loose, lacking) -> str:
+    lines = [line for _, line in _all_printed_lines(workflow)]
+    parts = [numbers.summary_feedback(loose, lines)] if loose else []
     if lacking:
         parts.append(answerform.form_feedback(form, lacking))
     return "\n\n".join(parts)
@@ -248,7 +249,7 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool,
     if loose or lacking:   # back once, naming what is wrong
         back = [*messages, {"role": "assistant", "content": text}]
         if loose:   # written again as a whole
-            reply = await ask([*back, {"role": "user", "content": _feedback(form, loose, lacking)}])
+            reply = await ask([*back, {"role": "user", "content": _feedback(workflow, form, loose, lacking)}])
             text, cut = reply.text, reply.cut
         elif form.pairs:   # only the form's values are asked for, and the form written here
             line = await _form_values(ask, back, form, lacking)
