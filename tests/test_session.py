@@ -405,7 +405,9 @@ def test_the_prompt_lists_what_the_prelude_and_the_ancestors_defined(flows):
 def test_a_data_node_is_told_a_standard_deviation_is_the_sample_one(flows):
     """numpy's np.std divides by n, pandas' .std() by n - 1: the bench model's np.std missed
     a question's sample standard deviation (dabench-dev q666) that one script with pandas got.
-    The model here writes numpy code and passes ddof only when its prompt tells it to."""
+    The model here writes numpy code unless its prompt tells it to use pandas' .std(); the
+    line names no keyword (told "pass ddof=1", the bench model passed it to skew() and
+    .corr(), which take none)."""
     prompts: list[str] = []
 
     def answer(body):
@@ -413,8 +415,9 @@ def test_a_data_node_is_told_a_standard_deviation_is_the_sample_one(flows):
         if _node(body) is None:
             return "The standard deviation is printed above."
         prompts.append(prompt)
-        ddof = ", ddof=1" if "ddof=1" in prompt else ""
-        return _fenced(f"print(round(float(np.std(df['y']{ddof})), 6))")
+        if "use pandas' .std()" in prompt:
+            return _fenced("print(round(float(df['y'].std()), 6))")
+        return _fenced("print(round(float(np.std(df['y'])), 6))")
 
     plan = {"task": "What is the standard deviation of y in anscombe.csv?", "nodes": [
         {"id": "a", "requirement": "Compute the standard deviation of y.", "agent": "analyst"}],
@@ -422,7 +425,7 @@ def test_a_data_node_is_told_a_standard_deviation_is_the_sample_one(flows):
     flow = flows(answer, plan)
     flow.run()
     assert flow.status == "done", flow.message
-    assert "the sample one (pandas' .std() and .var(), ddof=1)" in prompts[0]
+    assert "the sample one (divided by n - 1)" in prompts[0] and "ddof" not in prompts[0]
     printed = flow.workflow.nodes["a"].execution["stdout"]
     assert printed.strip() == str(round(float(FRAME["y"].std()), 6))
 

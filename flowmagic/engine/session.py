@@ -387,10 +387,14 @@ _NAMES_SHOWN = 40
 
 # numpy's std/var divide by n, pandas' (and a statistics question's usual meaning) by n - 1:
 # the bench model reached for np.std on dabench-dev q666 and q619 and missed the label's
-# sample standard deviation, which the one-call baseline (pandas .std()) got.
-SAMPLE_STD = ("A standard deviation or variance is the sample one (pandas' .std() and .var(), "
-              "ddof=1) unless the task says population; np.std and np.var use ddof=0, so pass "
-              "ddof=1 to them.")
+# sample standard deviation, which the one-call baseline (pandas .std()) got. The line names
+# no keyword: worded "pass ddof=1 to them", it had the bench model pass ddof=1 to skew(),
+# .corr() and np.corrcoef, which take none (5 of issue 29's seventh sample's first 20 flows,
+# none of the 48 flows of the two samples before it; replayed first node prompts: 2 of 5 such
+# answers with the old line, 0 of 6 with this one, q666 using pandas .std() with both).
+SAMPLE_STD = ("A standard deviation or variance is the sample one (divided by n - 1) unless the "
+              "task says population: use pandas' .std() and .var(); numpy's np.std and np.var "
+              "give the population one.")
 
 
 def _name_line(info: dict) -> str:
