@@ -70,7 +70,7 @@ DATA_RULES = (
 # report chain that came back as one node. This rule and "1 to 7": on 11 stored plan prompts
 # of issue 29's sixth sample the plan's answer 1,823 -> 1,291 tokens (the plan call ~8 s less
 # of its ~50 s on one thread); on 9 dabench-dev questions run whole, 7 alike, one right ->
-# wrong and one wrong -> right, median time ~85 -> ~72 s.
+# wrong and one wrong -> right, median time ~92 -> ~71 s (8 pairs).
 FORM_RULE = DATA_RULES[1].replace(
     "A task whose answer is a few numbers needs few subtasks: one per question and a last one "
     "that states the answer.",
