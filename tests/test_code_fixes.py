@@ -58,6 +58,14 @@ def fenced(code):
     return f"```python\n{code}\n```"
 
 
+def by_attempt(answers):
+    """A responder giving the node's n-th attempt the n-th answer (each retry continues the
+    conversation by two messages), the last one from then on."""
+    def agent(body):
+        return answers[min(len(body["messages"]) // 2 - 1, len(answers) - 1)]
+    return agent
+
+
 GOOD = "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(round(df['y'].mean(), 4))"
 MEANS = fenced("import pandas as pd\nframe = pd.read_csv('anscombe.csv')\nprint(means.round(2))")
 
@@ -225,10 +233,7 @@ def test_a_repeated_error_is_called_one_with_what_was_tried_and_the_conversation
                fenced("# again\nr, p = df['x'].corr(df['y'])\nprint(r)"),
                fenced("print(df['x'].corr(df['y']))")]
 
-    def agent(body):
-        return answers[min(len(body["messages"]) // 2 - 1, 2)]
-
-    with LoopbackServer(responder=agent) as server:
+    with LoopbackServer(responder=by_attempt(answers)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = one_node(max_attempts=3, update="off")
         flow.run()
@@ -401,10 +406,7 @@ def test_a_keyword_a_function_does_not_take_is_named_and_ddof_is_said_to_be_for_
     next answer imported the table as a module. The retry names the argument to leave out."""
     answers = [fenced("s = df['y'].skew(ddof=1)\nprint(s)"), fenced("print(df['y'].skew())")]
 
-    def agent(body):
-        return answers[min(len(body["messages"]) // 2 - 1, 1)]
-
-    with LoopbackServer(responder=agent) as server:
+    with LoopbackServer(responder=by_attempt(answers)) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = one_node(max_attempts=2, update="off")
         flow.run()
