@@ -107,7 +107,8 @@ class Settings(BaseModel):
     max_agents: Any = None
     consolidate: bool = True
     repairs: bool = True
-    # planning: "auto" (stepwise on the embedded model), "oneshot" or "stepwise"; seconds
+    # planning: "auto" (one subtask without a call for a data task whose answer is a few named
+    # values, else stepwise on the embedded model), "oneshot", "stepwise" or "direct"; seconds
     # for one planning (None: K x planner.PLAN_TIME_S on the embedded model, else no limit)
     plan_method: str = "auto"
     plan_time_s: Any = None

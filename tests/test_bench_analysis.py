@@ -168,9 +168,11 @@ def test_three_questions_score_three_or_zero(tmp_path, right):
     for system in ("baseline", "flow-k1"):
         mine = [r for r in rows if r["system"] == system]
         assert sum(r["right"] for r in mine) == expect, [(r["error"], r["answer"][:300]) for r in mine]
-        # a flow: the plan and the compute node (its "report" step only states the answer in
-        # the task's form, so the planner leaves it out and the closing summary writes it)
-        assert all(r["calls"] >= (1 if system == "baseline" else 2) for r in mine)
+        # a flow: one node and no plan call (the question asks for a few named values), and
+        # no summary call either where the node's code printed the whole form (q310's form
+        # names a value its label lacks, which the flow then asks for)
+        whole = [r for r in mine if "is missing" not in r["answer"]]
+        assert len(whole) >= 2 and all(r["calls"] == 1 for r in whole), [r["calls"] for r in mine]
         assert all(r["prompt_tokens"] > 0 and r["completion_tokens"] > 0 for r in mine)
         assert all(not r["error"] and not r["timed_out"] for r in mine)
     flows = [r for r in rows if r["system"] == "flow-k1"]

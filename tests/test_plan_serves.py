@@ -8,8 +8,9 @@ import pytest
 
 import flowmagic
 from flowmagic.engine import stepwise
-from flowmagic.engine.planner import DATA_RULES, plan_candidates, planning_messages
-from flowmagic.model.plan_checks import data_task, loads_only, splits_only, states_only
+from flowmagic.engine.planner import (DATA_RULES, DIRECT_ID, DIRECT_REQUIREMENT, plan_candidates,
+                                     planning_messages)
+from flowmagic.model.plan_checks import computes, data_task, loads_only, splits_only, states_only
 from flowmagic.testing.loopback import LoopbackServer
 
 from conftest import fast_llm, run
@@ -252,3 +253,44 @@ def test_a_data_task_with_a_few_values_for_an_answer_is_planned_without_padding(
     assert ("(1 to 7)" in prompt) is few and ("(3 to 7)" in prompt) is not few
     assert ("add none that loads the data or only states the answer" in prompt) is few
     assert ("and a last one that states the answer" in prompt) is (not few and data_task(task))
+
+
+@pytest.mark.parametrize("task, options, asked", [
+    (P_VALUES, {}, False),                                   # named values: no plan call
+    (P_VALUES, {"method": "oneshot"}, True),                 # a plan asked for is made
+    (P_VALUES, {"strategy": "fine"}, True),                  # so is a strategy asked for
+    (P_VALUES.split("\n\nAnswer format")[0], {}, True),      # no form: planned
+    ("Using titanic.csv, report the mean fare as a percentage of the maximum fare.", {}, True),
+    ("Write a short report on tea. Answer format: @title[text]", {}, True),   # no data
+])
+def test_a_data_task_whose_answer_is_a_few_named_values_is_one_subtask_without_a_plan_call(
+        task, options, asked):
+    """A question whose answer is a few named values (dabench-dev's `@name[value]`) becomes
+    one subtask that computes them and prints the form, planned without a model call: on the
+    bench model such plans came back as one node anyway, after a call of 40-65 s, and their
+    rewording of the question (a p-value left out, a filter added) lost answers the task's own
+    words keep."""
+    seen = []
+
+    def answer(body):
+        seen.append(body)
+        return json.dumps(_q136_chain())
+
+    llm = fast_llm()
+    with LoopbackServer(responder=answer) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        cands = run(lambda: plan_candidates(task, k=2, llm=llm, **options), llm)
+    assert bool(seen) is asked
+    if asked:
+        return
+    [cand] = cands
+    wf = cand.workflow
+    assert list(wf.nodes) == [DIRECT_ID]
+    requirement = wf.nodes[DIRECT_ID].requirement
+    # its code is asked to print the form, which the flow's shared start leaves out
+    assert requirement.startswith(DIRECT_REQUIREMENT)
+    assert requirement.endswith("Answer format: @p_value_class_1[p_value] @p_value_class_2[p_value] "
+                                "@p_value_class_3[p_value], rounded to four decimal places.")
+    assert computes(requirement)   # its node is asked for code, not prose
+    assert cand.ok and cand.tokens_in == 0 and cand.call_id is None
+    assert any("planned without a model call" in w for w in cand.warnings)

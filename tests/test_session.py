@@ -664,6 +664,43 @@ def test_the_plan_request_and_every_node_prompt_open_with_the_same_start(tmp_pat
     assert "@mean_y_I" not in planning[1]["content"]   # the summary writes the form
 
 
+def test_a_question_for_a_few_named_values_runs_as_one_node_without_a_plan_call_and_exports(
+        tmp_path, capsys):
+    """`%%flow` defaults on a question whose answer is a few named values: no plan call, one
+    node that sees the task itself and prints them, the form written from its output without
+    a summary call, and an export whose cells run again and print the same."""
+    from flowmagic.cli import main
+
+    seen: list[str] = []
+
+    def respond(body):
+        seen.append(body["messages"][-1]["content"])
+        return _fenced("m = df.groupby('dataset')['y'].mean().round(2)\n"
+                       "print(f\"@mean_y_I[{m['I']}]\")\nprint(f\"@mean_y_II[{m['II']}]\")")
+
+    task = ("What is the mean of y in datasets I and II of anscombe.csv?\n\nAnswer format: "
+            "@mean_y_I[value] @mean_y_II[value], rounded to two decimal places.")
+    with LoopbackServer(responder=respond) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = flowmagic.plan(task, inputs=[CSV], starter="off")
+        flow.run()
+        flow.close()
+        assert flow.status == "done", flow.message
+        [prompt] = seen   # the node's; no planner was asked, no summary was needed
+        assert "Your role: the planner." not in prompt and "Your subtask (answer):" in prompt
+        assert "What is the mean of y in datasets I and II" in prompt
+        own = prompt.split("Your subtask (answer):")[1]   # the form, in the node's own part only
+        assert "@mean_y_I[value] @mean_y_II[value]" in own
+        assert "@mean_y_I" not in prompt.split("Your subtask (answer):")[0]
+        means = FRAME.groupby("dataset")["y"].mean().round(2)
+        assert f"@mean_y_I[{means['I']}]" in flow.result
+        assert f"@mean_y_II[{means['II']}]" in flow.result
+        path = tmp_path / "means.ipynb"
+        assert main(["export", flow.run_id, str(path), "--execute"]) == 0
+    assert "2 of 2 code cells printed what they printed in the run" in capsys.readouterr().out
+    assert len(seen) == 1   # the export's run called no model
+
+
 def test_code_that_prints_only_an_empty_or_missing_result_goes_back_as_a_code_fix(flows):
     """q308's filter matched no row and printed `Series([], ...)`, q716's mean printed nan:
     both were taken as results and the summary filled the answer's form with a guess."""

@@ -32,7 +32,9 @@ from .plan_selection import BaseCandidate, RULE, candidate_line, coverage, multi
 
 __all__ = ["STRATEGIES", "METHODS", "RULE", "PLAN_TIME_S", "EXAMPLE_TEXTS", "Candidate",
            "plan_schema", "planning_messages", "score", "coverage", "multi_step",
-           "candidate_line", "plan_candidates", "select", "plan", "K", "default_k"]
+           "candidate_line", "plan_candidates", "select", "plan", "K", "default_k",
+           "named_values", "direct_plan", "direct_requirement", "DIRECT_ID",
+           "DIRECT_REQUIREMENT"]
 
 # strategy -> (instruction, usual subtask count as (lo, hi) or None)
 STRATEGIES: dict[str, tuple[str, tuple[int, int] | None]] = {
@@ -77,8 +79,19 @@ FORM_RULE = DATA_RULES[1].replace(
     "The task's answer is a few values, written for you from the subtasks' results: give each "
     "question it asks one subtask, and add none that loads the data or only states the answer.")
 _FORM_SIZE = 1   # the least number of subtasks asked for such a task
-# one call for the whole plan, or steps first then dependencies (see stepwise.py)
-METHODS = ("auto", "oneshot", "stepwise")
+# one call for the whole plan, steps first then dependencies (see stepwise.py), or the task as
+# its one subtask without a call ("direct")
+METHODS = ("auto", "oneshot", "stepwise", "direct")
+# A data task whose answer is a few named values (`@name[value]` pairs, a JSON object's keys)
+# is one subtask, planned without a model call: on issue 29's samples the bench model's plans
+# for such tasks came back as one node in most flows once loading, stating and chained steps
+# were dropped or joined, after a plan call of 40-65 s (the one-call baseline's whole answer
+# took ~20 s), and a plan that rewrote the question (a p-value left out, a filter or a product
+# of columns added) was the first cause of the flow's wrong answers in every sample. The node
+# sees the task itself; a node that keeps failing is re-planned by the updater as before.
+DIRECT_ID = "answer"
+DIRECT_REQUIREMENT = ("Compute every value the task's answer format names and print each one "
+                      "as @name[value] on its own line.")   # plan_checks.computes: code is asked
 # The embedded model's bound per candidate (K candidates: K x 300 s). A capped candidate
 # takes ~10-20 s at load 1; 120 s cut a plan at load 30 on this 2-core machine.
 PLAN_TIME_S = 300.0
@@ -137,6 +150,28 @@ def _check_cap(name: str, value: Any) -> None:
 def _few_values(task: str) -> bool:
     """Whether a task is a data task whose answer is a few values in a prescribed form."""
     return data_task(task) and prescribed(task) is not None
+
+
+def named_values(task: str) -> bool:
+    """Whether a task is a data task whose answer is a few values the form names (`@name[...]`
+    pairs or a JSON object's keys): what `method="auto"` answers with one subtask."""
+    form = prescribed(task) if data_task(task) else None
+    return form is not None and form.checked
+
+
+def direct_requirement(task: str) -> str:
+    """The one subtask's requirement: DIRECT_REQUIREMENT and the task's own words about its
+    answer's form (which the flow's shared start leaves out, `answerform.without_pairs`), so
+    its code prints the form and the result is that printout, with no summary call."""
+    form = prescribed(task)
+    words = f"\nThe answer format, in the task's words:\n{form.words}" if form is not None else ""
+    return DIRECT_REQUIREMENT + words
+
+
+def direct_plan(task: str) -> Workflow:
+    """The plan of `method="direct"`: the task as its one subtask (`direct_requirement`)."""
+    return plan_from_answer({"subtasks": [{"id": DIRECT_ID, "requirement": direct_requirement(task),
+                                           "agent": "coder", "depends_on": []}]}, task=task)
 
 
 def plan_schema(strategy: str = "balanced", max_subtasks: int | None = None,
@@ -450,11 +485,14 @@ async def _check_models(wf: Workflow) -> None:
                 line.removeprefix("flowmagic: ")))
 
 
-def _method_of(method: str, model: str | None) -> str:
+def _method_of(method: str, model: str | None, task: str = "",
+               strategy: str = "balanced") -> str:
     if method not in METHODS:
         raise ConfigError(f"unknown planning method {method!r}; use one of {', '.join(METHODS)}")
     if method != "auto":
         return method
+    if strategy == "balanced" and named_values(task):   # a strategy asked for is a plan asked for
+        return "direct"
     from ..llm.endpoints import resolve
 
     return "stepwise" if resolve(model)[0].local else "oneshot"
@@ -479,6 +517,20 @@ def _job(task: str, method: str, strategy: str, max_subtasks, max_agents, contex
                                           start=start),
             "schema": plan_schema(strategy, max_subtasks,
                                   least=_FORM_SIZE if _few_values(task) else 2)}
+
+
+def _direct(task: str, seed: int, progress: Callable[[dict], Any] | None) -> Candidate:
+    """The one candidate of `method="direct"`, made without a model call."""
+    if progress is not None:
+        progress({"phase": "asked", "k": 1})
+    wf = direct_plan(task)
+    wf.warnings.append("the task asks for a few named values: it is one subtask, planned "
+                       "without a model call (plan_method=\"oneshot\" asks the model for a plan)")
+    cand = Candidate(index=0, seed=seed, workflow=wf, scores=score(wf, task),
+                     warnings=list(wf.warnings))
+    if progress is not None:
+        progress({"phase": "received", "done": 1, "k": 1, "ok": 1})
+    return cand
 
 
 def _timed_out(index: int, seed: int, limit: float) -> Candidate:
@@ -529,8 +581,10 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     """K candidate plans requested concurrently (seeds seed..seed+k-1), in index order.
 
     method "oneshot" asks for the whole plan in one answer; "stepwise" asks for the steps
-    and then for their dependencies (stepwise.py); "auto" uses stepwise on the embedded
-    model. Every call has a token cap that fits its schema (`max_tokens` overrides it), and
+    and then for their dependencies (stepwise.py); "direct" makes the task its one subtask
+    without a call (one candidate, whatever k); "auto" is "direct" for a data task whose
+    answer is a few named values (`named_values`; not when a strategy other than "balanced"
+    is asked), else stepwise on the embedded model and oneshot elsewhere. Every call has a token cap that fits its schema (`max_tokens` overrides it), and
     the whole planning stops after `time_limit_s` (K x PLAN_TIME_S on the embedded model,
     no limit elsewhere unless given): candidates still waiting then fail with a TimeoutError.
     Unusable replies, copies of the prompt's example and off-topic plans become candidates
@@ -541,7 +595,9 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     if llm is None:
         from ..llm.client import get_llm
         llm = get_llm()
-    chosen_method = _method_of(method, model)
+    chosen_method = _method_of(method, model, task, strategy)
+    if chosen_method == "direct":
+        return [_direct(task.strip(), seed, progress)]
     if time_limit_s is None and chosen_method == "stepwise" and method == "auto":
         time_limit_s = PLAN_TIME_S * k
     job = _job(task.strip(), chosen_method, strategy, max_subtasks, max_agents, context,
