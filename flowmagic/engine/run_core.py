@@ -74,6 +74,8 @@ class RunCore:
 
         record, recorder = self.record, self.recorder
         self.executor = executor = self.make_executor(work)
+        if record.status == RunState.INCOMPLETE:   # its result was written from part of the work
+            record.result = None
         record.status, record.message, self._capped = RunState.RUNNING, None, False
         # a failed write stops what the run starts; the nodes running finish and are held
         recorder.begin(on_failure=lambda _exc: executor.pause())
@@ -94,6 +96,12 @@ class RunCore:
                         await self.consolidate()
                     except FlowError as exc:   # every node is done and stored; only the summary is missing
                         record.message = f"the final consolidation failed ({exc}); run() again to retry it"
+                elif (state == RunState.INCOMPLETE and record.settings.consolidate
+                      and record.result is None and self._partial()):
+                    try:   # what finished is not lost behind the node that failed
+                        await self.consolidate(partial=True)
+                    except FlowError as exc:
+                        record.message = f"the summary of the finished subtasks failed ({exc})"
                 # A rerun or an edit asked for while the run was finishing joins this run.
                 if not (state == RunState.DONE and not step and only is None
                         and any(n.status == Status.PENDING for n in record.workflow.nodes.values())):
@@ -306,9 +314,19 @@ class RunCore:
         if self.executor is not None:
             self.executor.recount()
 
-    async def consolidate(self) -> None:
+    def _partial(self) -> list[str]:
+        """The failed subtasks of a run that ended incomplete with some subtask done (none
+        pending or running: nothing more could start), else []."""
+        nodes = self.record.workflow.nodes.values()
+        if not any(n.status == Status.DONE for n in nodes):
+            return []
+        return [n.id for n in nodes if n.status == Status.FAILED]
+
+    async def consolidate(self, partial: bool = False) -> None:
         """The final write-up (engine/summary.py): a summary of what the nodes did, or the
-        answer a node gave in the task's form; it never rewrites their work."""
+        answer a node gave in the task's form; it never rewrites their work. `partial`: the
+        run ended incomplete (a subtask failed), and the result is written from the subtasks
+        that finished, marked so; a later run() writes it again."""
         record, settings = self.record, self.record.settings
         wf = record.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
@@ -316,6 +334,9 @@ class RunCore:
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
                                       data=data,
                                       start=self._flow_start(wf, working_start=False))
+        if partial:
+            record.result = f"{written.text}\n\n{summary.partial_mark(self._partial())}"
+            return
         again = summary.recheck(wf, written) if data and settings.update != "off" else None
         if again is not None and not any(e.get("kind") == summary.RECHECK
                                          for e in record.update_log):

@@ -36,7 +36,7 @@ from .answerform import Form
 from .node_runner import shares
 from .prompt_start import HOUSE_RULES
 
-__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
+__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer", "partial_mark",
            "untraced_values", "SYSTEM", "recheck", "RECHECK"]
 
 SYSTEM = "You write the closing summary of a team's work."
@@ -269,6 +269,13 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool,
     if lacking:   # (no node gave it whole with traced values, or it would be the result)
         text += f"\n\n{answerform.missing_mark(lacking)}"
     return Summary(text, cut=cut, calls=calls, untraced=loose, lacking=lacking)
+
+
+def partial_mark(failed: list[str]) -> str:
+    """The line that ends a result written from part of the work: which subtasks failed."""
+    names = ", ".join(failed) or "a subtask"
+    return (f"[incomplete: {names} failed; this result is written from the subtasks that "
+            "finished (flow.rerun or flow.edit on it, then run(), writes it again)]")
 
 
 RECHECK = "answer_check"   # the update log's kind for it
