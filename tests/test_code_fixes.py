@@ -416,3 +416,23 @@ def test_a_keyword_a_function_does_not_take_is_named_and_ddof_is_said_to_be_for_
     assert "got an unexpected keyword argument 'ddof'" in said
     assert "skew() takes no argument 'ddof': leave it out of that call." in said
     assert "Only the standard deviation and variance take ddof" in said
+
+
+def test_the_answers_form_written_as_a_line_of_code_is_said_to_be_printed():
+    """q25 and q300 (issue 29, the task's one subtask asked to print the form): the bench model
+    wrote `@bmi_distribution[normal]` as a statement under an if, three times on q25, and each
+    retry said only the IndentationError it caused two lines further."""
+    answers = [fenced("s = df['y'].skew()\nif abs(s) < 0.5:\n    @y_shape[normal]\nelse:\n"
+                      "    @y_shape[skewed]"),
+               fenced("s = df['y'].skew()\nprint('@y_shape[normal]' if abs(s) < 0.5 else "
+                      "'@y_shape[skewed]')")]
+
+    with LoopbackServer(responder=by_attempt(answers)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=2, update="off")
+        flow.run()
+        requests = node_requests(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    said = requests[1][-1]["content"]
+    assert "A line of your code is the answer's form written as Python (@y_shape[normal])" in said
+    assert 'print(f"@y_shape[{value}]")' in said

@@ -41,6 +41,11 @@ _KEYWORD = re.compile(r"(\S+?)\(\) got an unexpected keyword argument '([^']+)'"
 _ALL_MISSING = re.compile(r"Encountered all NA values|All-NaN (?:slice|axis) encountered")
 _NOT_FOUND = re.compile(r"(?:FileNotFoundError|No such file or directory).*?'([^']+)'")
 _LIST = 40   # names or columns listed at most
+# The answer's form written as a line of code (`@bmi_distribution[normal]` under an if): the
+# node of a task planned without a call is asked to print the form, and on dabench-dev q25
+# and q300 the bench model wrote it as a statement instead, 4 of 52 code answers of two
+# samples, q25 three times in a row (the error is a syntax or indentation error elsewhere).
+_FORM_AS_CODE = re.compile(r"^\s*@(\w+)\[[^\]\n]*\]\s*$", re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -229,6 +234,10 @@ def code_feedback(execution: Mapping, *, node_id: str | None = None,
     hint = _hint(error, execution, columns, list(files), where)
     if hint:
         parts.append(hint)
+    if m := _FORM_AS_CODE.search(str(execution.get("code") or "")):
+        parts.append(f"A line of your code is the answer's form written as Python "
+                     f"({m.group(0).strip()}), which is not a statement: print it as text, "
+                     f"e.g. print(f\"@{m.group(1)}[{{value}}]\").")
     same = _repeated(error, earlier, node_id)
     if same:
         parts.append(same)
