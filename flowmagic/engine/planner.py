@@ -584,9 +584,10 @@ async def plan_candidates(task: str, *, k: int = 3, model: str | None = None,
     and then for their dependencies (stepwise.py); "direct" makes the task its one subtask
     without a call (one candidate, whatever k); "auto" is "direct" for a data task whose
     answer is a few named values (`named_values`; not when a strategy other than "balanced"
-    is asked), else stepwise on the embedded model and oneshot elsewhere. Every call has a token cap that fits its schema (`max_tokens` overrides it), and
-    the whole planning stops after `time_limit_s` (K x PLAN_TIME_S on the embedded model,
-    no limit elsewhere unless given): candidates still waiting then fail with a TimeoutError.
+    is asked), else stepwise on the embedded model and oneshot elsewhere. Every call has a
+    token cap that fits its schema (`max_tokens` overrides it), and the whole planning stops
+    after `time_limit_s` (K x PLAN_TIME_S on the embedded model, no limit elsewhere unless
+    given): candidates still waiting then fail with a TimeoutError.
     Unusable replies, copies of the prompt's example and off-topic plans become candidates
     with `error` set; configuration errors raise. `progress(event)` hears {"phase": "asked",
     "k"} and, as each reply is read, {"phase": "received", "done", "k", "ok"}.

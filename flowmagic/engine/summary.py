@@ -36,8 +36,8 @@ from .answerform import Form
 from .node_runner import shares
 from .prompt_start import HOUSE_RULES
 
-__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer", "partial_mark",
-           "untraced_values", "SYSTEM", "recheck", "RECHECK"]
+__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
+           "partial_mark", "untraced_values", "SYSTEM", "recheck", "RECHECK"]
 
 SYSTEM = "You write the closing summary of a team's work."
 # After the start a flow's nodes share, which says that their code blocks are run.
