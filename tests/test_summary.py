@@ -305,6 +305,15 @@ def test_a_value_the_summary_copied_unrounded_is_rounded_as_the_task_asks():
     ('@mean_dem[mean_dem]\n@std_dem[std_dem]\nwhere "mean_dem" is the mean, rounded to two '
      'decimal places.\nwhere "std_dem" is the standard deviation, rounded to three decimal '
      'places.', "@mean_dem[42.1234] @std_dem[1.23456]", "@mean_dem[42.12] @std_dem[1.235]"),
+    # in the placeholder itself (dabench-dev q269: the summary's 0.9915 scored wrong for 0.99)
+    ("@kind[a string] @r[The Pearson correlation coefficient, rounded to two decimal places] "
+     "@p[The p-value of the test, rounded to three decimal places]",
+     "@kind[Positive] @r[0.9915] @p[0.00012]", "@kind[Positive] @r[0.99] @p[0.000]"),
+    # one sentence for all, each part opening with its quoted placeholder (q685)
+    ('@r[r_value] @p[value] @s[significance], where "r_value" is a number between -1 and 1, '
+     'rounded to two decimal places, "value" is the p-value of the test, rounded to four '
+     'decimal places, and "significance" is a string', "@r[0.3418] @p[0.102345] @s[no]",
+     "@r[0.34] @p[0.1023] @s[no]"),
 ])
 def test_values_are_rounded_to_the_places_the_form_asks_for_them(words, text, out):
     form = answerform.prescribed(f"Compute it.\n\nAnswer format: {words}")

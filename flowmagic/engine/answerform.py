@@ -268,23 +268,46 @@ def _places(text: str) -> int | None:
 
 def slot_decimals(form: Form | None) -> dict[str, int]:
     """The decimal places each `@name[...]` value is to be rounded to: the one number the
-    form's words give in all (`decimals`), else, per value, the one a clause naming its
-    placeholder gives (dabench-dev q668: "r_value" ... two decimal places; "p_value" ...
-    four). A name no clause gives places to is left out."""
+    form's words give in all (`decimals`), else, per value, the one its placeholder itself
+    says (q269: `@r[the coefficient, rounded to two decimal places]`), or a clause naming its
+    placeholder (dabench-dev q668: "r_value" ... two decimal places; "p_value" ... four), or,
+    in one sentence for all, the part that opens with its quoted placeholder (q685). A name
+    nothing gives places to is left out."""
     if form is None or not form.pairs:
         return {}
     every = decimals(form)
     if every is not None:
         return {name: every for name, _ in form.pairs}
-    clauses = re.split(r";|(?<=[.!?])\s+|\n", _WORDS_PAIR.sub(" ", form.words))
+    rest = _WORDS_PAIR.sub(" ", form.words)
+    clauses = re.split(r";|(?<=[.!?])\s+|\n", rest)
+    quoted = _quoted_segments(rest, [p.strip() for _, p in form.pairs])
     out = {}
     for name, placeholder in form.pairs:
+        own = _places(placeholder)   # "@r[the coefficient, rounded to two decimal places]"
+        if own is not None:
+            out[name] = own
+            continue
         words = {w for w in (placeholder.strip(), name) if w and re.fullmatch(r"\w+", w)}
         said = {_places(c) for c in clauses
                 if any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", c) for w in words)
                 and _DECIMALS.search(c)} - {None}
+        if len(said) != 1:   # one sentence for all: the part from its quoted placeholder on
+            said = {_places(quoted.get(placeholder.strip(), ""))} - {None}
         if len(said) == 1:
             out[name] = said.pop()
+    return out
+
+
+def _quoted_segments(text: str, placeholders: list[str]) -> dict[str, str]:
+    """{placeholder: the text from where it is written in quotes to where the next quoted
+    placeholder is}: dabench-dev q685 gives each value's places in one sentence, '"r_value" is
+    ..., rounded to two decimal places, "value" is ..., rounded to four decimal places'."""
+    marks = sorted((m.start(), p) for p in set(placeholders) if re.fullmatch(r"\w+", p)
+                   for m in re.finditer(rf'"{re.escape(p)}"', text))
+    ends = [start for start, _ in marks[1:]] + [len(text)]
+    out: dict[str, str] = {}
+    for (start, p), end in zip(marks, ends):
+        out[p] = out.get(p, "") + " " + text[start:end]
     return out
 
 
