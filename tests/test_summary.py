@@ -424,3 +424,24 @@ def test_a_summary_number_cut_short_instead_of_rounded_goes_back_with_it_rounded
     assert f"appear in no printed output above: {cut}." in said
     assert f"{cut} is {printed} cut short, not rounded: rounded to 4 decimals it is {rounded}." in said
     assert pairs(flow.result) == {"mean_y": rounded}
+
+
+def test_a_value_the_summary_rounded_to_fewer_places_than_the_form_asks_is_written_from_its_print():
+    """dabench-dev q685: the code printed the p-value 0.10233..., the form asks four places, and
+    the summary wrote 0.10 (it traces, as a rounding, so no check sent it back); the label is
+    0.1023. The value is written again from the printed number, to the places asked."""
+    task = ("Using anscombe.csv, test the correlation of x and y.\n\nAnswer format: @r[r_value] "
+            '@p[p_value], where "r_value" is rounded to two decimal places and "p_value" is '
+            "rounded to four decimal places.")
+    plan = {"task": task, "nodes": [{"id": "stats", "requirement": "Compute r and its p-value.",
+                                     "agent": "analyst"}], "edges": []}
+
+    def agent(body):
+        messages = body["messages"]
+        if _is_summary(messages):
+            return "The correlation was tested.\n\n@r[0.82] @p[0.00]"
+        return "```python\nprint('r', 0.816420516, 'p', 0.0021696288)\n```"
+
+    flow, _ = run_flow(agent, plan)
+    assert flow.status == "done", flow.message
+    assert pairs(flow.result) == {"r": "0.82", "p": "0.0022"}

@@ -308,6 +308,28 @@ def cut_short(number: str, lines: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
+def to_places(number: str, places: int, lines: Iterable[str]) -> str | None:
+    """`number` written again to `places` decimals from the printed number it rounds, when it
+    has fewer (dabench-dev q685: the summary wrote a p-value 0.10 where the code printed
+    0.10233... and the form asks four places, 0.1023); None when it has enough, or no printed
+    number or several different ones round to it."""
+    number = number.strip()
+    if not _DECIMAL.fullmatch(number) or len(number.split(".", 1)[1]) >= places:
+        return None
+    own = len(number.split(".", 1)[1])
+    found = set()
+    for line in lines:
+        for printed in _DECIMAL.findall(line):
+            if len(printed.split(".", 1)[1]) < places:
+                continue
+            value = decimal.Decimal(printed)
+            if str(value.quantize(decimal.Decimal(1).scaleb(-own),
+                                  rounding=decimal.ROUND_HALF_UP)) == number:
+                found.add(str(value.quantize(decimal.Decimal(1).scaleb(-places),
+                                             rounding=decimal.ROUND_HALF_UP)))
+    return found.pop() if len(found) == 1 else None
+
+
 def summary_feedback(numbers: list[str], lines: Iterable[str] = ()) -> str:
     """Why a final summary goes back once for its numbers; a number that is a printed one cut
     short (`cut_short`) is said to be, with it rounded."""
