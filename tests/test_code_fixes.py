@@ -435,4 +435,5 @@ def test_the_answers_form_written_as_a_line_of_code_is_said_to_be_printed():
     assert flow.workflow.nodes["stats"].status == "done", flow.message
     said = requests[1][-1]["content"]
     assert "A line of your code is the answer's form written as Python (@y_shape[normal])" in said
+    assert "write that line as print('@y_shape[normal]')" in said
     assert 'print(f"@y_shape[{value}]")' in said

@@ -235,9 +235,10 @@ def code_feedback(execution: Mapping, *, node_id: str | None = None,
     if hint:
         parts.append(hint)
     if m := _FORM_AS_CODE.search(str(execution.get("code") or "")):
-        parts.append(f"A line of your code is the answer's form written as Python "
-                     f"({m.group(0).strip()}), which is not a statement: print it as text, "
-                     f"e.g. print(f\"@{m.group(1)}[{{value}}]\").")
+        line = m.group(0).strip()
+        parts.append(f"A line of your code is the answer's form written as Python ({line}), "
+                     f"which is not a statement: write that line as print({line!r}), and a "
+                     f"computed value as print(f\"@{m.group(1)}[{{value}}]\").")
     same = _repeated(error, earlier, node_id)
     if same:
         parts.append(same)
