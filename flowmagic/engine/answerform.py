@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 __all__ = ["Form", "prescribed", "without_pairs", "missing", "missing_mark", "in_form",
            "form_feedback", "FORM_MISSING", "decimals", "rounded", "values_schema",
-           "values_request", "from_values", "unfilled", "slot_decimals"]
+           "values_request", "from_values", "unfilled", "slot_decimals", "with_places"]
 
 _WORDS_CHARS = 1500   # the quoted words are a few sentences; a task pasting a whole spec is cut
 
@@ -318,15 +318,25 @@ def rounded(form: Form | None, text: str) -> str:
     (dabench-dev q210: the result stated @mean_neg[0.0687] where the task asked for two
     places); a rounded value still traces to the printed one (engine/numbers: rounding to the
     places written)."""
+    def fix(value: str, places: int) -> str | None:
+        plain = _PLAIN_DECIMAL.match(value)
+        if plain is None or len(plain.group(1)) <= places:
+            return None
+        return f"{float(value):.{places}f}"
+
+    return with_places(form, text, fix)
+
+
+def with_places(form: Form | None, text: str, fix) -> str:
+    """`text` with each `@name[value]` whose name the form gives places to (`slot_decimals`)
+    written `@name[fix(value, places)]`, or left as it is where `fix` gives None."""
     places = slot_decimals(form)
     if not places:
         return text
 
-    def fix(match: re.Match) -> str:
+    def one(match: re.Match) -> str:
         name, value = match.group(1), match.group(2)
-        plain = _PLAIN_DECIMAL.match(value)
-        if name not in places or plain is None or len(plain.group(1)) <= places[name]:
-            return match.group(0)
-        return f"@{name}[{float(value):.{places[name]}f}]"
+        new = fix(value, places[name]) if name in places else None
+        return f"@{name}[{new}]" if new is not None else match.group(0)
 
-    return _PAIR.sub(fix, text)
+    return _PAIR.sub(one, text)

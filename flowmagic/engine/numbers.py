@@ -301,10 +301,9 @@ def cut_short(number: str, lines: Iterable[str]) -> tuple[str, str] | None:
         for printed in _DECIMAL.findall(line):
             if len(printed.split(".", 1)[1]) <= places or not printed.startswith(number):
                 continue
-            rounded = decimal.Decimal(printed).quantize(decimal.Decimal(1).scaleb(-places),
-                                                        rounding=decimal.ROUND_HALF_UP)
-            if str(rounded) != number:
-                return printed, str(rounded)
+            rounded = _half_up(printed, places)
+            if rounded != number:
+                return printed, rounded
     return None
 
 
@@ -322,12 +321,15 @@ def to_places(number: str, places: int, lines: Iterable[str]) -> str | None:
         for printed in _DECIMAL.findall(line):
             if len(printed.split(".", 1)[1]) < places:
                 continue
-            value = decimal.Decimal(printed)
-            if str(value.quantize(decimal.Decimal(1).scaleb(-own),
-                                  rounding=decimal.ROUND_HALF_UP)) == number:
-                found.add(str(value.quantize(decimal.Decimal(1).scaleb(-places),
-                                             rounding=decimal.ROUND_HALF_UP)))
+            if _half_up(printed, own) == number:
+                found.add(_half_up(printed, places))
     return found.pop() if len(found) == 1 else None
+
+
+def _half_up(printed: str, places: int) -> str:
+    """A printed decimal rounded half up to `places`, as written ("0.91658", 4 -> "0.9166")."""
+    return str(decimal.Decimal(printed).quantize(decimal.Decimal(1).scaleb(-places),
+                                                 rounding=decimal.ROUND_HALF_UP))
 
 
 def summary_feedback(numbers: list[str], lines: Iterable[str] = ()) -> str:

@@ -275,17 +275,9 @@ async def write(workflow, ask: Ask, *, budget: int, data: bool,
 def _to_form_places(workflow, form: Form | None, text: str) -> str:
     """Each `@name[value]` the summary wrote with fewer decimal places than the form asks for
     it, written again from the printed number it rounds (`numbers.to_places`)."""
-    places = answerform.slot_decimals(form)
-    if not places:
-        return text
     lines = [line for _, line in _all_printed_lines(workflow)]
-
-    def fix(match: re.Match) -> str:
-        name, value = match.group(1), match.group(2)
-        wider = numbers.to_places(value, places[name], lines) if name in places else None
-        return f"@{name}[{wider}]" if wider else match.group(0)
-
-    return re.sub(r"@(\w+)\[([^\]\n]*)\]", fix, text)
+    return answerform.with_places(form, text,
+                                  lambda value, places: numbers.to_places(value, places, lines))
 
 
 def partial_mark(failed: list[str]) -> str:
