@@ -97,9 +97,9 @@ class RunCore:
                     except FlowError as exc:   # every node is done and stored; only the summary is missing
                         record.message = f"the final consolidation failed ({exc}); run() again to retry it"
                 elif (state == RunState.INCOMPLETE and record.settings.consolidate
-                      and record.result is None and self._partial()):
+                      and record.result is None and (failed := self._partial())):
                     try:   # what finished is not lost behind the node that failed
-                        await self.consolidate(partial=True)
+                        await self.consolidate(failed=failed)
                     except FlowError as exc:
                         record.message = f"the summary of the finished subtasks failed ({exc})"
                 # A rerun or an edit asked for while the run was finishing joins this run.
@@ -322,11 +322,11 @@ class RunCore:
             return []
         return [n.id for n in nodes if n.status == Status.FAILED]
 
-    async def consolidate(self, partial: bool = False) -> None:
+    async def consolidate(self, failed: list[str] | None = None) -> None:
         """The final write-up (engine/summary.py): a summary of what the nodes did, or the
-        answer a node gave in the task's form; it never rewrites their work. `partial`: the
-        run ended incomplete (a subtask failed), and the result is written from the subtasks
-        that finished, marked so; a later run() writes it again."""
+        answer a node gave in the task's form; it never rewrites their work. `failed`: the
+        run ended incomplete, these subtasks failed, and the result is written from the
+        subtasks that finished, marked so; a later run() writes it again."""
         record, settings = self.record, self.record.settings
         wf = record.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
@@ -334,8 +334,8 @@ class RunCore:
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
                                       data=data,
                                       start=self._flow_start(wf, working_start=False))
-        if partial:
-            record.result = f"{written.text}\n\n{summary.partial_mark(self._partial())}"
+        if failed:
+            record.result = f"{written.text}\n\n{summary.partial_mark(failed)}"
             return
         again = summary.recheck(wf, written) if data and settings.update != "off" else None
         if again is not None and not any(e.get("kind") == summary.RECHECK
