@@ -66,6 +66,18 @@ def by_attempt(answers):
     return agent
 
 
+def retried(answers):
+    """The node's requests when its attempts get `answers` in turn (one attempt each, no
+    update), after checking that the last one made it done."""
+    with LoopbackServer(responder=by_attempt(answers)) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = one_node(max_attempts=len(answers), update="off")
+        flow.run()
+        requests = node_requests(server)
+    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    return requests
+
+
 GOOD = "import pandas as pd\ndf = pd.read_csv('anscombe.csv')\nprint(round(df['y'].mean(), 4))"
 MEANS = fenced("import pandas as pd\nframe = pd.read_csv('anscombe.csv')\nprint(means.round(2))")
 
@@ -233,12 +245,7 @@ def test_a_repeated_error_is_called_one_with_what_was_tried_and_the_conversation
                fenced("# again\nr, p = df['x'].corr(df['y'])\nprint(r)"),
                fenced("print(df['x'].corr(df['y']))")]
 
-    with LoopbackServer(responder=by_attempt(answers)) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = one_node(max_attempts=3, update="off")
-        flow.run()
-        requests = node_requests(server)
-    assert flow.workflow.nodes["stats"].status == "done", flow.message
+    requests = retried(answers)
     second, third = requests[1], requests[2]
     assert third[:5] == second + [{"role": "assistant", "content": answers[1]}]
     said = third[-1]["content"]
@@ -406,13 +413,7 @@ def test_a_keyword_a_function_does_not_take_is_named_and_ddof_is_said_to_be_for_
     next answer imported the table as a module. The retry names the argument to leave out."""
     answers = [fenced("s = df['y'].skew(ddof=1)\nprint(s)"), fenced("print(df['y'].skew())")]
 
-    with LoopbackServer(responder=by_attempt(answers)) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = one_node(max_attempts=2, update="off")
-        flow.run()
-        requests = node_requests(server)
-    assert flow.workflow.nodes["stats"].status == "done", flow.message
-    said = requests[1][-1]["content"]
+    said = retried(answers)[1][-1]["content"]
     assert "got an unexpected keyword argument 'ddof'" in said
     assert "skew() takes no argument 'ddof': leave it out of that call." in said
     assert "Only the standard deviation and variance take ddof" in said
@@ -427,13 +428,7 @@ def test_the_answers_form_written_as_a_line_of_code_is_said_to_be_printed():
                fenced("s = df['y'].skew()\nprint('@y_shape[normal]' if abs(s) < 0.5 else "
                       "'@y_shape[skewed]')")]
 
-    with LoopbackServer(responder=by_attempt(answers)) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = one_node(max_attempts=2, update="off")
-        flow.run()
-        requests = node_requests(server)
-    assert flow.workflow.nodes["stats"].status == "done", flow.message
-    said = requests[1][-1]["content"]
+    said = retried(answers)[1][-1]["content"]
     assert "A line of your code is the answer's form written as Python (@y_shape[normal])" in said
     assert "write that line as print('@y_shape[normal]')" in said
     assert 'print(f"@y_shape[{value}]")' in said

@@ -189,6 +189,22 @@ def _q136_chain():   # the bench model's plan for dabench-dev q136, stating step
          "agent": "writer", "depends_on": ["shapiro_wilk_test"]}]}
 
 
+def _planned(task, **options):
+    """(the request bodies the planner sent, the candidates) for `task` against a loopback
+    model that answers every request with the q136 chain."""
+    seen = []
+
+    def answer(body):
+        seen.append(body)
+        return json.dumps(_q136_chain())
+
+    llm = fast_llm()
+    with LoopbackServer(responder=answer) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        cands = run(lambda: plan_candidates(task, llm=llm, **options), llm)
+    return seen, cands
+
+
 P_VALUES = ("Are the fares of each passenger class normally distributed?\n\nConstraints: Use the "
             "Shapiro-Wilk test.\n\nAnswer format: @p_value_class_1[p_value] "
             "@p_value_class_2[p_value] @p_value_class_3[p_value], rounded to four decimal "
@@ -211,10 +227,7 @@ P_VALUES = ("Are the fares of each passenger class normally distributed?\n\nCons
       ("calculate_fares", "plot_fares"), ("shapiro_wilk_test", "explain")]),
 ])
 def test_a_chain_of_code_steps_is_one_subtask_where_the_task_has_a_form(task, nodes, edges):
-    llm = fast_llm()
-    with LoopbackServer(responder=lambda body: json.dumps(_q136_chain())) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        [cand] = run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
+    _, [cand] = _planned(task, k=1, method="oneshot")
     wf = cand.workflow
     assert list(wf.nodes) == nodes
     assert sorted(wf.edges()) == sorted(edges)
@@ -236,17 +249,7 @@ def test_a_data_task_with_a_few_values_for_an_answer_is_planned_without_padding(
     7 subtasks, one per question and none that loads or only states the answer (each such step
     would be dropped or joined, yet it costs the plan's answer ~50 tokens); the schema lets a
     one-question task have one subtask. Other tasks keep 3 to 7 and at least two."""
-    seen = []
-
-    def answer(body):
-        seen.append(body)
-        return json.dumps(_q136_chain())
-
-    llm = fast_llm()
-    with LoopbackServer(responder=answer) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        run(lambda: plan_candidates(task, k=1, llm=llm, method="oneshot"), llm)
-    [body] = seen
+    [body], _ = _planned(task, k=1, method="oneshot")
     prompt = "\n".join(m["content"] for m in body["messages"])
     schema = body["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["subtasks"]["minItems"] == (1 if few else 2)
@@ -270,16 +273,7 @@ def test_a_data_task_whose_answer_is_a_few_named_values_is_one_subtask_without_a
     bench model such plans came back as one node anyway, after a call of 40-65 s, and their
     rewording of the question (a p-value left out, a filter added) lost answers the task's own
     words keep."""
-    seen = []
-
-    def answer(body):
-        seen.append(body)
-        return json.dumps(_q136_chain())
-
-    llm = fast_llm()
-    with LoopbackServer(responder=answer) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        cands = run(lambda: plan_candidates(task, k=2, llm=llm, **options), llm)
+    seen, cands = _planned(task, k=2, **options)
     assert bool(seen) is asked
     if asked:
         return
