@@ -6,6 +6,21 @@ STAMP  := $(VENV)/.installed
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+# llama.cpp (inside llama-cpp-python) builds for "-march=native" by default, AMX included where
+# the CPU has it; on this project's 2-core VM (Sapphire Rapids, AMX listed by CPU and kernel)
+# its AMX kernels died of SIGILL (tileloadd) on the first prompt, so every local model call
+# failed. On x86_64 it is built instead for the features /proc/cpuinfo lists, AMX left out (it
+# speeds up large batches, not a small model's prompts); a CMAKE_ARGS of your own wins.
+X86_FEATURES := SSE42:sse4_2 AVX:avx AVX2:avx2 BMI2:bmi2 FMA:fma F16C:f16c AVX_VNNI:avx_vnni \
+  AVX512:avx512f AVX512_VBMI:avx512vbmi AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16
+ifeq ($(shell uname -m),x86_64)
+CMAKE_ARGS ?= $(shell flags=" $$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "; \
+  [ "$$flags" = "  " ] && exit 0; \
+  printf %s "-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"; \
+  for pair in $(X86_FEATURES); do case "$$flags" in (*" $${pair#*:} "*) on=ON;; (*) on=OFF;; esac; \
+  printf ' %s' "-DGGML_$${pair%%:*}=$$on"; done)
+export CMAKE_ARGS
+endif
 
 .PHONY: setup system-deps browser-deps test test-fast demo demo-text bench bench-analysis clean
 
