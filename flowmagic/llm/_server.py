@@ -26,6 +26,88 @@ def _watch_parent(parent: int) -> None:
     os._exit(0)
 
 
+def threads_for(others: float, cap: int) -> int:
+    """Threads for llama.cpp when the rest of the machine keeps `others` cores busy: the
+    cores left (a core busy half the time or more counts as taken), at least 1, at most
+    `cap`."""
+    return max(1, min(cap, cap - int(others + 0.5)))
+
+
+class Cores:
+    """How many threads llama.cpp may use now, from what the rest of the machine keeps busy.
+
+    On 2 idle cores csv_eda's calls took 77 s on two threads and 133 s on one; with one other
+    busy process, two threads made it 306 s and unfinished (ggml's threads wait for each other
+    at every operation, and one of them keeps losing its core) while one thread took 163 s.
+    So every evaluation takes the cores the last second left idle: /proc/stat's busy time of
+    all cores less this process's own (/proc/self/stat), sampled every 0.25 s. Without /proc
+    (not Linux) it stays at one thread."""
+
+    PERIOD = 0.25
+    WINDOW = 4   # samples: the last second
+
+    def __init__(self, cap: int):
+        self.cap = max(1, cap)
+        self.threads = 1
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._window: list[float] = []
+        try:
+            self._last = self._read()
+        except (OSError, ValueError, IndexError):
+            self._last = None
+
+    @staticmethod
+    def _read() -> tuple[float, int, int]:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)   # less idle, iowait
+        with open("/proc/self/stat") as fh:
+            own = fh.read().rsplit(")", 1)[1].split()
+        return time.monotonic(), busy, int(own[11]) + int(own[12])   # utime, stime
+
+    def sample(self) -> None:
+        if self._last is None:
+            return
+        now = self._read()
+        wall, busy, own = (a - b for a, b in zip(now, self._last))
+        self._last = now
+        if wall <= 0:
+            return
+        others = max(0.0, (busy - own) / self._tick / wall)   # cores the rest kept busy
+        self._window = [*self._window[-(self.WINDOW - 1):], others]
+        self.threads = threads_for(sum(self._window) / len(self._window), self.cap)
+
+    def watch(self) -> None:
+        while True:
+            time.sleep(self.PERIOD)
+            try:
+                self.sample()
+            except (OSError, ValueError, IndexError):
+                return
+
+
+def _adapt_threads(cap: int) -> None:
+    """Each evaluation (a prompt, a token) runs on `Cores.threads` threads (llama.cpp reads its
+    thread count at every decode)."""
+    try:
+        from llama_cpp import Llama
+        eval_ = Llama.eval
+    except (ImportError, AttributeError):
+        return
+    cores = Cores(cap)
+    threading.Thread(target=cores.watch, daemon=True).start()
+
+    def adapted_eval(self, tokens):
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None and getattr(self, "_flowmagic_threads", None) != cores.threads:
+            ctx.set_n_threads(cores.threads, cores.threads)
+            print(f"flowmagic: llama.cpp on {cores.threads} of {cores.cap} threads", flush=True)
+            self._flowmagic_threads = cores.threads
+        return eval_(self, tokens)
+
+    Llama.eval = adapted_eval
+
+
 def _report_usage() -> None:
     """Patch llama_cpp.Llama so a chat completion reports its usage with the reused prefix
     (see the module docstring). The server serves one request at a time (its lock), so the
@@ -80,6 +162,9 @@ def _report_usage() -> None:
 def main() -> None:
     parent = int(os.environ.get("FLOWMAGIC_PARENT_PID", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    cap = os.environ.get("FLOWMAGIC_LOCAL_ADAPT_THREADS", "")
+    if cap.isdigit():
+        _adapt_threads(int(cap))
     _report_usage()
     sys.argv = ["llama_cpp.server", *sys.argv[1:]]
     runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)

@@ -89,13 +89,22 @@ def _check_sha256(path: Path, want: str, source: str) -> None:
                           "download it again from its publisher or fix the hash")
 
 
-def _threads() -> int:
-    """llama.cpp threads: FLOWMAGIC_LOCAL_THREADS, else 1. On a busy 2-core machine one
-    thread generated ~8x faster than two (bench/plans.py --threads; issue 21)."""
-    raw = os.environ.get("FLOWMAGIC_LOCAL_THREADS", "1")
+def _threads() -> tuple[int, bool]:
+    """llama.cpp threads, and whether the server adapts them: FLOWMAGIC_LOCAL_THREADS fixes
+    them; else up to the usable cores (at most 4), each evaluation taking the cores the rest
+    of the machine left idle over the last second (_server.Cores: on 2 cores two threads
+    were 1.7x faster than one when idle, and never finished csv_eda beside one busy
+    process)."""
+    raw = os.environ.get("FLOWMAGIC_LOCAL_THREADS", "")
+    if raw == "":
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:   # not Linux
+            cores = 1
+        return max(1, min(cores, 4)), cores > 1
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"FLOWMAGIC_LOCAL_THREADS={raw!r} must be a whole number >= 1")
-    return int(raw)
+    return int(raw), False
 
 
 def _prompt_cache() -> list[str]:
@@ -142,16 +151,18 @@ def ensure_server(timeout: float = 90.0) -> str:
         port = _free_port()
         log_path = home() / "local-server.log"
         log = open(log_path, "ab")
+        threads, adapt = _threads()
         cmd = [sys.executable, "-m", "flowmagic.llm._server", "--model", str(gguf),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
                # Prompt evaluation too: llama-cpp-python's server otherwise evaluates
                # prompts on every core, which under load made it 2-3x slower (issue 21).
-               "--n_threads", str(_threads()), "--n_threads_batch", str(_threads()),
+               "--n_threads", str(threads), "--n_threads_batch", str(threads),
                "--model_alias", "smollm2-135m-instruct",
                # A stream is never cut for a request that comes meanwhile: flowmagic queues
                # its own, and a cut answer would be asked again (llm.queue, llm.client).
                "--interrupt_requests", "False", *_prompt_cache()]
-        env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid())}
+        env = {**os.environ, "FLOWMAGIC_PARENT_PID": str(os.getpid()),
+               "FLOWMAGIC_LOCAL_ADAPT_THREADS": str(threads) if adapt else ""}
         _proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
