@@ -33,8 +33,10 @@ __all__ = ["RunCore"]
 # a flow on data one: SmolLM2's 65 re-plans in 60 stored runs (csv_eda, dabench-dev, tutorials;
 # issue 31) made no change 54 times and added a node named "no_change" (9) or "add_to_memory"
 # (2), never a change that served the task, while each took ~20 s there (~1,700 prompt tokens
-# evaluated at ~9 ms); the one kept shows the mechanism.
-MAX_UPDATES, EMBEDDED_DATA_UPDATES = 5, 1
+# evaluated at ~9 ms). None: session 15's csv_eda spent 17.8 of its 85 s (2 threads) on the one
+# kept, to answer {"action": "update", "remove": ["*"]} (issue 31's 60 s); the run says in one
+# line that max_updates stopped it and how to allow one.
+MAX_UPDATES, EMBEDDED_DATA_UPDATES = 5, 0
 
 
 class RunCore:
