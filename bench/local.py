@@ -1,7 +1,7 @@
 """A busy but healthy local server (issue 34): today's client against the local path.
 
 Eight calls at once, as a flow's eight parallel nodes make them, on a server that runs one
-at a time: the embedded llama-cpp-python server (SmolLM2, one thread, one slot) and the
+at a time: the embedded llama-cpp-python server (SmolLM2, one slot) and the
 loopback with local latencies (one slot, a first token after 0.3 s, then 30 tokens a
 second). Each is asked twice in one run, the two alternating: as a hosted endpoint (what
 every endpoint got before issue 34: all eight sent at once, a whole-answer timeout, retries
