@@ -132,6 +132,9 @@ class Server:
                      "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
                      "--n_threads", str(threads), "--n_threads_batch", str(threads),
                      "--model_alias", MODEL_NAME,
+                     # as a user's llama.cpp server: logits of the last token only (this
+                     # server's default computes and keeps them for every prompt token)
+                     "--logits_all", "False",
                      # a second client's request must queue, not cut the stream it finds
                      # running (the server's default cuts it: a run of another client on the
                      # same server then failed every call of a flow with "ended the answer")

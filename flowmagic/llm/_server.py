@@ -87,25 +87,27 @@ class Cores:
 
 
 def _adapt_threads(cap: int) -> None:
-    """Each evaluation (a prompt, a token) runs on `Cores.threads` threads (llama.cpp reads its
-    thread count at every decode)."""
+    """Each decode (a batch of a prompt, a token) runs on `Cores.threads` threads: llama.cpp
+    reads its thread count at every decode, and the embedded server evaluates a prompt in
+    batches of 128 tokens (local.py), so a long prompt follows the machine as it goes (on
+    csv_eda the first node's 834 tokens, decided at once while the sandbox started, ran on
+    one thread for 10.7 s)."""
     try:
-        from llama_cpp import Llama
-        eval_ = Llama.eval
+        from llama_cpp._internals import LlamaContext
+        decode_ = LlamaContext.decode
     except (ImportError, AttributeError):
         return
     cores = Cores(cap)
     threading.Thread(target=cores.watch, daemon=True).start()
 
-    def adapted_eval(self, tokens):
-        ctx = getattr(self, "_ctx", None)
-        if ctx is not None and getattr(self, "_flowmagic_threads", None) != cores.threads:
-            ctx.set_n_threads(cores.threads, cores.threads)
-            print(f"flowmagic: llama.cpp on {cores.threads} of {cores.cap} threads", flush=True)
-            self._flowmagic_threads = cores.threads
-        return eval_(self, tokens)
+    def adapted_decode(self, batch):
+        threads = cores.threads
+        if getattr(self, "_flowmagic_threads", None) != threads:
+            self.set_n_threads(threads, threads)
+            self._flowmagic_threads = threads
+        return decode_(self, batch)
 
-    Llama.eval = adapted_eval
+    LlamaContext.decode = adapted_decode
 
 
 def _report_usage() -> None:

@@ -157,6 +157,14 @@ def ensure_server(timeout: float = 90.0) -> str:
                # Prompt evaluation too: llama-cpp-python's server otherwise evaluates
                # prompts on every core, which under load made it 2-3x slower (issue 21).
                "--n_threads", str(threads), "--n_threads_batch", str(threads),
+               # a prompt in batches of 128 tokens (512 by default): as fast on this model,
+               # and each batch takes the threads the machine leaves it (_server.Cores)
+               "--n_batch", "128", "--n_ubatch", "128",
+               # Logits for the last token only (the server's default keeps them for every
+               # prompt token, n_ctx x 49,152 floats, and its prompt cache copies that whole
+               # array at every save: 4 calls took 26/10/10/6 s with it, 6/4/2/2 s without);
+               # flowmagic asks for no logprobs, and sampling reads the last token's.
+               "--logits_all", "False",
                "--model_alias", "smollm2-135m-instruct",
                # A stream is never cut for a request that comes meanwhile: flowmagic queues
                # its own, and a cut answer would be asked again (llm.queue, llm.client).
