@@ -82,8 +82,23 @@ def _run(argv: list[str], env: dict, cwd: str, timeout: float) -> tuple[int | st
         return "timeout", out
 
 
+SETTLED, SETTLE_S = 0.5, 120
+
+
+def settle(limit: float = SETTLE_S) -> float:
+    """Wait, up to `limit` seconds, for the 1-minute load to fall to SETTLED, so that a flow
+    does not start under the tail of the run before it (csv_eda "after" started at load 1.0
+    right after "before" and took 63.6 s; alone, at 0.2, 54.4 s); the seconds waited."""
+    started = time.monotonic()
+    while os.getloadavg()[0] > SETTLED and time.monotonic() - started < limit:
+        time.sleep(2)
+    return round(time.monotonic() - started, 1)
+
+
 def one(arm: str, job: list[str], timeout: float, before: str | None, label: str) -> dict:
-    """`flowmagic run JOB...` under `arm` (see ARMS), with what it cost."""
+    """`flowmagic run JOB...` under `arm` (see ARMS), with what it cost, on a settled
+    machine (`settle`)."""
+    waited = settle()
     home = tempfile.mkdtemp(prefix=f"bench-reuse-{arm}-")
     src, extra = ARMS[arm]
     env = {**{k: v for k, v in os.environ.items() if k not in _ENDPOINT_VARS}, **extra,
@@ -96,6 +111,7 @@ def one(arm: str, job: list[str], timeout: float, before: str | None, label: str
     seconds = time.perf_counter() - started
     row = {"arm": arm, "job": label, "rc": rc, "seconds": round(seconds, 1), **usage(home),
            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
+           "settled_s": waited,
            "tail": out.strip().splitlines()[-3:] if rc else []}
     row["evaluated_over_sent"] = ratio([row])
     return row
@@ -141,13 +157,13 @@ def _line(r: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | arm | rc | s | calls | prompt tokens sent | reused by the server | "
-             "evaluated / sent | completion tokens | load before-after |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "evaluated / sent | completion tokens | load before-after | waited to settle (s) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in rows:
         lines.append(f"| {r.get('job', 'csv_eda')} | {r['arm']} | {r['rc']} | {r['seconds']} | "
                      f"{r['calls']} | {r['prompt_sent']} | {r['prompt_reused']} | "
                      f"{r['evaluated_over_sent']} | {r['completion']} | "
-                     f"{r['load_before']}-{r['load_after']} |")
+                     f"{r['load_before']}-{r['load_after']} | {r.get('settled_s', '—')} |")
     return "\n".join(lines)
 
 

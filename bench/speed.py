@@ -179,8 +179,10 @@ def _flows_lines(sp: dict) -> list[str]:
     runs = (sp.get("csv_eda") or []) + (sp.get("dabench") or [])
     lines = [f"Written by `make bench`. Older source: {sp['before']}. Each run is "
              "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
-             "embedded server (SmolLM2-135M); \"before\" runs the older source "
-             "with the server's prompt cache off (`FLOWMAGIC_LOCAL_CACHE_MB=0`) on one thread, "
+             "embedded server (SmolLM2-135M), started once the 1-minute load has fallen "
+             "to 0.5 (waited for up to 2 minutes: the run before leaves its load behind); "
+             "\"before\" runs the older source with the server's prompt cache off "
+             "(`FLOWMAGIC_LOCAL_CACHE_MB=0`) on one thread, "
              "\"after\" this source with its defaults (its threads the cores the rest of the "
              "machine leaves idle). The dabench-dev questions (one per level, seed "
              f"{DABENCH_SEED}) run as flows with `%%flow`'s defaults on this source. A flow is "
