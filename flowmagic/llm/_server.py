@@ -39,9 +39,9 @@ class Cores:
     On 2 idle cores csv_eda's calls took 77 s on two threads and 133 s on one; with one other
     busy process, two threads made it 306 s and unfinished (ggml's threads wait for each other
     at every operation, and one of them keeps losing its core) while one thread took 163 s.
-    So every evaluation takes the cores the last second left idle: /proc/stat's busy time of
-    all cores less this process's own (/proc/self/stat), sampled every 0.25 s. Without /proc
-    (not Linux) it stays at one thread."""
+    So every decode takes the cores the last second left idle: /proc/stat's busy time of all
+    cores less this process's own (/proc/self/stat), sampled every 0.25 s. Where there is no
+    /proc it stays at one thread (local.py adapts only where it can read the usable cores)."""
 
     PERIOD = 0.25
     WINDOW = 4   # samples: the last second
