@@ -21,6 +21,12 @@ CMAKE_ARGS ?= $(shell flags=" $$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | c
   printf ' %s' "-DGGML_$${pair%%:*}=$$on"; done)
 export CMAKE_ARGS
 endif
+# pip keeps a wheel it built in its cache and hands it back whatever CMAKE_ARGS say now: a CI
+# run on main got the cached -march=native (AMX) build this way and every embedded-model test
+# died of SIGILL. So llama-cpp-python is built without that cache, once per CMAKE_ARGS, into a
+# folder named after them, and installed from there.
+LLAMA_SPEC   := llama-cpp-python[server]>=0.3
+LLAMA_WHEELS ?= $(HOME)/.cache/flowmagic/llama-wheels/$(shell printf %s "$(CMAKE_ARGS)" | sha256sum | cut -c1-16)
 
 .PHONY: setup system-deps browser-deps test test-fast demo demo-text bench bench-analysis clean
 
@@ -28,6 +34,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	@echo "installing flowmagic with its extras (llama-cpp-python compiles from source: ~6 min on 2 cores)"
+	@mkdir -p $(LLAMA_WHEELS)
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	  $(PIP) wheel --quiet --no-cache-dir --no-deps --wheel-dir $(LLAMA_WHEELS) '$(LLAMA_SPEC)'
+	$(PIP) install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(PIP) install --quiet -e '.[local,test,data,dask]'
 	touch $(STAMP)
 

@@ -8,6 +8,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -462,3 +463,36 @@ def test_an_answer_cached_by_another_connection_is_a_hit(loopback, tmp_path):
         db.execute("DELETE FROM cache")
     assert not theirs.complete_sync("third question", seed=1).cached
     assert mine.complete_sync("third question", seed=1).cached and loopback.calls == 3
+
+
+@pytest.mark.embedded
+def test_an_embedded_server_built_for_another_cpu_is_one_line_that_says_rebuild(tmp_path):
+    # pip reuses a llama-cpp-python wheel it built before, whatever CMAKE_ARGS say now: on
+    # CI a wheel built with AMX died of SIGILL on the first prompt, was started again four
+    # times and died each time, and the user read "failed 5 times (cannot connect)". SIGILL
+    # is the build, not a fault a restart cures: the next call says so and what to do, and
+    # once rebuilt (here: the build was fine all along) the next call starts a server again.
+    script = textwrap.dedent("""
+        import os, signal, time
+        from flowmagic.errors import EndpointError
+        from flowmagic.llm import LLM, local
+        llm = LLM(timeout=60)
+        print("first", bool(llm.complete_sync("Say a word about tea.", max_tokens=4).text))
+        os.kill(local._proc.pid, signal.SIGILL)
+        local._proc.wait()
+        try:
+            llm.complete_sync("Say a word about rain.", max_tokens=4)
+        except EndpointError as exc:
+            print("error", str(exc))
+        print("again", bool(llm.complete_sync("Say a word about owls.", max_tokens=4).text))
+        os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "FLOWMAGIC_HOME": str(tmp_path)}, timeout=240)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines()
+                 if line.split(" ", 1)[0] in ("first", "error", "again"))
+    assert lines.get("first") == "True", out
+    error = lines.get("error", "")
+    assert "died of SIGILL" in error and "make setup" in error and "\n" not in error, out
+    assert "failed" not in error, error
+    assert lines.get("again") == "True", out

