@@ -102,12 +102,3 @@ def ipython_shell(config=None):
     finally:
         ip.run_line_magic("unload_ext", "flowmagic")
         InteractiveShell.clear_instance()
-
-
-def is_summary(messages: list[dict]) -> bool:
-    """Whether a chat request is the closing summary's: its own prompt (the summary's system
-    line in its first two messages), or, in a flow with one done node, that node's
-    conversation continued with the summary's request."""
-    from flowmagic.engine import summary
-    return (any(summary.SYSTEM in m["content"] for m in messages[:2])
-            or any(summary.CONTINUED in m["content"] for m in messages if m["role"] == "user"))

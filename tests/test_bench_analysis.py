@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowmagic.testing.loopback import LoopbackServer
-from conftest import is_summary
+from flowmagic.engine.summary import SYSTEM as SUMMARY
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -136,7 +136,7 @@ def responder(right: bool):
                  "agent": "writer", "depends_on": ["compute"]}]})
         first = body["messages"][1]["content"] if len(body["messages"]) > 1 else ""
         pairs = " ".join(f"@{k}[{v}]" for k, v in values.items())
-        if is_summary(body["messages"]) or "(report)" in first:
+        if any(SUMMARY in m["content"] for m in body["messages"][:2]) or "(report)" in first:
             return f"The computed values: {pairs}"
         path = re.search(r"The data is the CSV file (.+?\.csv)\.", first)
         where = path.group(1) if path else q.file_name   # the baseline's path, or the workspace

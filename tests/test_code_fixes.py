@@ -18,7 +18,7 @@ from flowmagic.model.graph import Workflow
 from flowmagic.ops.nbrun import TEMPLATES
 from flowmagic.testing.loopback import LoopbackServer
 
-from conftest import fast_llm, is_summary, run
+from conftest import fast_llm, run
 
 CSV = TEMPLATES / "data" / "anscombe.csv"   # columns: dataset, x, y
 REFINE = "You rewrite one subtask's instruction"
@@ -40,12 +40,10 @@ def sent(server):
 
 
 def node_requests(server, node="stats"):
-    """The messages of every request of `node`'s attempts, in order (not the summary of a
-    one-node flow, which continues the node's conversation)."""
-    return [m for m in (r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
-                        if r["path"].endswith("/chat/completions"))
-            if f"Your subtask ({node})" in m[1]["content"]
-            and not is_summary(m)]
+    """The messages of every request of `node`'s attempts, in order."""
+    return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
+            if r["path"].endswith("/chat/completions")
+            and f"Your subtask ({node})" in r["body"]["messages"][1]["content"]]
 
 
 def node_prompts(server):

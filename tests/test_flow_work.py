@@ -14,8 +14,6 @@ from flowmagic.flow import Flow, load
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.ops.nbrun import TEMPLATES
 
-from conftest import is_summary
-
 CSV = TEMPLATES / "data" / "anscombe.csv"
 PLAN = {"task": "Explore anscombe.csv", "nodes": [
     {"id": "load", "requirement": "Load the CSV and describe it.", "agent": "analyst"},
@@ -275,9 +273,7 @@ def test_a_text_run_leaves_no_empty_workspace_but_a_later_session_sees_its_input
         data = Flow.from_dict(plan, name="data", inputs=[CSV])
         again = flowmagic.load(data.run_id)   # as after a kernel restart: a new Flow object
         again.run()
-        sent = [r["body"]["messages"][1]["content"] for r in server.stats(bodies=True)["requests"]
-                if r["path"].endswith("/chat/completions") and not is_summary(r["body"]["messages"])
-                and "Your subtask (note)" in r["body"]["messages"][1]["content"]]   # the nodes
+        sent = [p for p in prompts(server) if "Your subtask (note)" in p]
     assert len(sent) == 2 and "anscombe.csv" not in sent[0]
     assert "anscombe.csv (table)" in sent[1]
 
