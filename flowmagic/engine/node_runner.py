@@ -447,11 +447,7 @@ class NodeRunner:
             if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
                               (passed, feedback), outcome):
                 if not ctx.tools.any():   # (a tool loop's rounds are another conversation)
-                    # its guesses at what the code prints left out, as from its output: on
-                    # dabench-dev q409 the bench model's summary copied "The output will be:
-                    # 417" from its own answer (the code printed 687)
-                    ctx.conversations[node_id] = [*messages, {"role": "assistant",
-                                                              "content": strip_claims(text)}]
+                    ctx.conversations[node_id] = [*messages, {"role": "assistant", "content": text}]
                 break
         outcome = self._finish(node_id, tries, outcome)
         if outcome.masked:
