@@ -424,24 +424,6 @@ def test_the_summary_of_a_one_node_flow_is_the_next_turn_of_the_nodes_conversati
     assert "Your subtask (stats)" not in turn and "anscombe.csv (table)" not in turn
 
 
-def test_a_continued_summary_shows_what_the_answers_code_printed_and_only_that():
-    """The turn shows the answer's own printout, however short (a bare "7" is in the inputs'
-    rows too); a working start's run is reported in the prompt already and is not repeated.
-    Two done nodes, no conversation, or one too long for the summary's budget: its own prompt."""
-    talk = [{"role": "user", "content": "Your subtask (a): ...\n0  I  10  7.0"},
-            {"role": "assistant", "content": "```python\nprint(7)\n```"}]
-    form = answerform.prescribed(TASK)
-    wf = _workflow({"a": "Computed."}, "7\n")
-    turn = summary.continued_messages(wf, talk, 16000, form)[-1]["content"]
-    assert turn.startswith("Your code ran. What it printed (copy every number from here):\n7\n\n")
-    wf.nodes["a"].execution = {"ran": True, "ok": True, "stdout": "7\n", "starter": True}
-    turn = summary.continued_messages(wf, talk, 16000, form)[-1]["content"]
-    assert turn.startswith(f"{summary.CONTINUED} Write prose") and FORM in turn
-    assert summary.continued_messages(_workflow({"a": "x", "b": "y"}, "7\n"), talk, 16000, form) is None
-    assert summary.continued_messages(wf, None, 16000, form) is None
-    assert summary.continued_messages(wf, talk, 200, form) is None
-
-
 MEAN_TASK = ("What is the mean of y in anscombe.csv?\n\n"
              "Answer format: @mean_y[mean] where \"mean\" is rounded to 4 decimal places.")
 

@@ -157,9 +157,9 @@ CONTINUED = "Now write the closing summary of this work."
 def continued_messages(workflow, conversation: list[dict] | None, budget: int,
                        form: Form | None) -> list[dict] | None:
     """The summary's prompt as the next turn of the conversation of a flow's one done node
-    (its prompt, then the answer that passed): what the answer's code printed (a working
-    start's run is reported in the prompt already), then the request, the task again and
-    what to write, as `summary_messages` ends. None when the flow has more than one done node, or
+    (its prompt, then the answer that passed): what its code printed, unless the conversation
+    shows it already (the working start's report), then the request, the task again and what
+    to write, as `summary_messages` ends. None when the flow has more than one done node, or
     no such conversation, or one too long for the summary's budget to follow.
 
     The node's prompt and answer are what the server evaluated last, so only this turn is new:
@@ -170,11 +170,14 @@ def continued_messages(workflow, conversation: list[dict] | None, budget: int,
         return None
     said = "\n".join(str(m.get("content") or "") for m in conversation)
     run = active[0].execution or {}
-    head = ""   # no code of the answer ran (a working start's report is in the prompt)
-    if run.get("ran") and not run.get("starter"):
-        printed = str(run.get("stdout") or "").strip("\n")
+    printed = str(run.get("stdout") or "").strip("\n") if run.get("ran") else ""
+    if printed and printed in said:
+        head = ""
+    elif printed:
         head = ("Your code ran. What it printed (copy every number from here):\n"
-                + _cut(printed, budget // 2) if printed else "Your code ran and printed nothing.")
+                + _cut(printed, budget // 2))
+    else:
+        head = "Your code ran and printed nothing." if run.get("ran") else ""
     ask = "\n\n".join(filter(None, [head, f"{CONTINUED} {PROSE}",
                                      f"Task:\n{workflow.task}", _ending(form)]))
     if len(said) + len(ask) > 2 * budget:
