@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import flowmagic
-from flowmagic.engine import answerform, node_runner, summary
+from flowmagic.engine import answerform, summary
 from flowmagic.flow import Flow
 from flowmagic.model.graph import Workflow
 from flowmagic.model.status import Status
@@ -34,10 +34,7 @@ PARAPHRASE = (f"The data was loaded and the mean of y computed: the output indic
 
 
 def _is_summary(messages) -> bool:
-    """A summary's request: its own prompt, or (a one-node flow) the node's conversation
-    continued with the request."""
-    return (any(summary.SYSTEM in m["content"] for m in messages[:2])
-            or any(summary.CONTINUED in m["content"] for m in messages if m["role"] == "user"))
+    return any(summary.SYSTEM in m["content"] for m in messages[:2])
 
 
 def run_flow(agent, plan=PLAN):
@@ -394,34 +391,6 @@ def test_the_summary_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_sh
     assert FORM in summ[1]["content"][len(start):]   # the form, in the ending
     assert text_summ[0]["content"] == summary.SYSTEM and text_summ[0] != text_node[0]
     assert text_summ[1]["content"].startswith(f"Task:\n{TASK}")
-
-
-def test_the_summary_of_a_one_node_flow_is_the_next_turn_of_the_nodes_conversation():
-    """Most dabench-dev flows plan one node. Its prompt and answer are what the server
-    evaluated last; the summary restated them behind the shared start (q6 on the embedded
-    model: 767 of 1,501 prompt tokens evaluated). Now it continues that conversation: the
-    node's messages and answer byte for byte, then one turn with what the code printed, the
-    request, the task and the form. A flow of two nodes keeps the summary of its own."""
-    def agent(body):
-        last = body["messages"][-1]["content"]
-        return STATS if last.endswith(node_runner.CODE_END) else f"The mean is {MEAN}.\n\n@mean_y[{MEAN}]"
-
-    one = {**PLAN, "nodes": PLAN["nodes"][:1], "edges": []}
-    with LoopbackServer(responder=agent) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(one, name="one", inputs=[CSV], starter="off", update="off")
-        flow.run()
-        sent = [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
-                if r["path"].endswith("/chat/completions")]
-    assert flow.status == "done" and pairs(flow.result) == {"mean_y": str(MEAN)}, flow.result
-    node, summ = sent
-    assert summ[:len(node)] == node and len(summ) == len(node) + 2
-    assert summ[len(node)] == {"role": "assistant", "content": STATS}
-    turn = summ[-1]["content"]
-    assert turn.startswith(f"Your code ran. What it printed (copy every number from here):\n"
-                           f"mean of y {MEAN}\n\n{summary.CONTINUED} Write prose")
-    assert f"Task:\n{TASK}" in turn and turn.rstrip().endswith("copied from a printed output above.")
-    assert "Your subtask (stats)" not in turn and "anscombe.csv (table)" not in turn
 
 
 MEAN_TASK = ("What is the mean of y in anscombe.csv?\n\n"

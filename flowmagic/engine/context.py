@@ -5,13 +5,12 @@ core makes a RunContext (`RunCore.context()`); the node runner, the node prompt
 (`node_runner.node_messages`) and replay's fingerprint read the run through it: the
 `record` (workflow, settings, run id), the model door (`llm`), the `recorder` (every event
 and tool call, a node's streamed text and queue place, a call's deferred log row), the
-`space` (workspace and Python session), the `tools`, the `budget` and the `conversations`
-of the answers that passed.
+`space` (workspace and Python session), the `tools` and the `budget`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..settings import Settings
@@ -36,9 +35,6 @@ class RunContext:
     space: RunSpace
     tools: ToolChoice
     budget: Budget
-    # node -> the conversation of its answer that passed in this run (its prompt, its
-    # answer), while the process lives: the summary of a one-node flow continues it
-    conversations: dict = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

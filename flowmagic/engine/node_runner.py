@@ -383,7 +383,6 @@ class NodeRunner:
         node = ctx.workflow.nodes[node_id]
         history = len(node.attempts)   # earlier runs of this node (reruns vary the seed)
         outcome = Outcome(ok=False)
-        ctx.conversations.pop(node_id, None)
         try:
             start = await self._starter(node) if self._wants_starter(node) else None
         except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
@@ -446,13 +445,8 @@ class NodeRunner:
                     await self._settle(ex, record, keep)
             if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
                               (passed, feedback), outcome):
-                if not ctx.tools.any():   # (a tool loop's rounds are another conversation)
-                    ctx.conversations[node_id] = [*messages, {"role": "assistant", "content": text}]
                 break
-        outcome = self._finish(node_id, tries, outcome)
-        if outcome.masked:
-            ctx.conversations.pop(node_id, None)
-        return outcome
+        return self._finish(node_id, tries, outcome)
 
     def _record(self, node, tries: "_Tries", attempt: int) -> dict:
         """A new attempt's record (its model: the one asked for, until a reply names its own)."""

@@ -48,12 +48,11 @@ class RunCore:
         self.executor: Executor | None = None   # the executor of the run under way
         self._triggers: list[dict] = []   # what called the next update: [{"node", "why"}]
         self._capped = False              # max_updates already said so in this run
-        self.conversations: dict[str, list[dict]] = {}   # RunContext.conversations
 
     def context(self) -> RunContext:
         """This run as the engine sees it (the node runner, prompts, fingerprints)."""
         return RunContext(self.record, self.record.settings, self.llm, self.recorder,
-                          self.space, self.tools, self.budget, self.conversations)
+                          self.space, self.tools, self.budget)
 
     def make_executor(self, work: Work | None = None) -> Executor:
         """The executor a run uses: its hooks persist every state change (`emit`), stop
@@ -334,12 +333,9 @@ class RunCore:
         wf = record.workflow
         active = [n for n in wf.nodes.values() if n.status == Status.DONE]
         data = self._on_data()
-        alone = [n.id for n in active]
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
                                       data=data,
-                                      start=self._flow_start(wf, working_start=False),
-                                      conversation=(self.conversations.get(alone[0])
-                                                    if len(alone) == 1 else None))
+                                      start=self._flow_start(wf, working_start=False))
         if failed:
             record.result = f"{written.text}\n\n{summary.partial_mark(failed)}"
             return

@@ -19,11 +19,7 @@ the summary none. So the writer is given what it must copy, and what it writes i
   asked for as JSON under a schema with those names and the form is written from them;
 - when a done node already states the whole answer in the task's form with every value
   traced to a printed output, that answer is the result and no summary is written: a
-  rewrite could only lose it (one model call less);
-- a flow with one done node whose conversation this process still holds (its prompt and the
-  answer that passed: RunContext.conversations) gets the summary request as the next turn of
-  that conversation (`continued_messages`): the node's prompt and answer are not restated, so
-  a server that keeps prompt states evaluates only what the code printed and the request.
+  rewrite could only lose it (one model call less).
 """
 
 from __future__ import annotations
@@ -40,8 +36,8 @@ from .answerform import Form
 from .node_runner import shares
 from .prompt_start import HOUSE_RULES
 
-__all__ = ["Summary", "write", "summary_messages", "continued_messages", "printed_outputs",
-           "kept_answer", "partial_mark", "untraced_values", "SYSTEM", "recheck", "RECHECK"]
+__all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
+           "partial_mark", "untraced_values", "SYSTEM", "recheck", "RECHECK"]
 
 SYSTEM = "You write the closing summary of a team's work."
 # After the start a flow's nodes share, which says that their code blocks are run.
@@ -150,41 +146,6 @@ def summary_messages(workflow, budget: int, form: Form | None,
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": own}]
 
 
-# The summary as the next turn of a one-node flow's conversation.
-CONTINUED = "Now write the closing summary of this work."
-
-
-def continued_messages(workflow, conversation: list[dict] | None, budget: int,
-                       form: Form | None) -> list[dict] | None:
-    """The summary's prompt as the next turn of the conversation of a flow's one done node
-    (its prompt, then the answer that passed): what its code printed, unless the conversation
-    shows it already (the working start's report), then the request, the task again and what
-    to write, as `summary_messages` ends. None when the flow has more than one done node, or
-    no such conversation, or one too long for the summary's budget to follow.
-
-    The node's prompt and answer are what the server evaluated last, so only this turn is new:
-    dabench-dev q6's summary on the embedded model evaluated 767 of its 1,501 prompt tokens,
-    the node's prompt and answer restated behind the shared start."""
-    active = [n for n in workflow.nodes.values() if n.status == Status.DONE]
-    if len(active) != 1 or not conversation or conversation[-1].get("role") != "assistant":
-        return None
-    said = "\n".join(str(m.get("content") or "") for m in conversation)
-    run = active[0].execution or {}
-    printed = str(run.get("stdout") or "").strip("\n") if run.get("ran") else ""
-    if printed and printed in said:
-        head = ""
-    elif printed:
-        head = ("Your code ran. What it printed (copy every number from here):\n"
-                + _cut(printed, budget // 2))
-    else:
-        head = "Your code ran and printed nothing." if run.get("ran") else ""
-    ask = "\n\n".join(filter(None, [head, f"{CONTINUED} {PROSE}",
-                                     f"Task:\n{workflow.task}", _ending(form)]))
-    if len(said) + len(ask) > 2 * budget:
-        return None
-    return [*conversation, {"role": "user", "content": ask}]
-
-
 def _all_printed_lines(workflow) -> list[tuple[str, str]]:
     return [(nid, line) for nid, node in workflow.nodes.items()
             for line in numbers.printed_lines(node.execution)]
@@ -272,18 +233,16 @@ async def _form_values(ask: Ask, back: list[dict], form: Form, lacking: list[str
 
 
 async def write(workflow, ask: Ask, *, budget: int, data: bool,
-                start: str | None = None, conversation: list[dict] | None = None) -> Summary:
+                start: str | None = None) -> Summary:
     """The result: a node's traced answer in the task's form when one gave it whole, else a
     summary written by `ask` and checked (back once; a number that still traces nowhere is
-    withheld, a form still missing is marked). `conversation`: the one done node's, which the
-    summary continues when it can (`continued_messages`)."""
+    withheld, a form still missing is marked)."""
     form = answerform.prescribed(workflow.task or "")
     kept = kept_answer(workflow, form)
     if kept is not None:
         node_id, answer, how = kept
         return Summary(_kept(node_id, answerform.rounded(form, answer), how), kept_from=node_id)
-    messages = (continued_messages(workflow, conversation, budget, form)
-                or summary_messages(workflow, budget, form, start))
+    messages = summary_messages(workflow, budget, form, start)
     reply, calls = await ask(messages), 1
     text, cut = reply.text, reply.cut
     loose, lacking = _wrong(workflow, form, text, data)
