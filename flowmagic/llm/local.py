@@ -152,9 +152,7 @@ def ensure_server(timeout: float = 90.0) -> str:
     with _lock:
         if _proc is not None and _proc.poll() is None and _url:
             return _url
-        if _proc is not None and _proc.returncode == -signal.SIGILL:
-            _proc, _url = None, None
-            raise EndpointError(_ILLEGAL)
+        _refuse_an_illegal_build()
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigError(_MISSING)
         gguf = model_path()
@@ -188,9 +186,7 @@ def ensure_server(timeout: float = 90.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _proc.poll() is not None:
-                if _proc.returncode == -signal.SIGILL:
-                    _proc = None
-                    raise EndpointError(_ILLEGAL)
+                _refuse_an_illegal_build()
                 raise EndpointError(f"the embedded model server {_ended(_proc.returncode)}; "
                                     f"see {log_path}")
             if _healthy(url):
@@ -207,6 +203,15 @@ def ensure_server(timeout: float = 90.0) -> str:
                   f"flowmagic: using the local model {gguf.name} (FLOWMAGIC_LOCAL_GGUF, sha256 "
                   "checked)", flush=True)
         return url
+
+
+def _refuse_an_illegal_build() -> None:
+    """When the last server (polled already) died of SIGILL: forget it and raise the one
+    line that says to rebuild, instead of starting the same build again."""
+    global _proc, _url
+    if _proc is not None and _proc.returncode == -signal.SIGILL:
+        _proc, _url = None, None
+        raise EndpointError(_ILLEGAL)
 
 
 def _ended(returncode: int) -> str:
