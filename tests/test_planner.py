@@ -449,6 +449,16 @@ def test_stepwise_plans_steps_then_dependencies_and_ends_in_one_deliverable():
     assert "response_format" not in bodies[0] and 0 < bodies[0]["max_tokens"] <= 400
     assert bodies[0]["messages"][-1]["content"].endswith(
         "Every step is about sales.csv: name it in each step.")
+    # The dependency question continues the steps conversation (a server that keeps the
+    # prompts it evaluated evaluates the question alone): the steps prompt, the model's own
+    # answer to it, then the question, with the first worked example's answer as its form.
+    asked, n = bodies[1]["messages"], len(bodies[0]["messages"])
+    assert asked[:n] == bodies[0]["messages"]
+    assert asked[n] == {"role": "assistant",
+                        "content": "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))}
+    assert asked[n + 1]["content"].startswith("For each step you listed, give the numbers")
+    assert ('same time, so list only what a step really uses. For the first task above, the '
+            'answer is {"2": [], "3": ["1", "2"]}.') in asked[n + 1]["content"]
     second = bodies[1]["response_format"]["json_schema"]["schema"]
     # Ids can only name earlier steps: the grammar has no way to write a cycle or a new id.
     assert second["properties"]["4"]["items"]["enum"] == ["1", "2", "3"]
@@ -677,3 +687,23 @@ def test_following_the_users_own_plan_for_the_same_task_is_no_copy():
     # A shipped example's steps for another task are still a copy.
     assert check_plan(["Mix flour, eggs and milk into a batter"], task,
                       ["Mix flour, eggs and milk into a batter"])
+
+
+def test_the_dependency_question_shows_the_steps_as_kept_when_the_answer_lost_a_line():
+    """When a line of the model's steps answer was no step (it said the prompt back), the
+    numbers of the kept steps are not those of its lines: the conversation shows the steps as
+    kept, numbered as the question means them."""
+    from flowmagic.engine.stepwise import clean_steps, needs_continued, steps_messages
+
+    said = ("1. Task: explore sales.csv\n2. Summarise each column of sales.csv\n"
+            "3. Plot two relationships in sales.csv")
+    steps = clean_steps(said, 8)
+    assert steps == ["Summarise each column of sales.csv", "Plot two relationships in sales.csv"]
+    ask = steps_messages(DS_TASK, [], 2, 5)
+    turns = needs_continued(ask, steps, [], said)
+    assert turns[len(ask)]["content"] == ("1. Summarise each column of sales.csv\n"
+                                          "2. Plot two relationships in sales.csv")
+    # lines numbered 2 and 3 are not steps 1 and 2 either
+    assert needs_continued(ask, steps, [], said.split("\n", 1)[1])[len(ask)] == turns[len(ask)]
+    own = "1. Summarise each column of sales.csv\n2. Plot two relationships in sales.csv"
+    assert needs_continued(ask, steps, [], own + "\n")[len(ask)]["content"] == own + "\n"

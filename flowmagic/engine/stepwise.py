@@ -13,7 +13,10 @@ model is asked two small things instead:
    follows numbered worked examples as it followed JSON ones (bench/plans.py).
 2. For each step, the numbers of the earlier steps it uses, under a JSON schema whose
    items are enums of earlier numbers; llama.cpp turns it into a grammar, so the model
-   can neither invent an id nor write a cycle.
+   can neither invent an id nor write a cycle. It is asked as the steps conversation
+   continued (the steps as the model's answer, then the question), so a server that keeps
+   the prompts it evaluated (llama.cpp) evaluates the question, not the examples again:
+   on csv_eda 546 prompt tokens were evaluated for it as a prompt of its own.
 
 When a step still shares no word with the task (SmolLM2 drifts: "Serve hot ginger beer" in
 a guide to green tea), or there are fewer steps than asked for (no grammar counts them),
@@ -38,7 +41,7 @@ from ..model.plans import role_for
 from ..model.status import RunState, Status
 
 __all__ = ["Example", "shipped_examples", "past_examples", "retrieve", "steps_cap",
-           "steps_messages", "needs_schema", "needs_messages", "clean_steps", "build_plan",
+           "steps_messages", "needs_schema", "needs_continued", "clean_steps", "build_plan",
            "plan_stepwise", "SHIPPED"]
 
 SHIPPED = Path(__file__).resolve().parent.parent / "templates" / "plans.json"
@@ -168,17 +171,25 @@ def needs_schema(n: int) -> dict:
     return {"type": "object", "properties": props, "required": list(props)}
 
 
-def _listing(task: str, steps: list[str]) -> str:
-    return f"Task: {task}\nSteps:\n" + _numbered(steps)
+def _needs_of(e: Example) -> str:
+    return json.dumps({str(i): e.needs.get(str(i), []) for i in range(2, len(e.steps) + 1)})
 
 
-def needs_messages(task: str, steps: list[str], examples: list[Example]) -> list[dict]:
-    messages = [{"role": "system", "content": _NEEDS_SYSTEM}]
-    for e in examples[:1]:
-        shown = {str(i): e.needs.get(str(i), []) for i in range(2, len(e.steps) + 1)}
-        messages += [{"role": "user", "content": _listing(e.task, e.steps)},
-                     {"role": "assistant", "content": json.dumps(shown)}]
-    return messages + [{"role": "user", "content": _listing(task, steps)}]
+def needs_continued(ask: list[dict], steps: list[str], examples: list[Example],
+                    said: str = "") -> list[dict]:
+    """The dependency question after the steps question `ask` and its answer, with the first
+    worked example's answer to it as the example of the form. The answer is the model's own
+    text `said` when its lines are numbered 1, 2, ... and each became the step of that number
+    (the server matches the whole conversation it evaluated), else the steps as kept."""
+    question = _NEEDS_SYSTEM.replace("of the plan below", "you listed")
+    if examples:
+        question += f" For the first task above, the answer is {_needs_of(examples[0])}."
+    lines = _lines(said)
+    own = len(lines) == len(steps) and all(
+        x.lstrip().startswith(f"{i}. ") and _one_sentence(x) == step
+        for i, (x, step) in enumerate(zip(lines, steps), 1))
+    return ask + [{"role": "assistant", "content": said if own else _numbered(steps)},
+                  {"role": "user", "content": question}]
 
 
 def _lines(text: str) -> list[str]:
@@ -281,6 +292,17 @@ async def _ask_steps(llm, ask: list[dict], seed: int, cap: int, hi: int, opts: d
         return [], exc
 
 
+def _said(asked: list, steps: list[str], hi: int) -> str:
+    """The text of the reply whose steps were kept ("" when none gave them)."""
+    for reply in asked:
+        try:
+            if clean_steps(_whole_lines(reply), hi) == steps:
+                return _whole_lines(reply)
+        except PlanError:
+            continue
+    return ""
+
+
 async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
                         examples: list[Example], opts: dict,
                         refused=None) -> tuple[dict, list[str], list]:
@@ -312,7 +334,8 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
         return plan, notes + warnings, asked
     try:
         # Room for every key and every earlier number, at a few tokens each.
-        second = await llm.complete(needs_messages(task, steps, examples),
+        second = await llm.complete(needs_continued(ask, steps, examples,
+                                                    _said(asked, steps, hi)),
                                     schema=needs_schema(n), seed=seed, purpose="plan",
                                     max_tokens=8 * n + 2 * n * (n - 1) + 30, **opts)
     except ModelOutputError as exc:
