@@ -551,7 +551,50 @@ def test_the_working_start_runs_once_a_run_when_the_models_code_ran_after_it(tmp
     look, plot = flow.workflow.nodes["look"], flow.workflow.nodes["plot"]
     assert look.status == plot.status == "done"
     assert "working_start" in look.execution and "working_start" not in plot.execution
-    assert sum("Those are real results on the input" in p for p in sent) == 1   # look's only
+    # plot's prompt shows the start's one run once: in the start both prompts share, and
+    # not again in look's result, which it leads
+    described = str(pd.read_csv(CSV).describe())
+    (plot_prompt,) = [p for p in sent if "Your subtask (plot)" in p]
+    assert plot_prompt.count(described) == 1
+    assert "[flowmagic's working start ran first here: its code and output are shown above]" \
+        in plot_prompt
+
+
+def test_nodes_started_together_share_the_working_starts_output_in_one_start(tmp_path):
+    """The working start runs before the first model call of the nodes a run starts
+    together, so every call of the flow (the siblings, the child, the summary) opens with the
+    same text holding its real output, which a server that keeps evaluated prompts (llama.cpp)
+    evaluates once; the summary does not list that output again."""
+    plan = {"task": "Explore anscombe.csv: the mean of y and a plot", "nodes": [
+        {"id": "look", "requirement": "Describe the data.", "agent": "analyst"},
+        {"id": "mean", "requirement": "Compute the mean of y.", "agent": "statistician"},
+        {"id": "say", "requirement": "Write one finding.", "agent": "writer"}],
+        "edges": [["look", "say"], ["mean", "say"]]}
+
+    def responder(body):
+        if subtask(body) in ("look", "mean"):
+            return "```python\nprint(round(df['y'].mean(), 2))\n```"
+        return "The mean of y is 7.5."
+
+    with LoopbackServer(responder=responder) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="shared", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", concurrency=2)
+        flow.run()
+        sent = prompts(server)
+    assert flow.status == "done", flow.message
+    look = flow.workflow.nodes["look"]
+    assert look.execution["working_start"]["starter"]   # look ran it, then its own code
+    described = str(pd.read_csv(CSV).describe())
+    by_node = {n: next(p for p in sent if f"Your subtask ({n})" in p) for n in ("look", "mean", "say")}
+    (summary,) = [p for p in sent if "closing summary" in p]
+    calls = [*by_node.values(), summary]
+    start = by_node["look"][:by_node["look"].index("Your role:")]
+    assert described in start and "computed before any subtask began" in start
+    assert all(p.startswith(start) for p in calls)   # mean's too: it started with look
+    assert all(p.count(described) == 1 for p in calls)
+    listed = summary.split("What the code printed")[1]
+    assert "7.5" in listed and "count" not in listed   # the nodes' printouts; not the start's
 
 
 def test_starter_setting_is_checked():

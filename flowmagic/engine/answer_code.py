@@ -417,9 +417,17 @@ def made_files(ex: dict | None) -> list[str]:
     return saved + [f for f in ex.get("files", []) if f not in saved]
 
 
-def instructions(inputs: str, files: list[str], example: str = "") -> str:
+# After the working start's run (`report`) in the start every call of a flow shares.
+RAN_FIRST = ("Those are real results on the input, computed before any subtask began. Use "
+             "them; begin any code from the working start, keep its column names as written, "
+             "and write more code only for what your subtask still needs.")
+
+
+def instructions(inputs: str, files: list[str], example: str = "", ran: str = "") -> str:
     """What a node's prompt says about running code, delivering files and the inputs (what
-    the session holds for one node's code is that node's own: session.session_text)."""
+    the session holds for one node's code is that node's own: session.session_text).
+    `example`: the working start's code, to begin from; `ran`: instead, the report of its run
+    (the code, what it printed), once it ran in the flow's session."""
     parts = ["How your answer is used: every ```python block without a file name is run "
              "for you, once, as the next cell of this flow's Python session (a sandboxed "
              "kernel, like a notebook's, whose working directory holds the input files). "
@@ -432,7 +440,9 @@ def instructions(inputs: str, files: list[str], example: str = "") -> str:
              "```html index.html; it is saved under that name and not run."]
     if inputs:
         parts.append(inputs)
-    if example:
+    if ran:
+        parts.append(f"{ran}\n\n{RAN_FIRST}")
+    elif example:
         parts.append("A working start: this code runs as it is in the session, prints real "
                      "numbers and draws a figure. Begin your code from it, keep its column "
                      f"names as written, and change it for your subtask:\n```python\n{example}```")

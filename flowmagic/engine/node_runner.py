@@ -27,7 +27,7 @@ from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .scheduler import Outcome
 from .validation import retry_turns
-from .working_start import fall_back_on_start, ran_start, said_once
+from .working_start import fall_back_on_start, ran_start, said_once, shown_above, start_run
 from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
 from .diagnosis import code_feedback, hollow_result
@@ -101,7 +101,8 @@ CODE_END = ("Answer with one ```python block that computes and prints what your 
 
 
 def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
-                  workspace: bool = True, started: str = "", facts: bool = False) -> list[dict]:
+                  workspace: bool = True, started: str = "", facts: bool = False,
+                  ran: str = "") -> list[dict]:
     """The node's prompt: what every call of the flow shares first (the house rules, the
     task, how code runs and what the inputs are, the working start), then what is the
     node's own (its role, subtask, parents' results, what comes after), so that
@@ -110,8 +111,10 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
     leaves out what the workspace holds (the replay fingerprint must not depend on a
     folder another machine does not have). `facts=True` gives the same parts in the order
     of flowmagic before this layout (the role in the system message): the replay
-    fingerprint hashes that, so an older export's record still answers its nodes."""
-    p = _prompt_parts(ctx, node_id, retry_note, workspace, started)
+    fingerprint hashes that, so an older export's record still answers its nodes. `ran`:
+    the report of the working start's run in the flow's session, which the shared start
+    holds instead of its code (and a parent's result that it leads does not repeat)."""
+    p = _prompt_parts(ctx, node_id, retry_note, workspace, started, ran if workspace else "")
     if facts:
         user = [p["task"], p["subtask"], p["inputs"], p["note"], p["later"],
                 "\n\n".join(x for x in (p["how"], p["files"], p["session"]) if x), p["started"],
@@ -128,7 +131,7 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
 
 
 def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: bool,
-                  started: str) -> dict[str, str]:
+                  started: str, ran: str = "") -> dict[str, str]:
     """The texts of a node's prompt by name ("" where one has none)."""
     wf, settings = ctx.workflow, ctx.settings
     nodes = wf.nodes
@@ -136,7 +139,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
     budget = int(settings.context_chars)
     sources = wf.ancestors(node_id) if settings.context == "ancestors" else wf.parents(node_id)
     done = [(p, nodes[p]) for p in sources if nodes[p].status == Status.DONE]
-    texts = [n.output or "" for _, n in done]
+    texts = [shown_above(n.output or "", ran) for _, n in done]
     lengths = [len(t) for t in texts]
     # Results that fit together are given whole (what `shares` would allow them anyway).
     allowed = lengths if sum(lengths) <= budget else shares(lengths, budget)
@@ -163,7 +166,8 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
         made = [f for a in wf.ancestors(node_id) if nodes[a].status == Status.DONE
                 for f in made_files(nodes[a].execution)]
         parts["how"] = instructions(ctx.workspace.describe() if workspace else "", [],
-                                    ctx.workspace.example() if workspace and not started else "")
+                                    ctx.workspace.example() if workspace and not started else "",
+                                    ran)
         parts["files"] = files_line(made) if made else ""
         # what this node's code finds in the session (its ancestors' names): the node's own
         parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
@@ -179,6 +183,38 @@ class NodeRunner:
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
+        self._opening: asyncio.Future | None = None   # the run's first look (`_open`)
+        self._starts: dict = {}   # node -> its working start, run before the first calls
+        self._ran = ""            # the report of the working start's run, once it ran well
+        self._started = False     # this runner ran the working start (once per run)
+
+    async def _opened(self) -> None:
+        """Wait for `_open`, which the first node to run in this runner starts (a node
+        cancelled while it waits does not cancel it for the others)."""
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
+        await asyncio.shield(self._opening)
+
+    async def _open(self) -> None:
+        """Before the first model call of the nodes this run starts together: the working
+        start (when one of them wants it), so that every call shows its real output in the
+        start they share (`instructions(ran=...)`), or the run of it that a done node holds."""
+        wf = self.ctx.workflow
+        held = start_run(wf)
+        if held is not None:
+            self._ran = report(held)
+            return
+        for node_id in wf.order():
+            node = wf.nodes[node_id]
+            if node.status == Status.RUNNING and self._wants_starter(node):
+                try:
+                    ex = await self._starter(node)
+                except (SandboxError, WorkspaceError) as exc:   # that node fails with it
+                    self._starts[node_id] = exc
+                    return
+                self._starts[node_id] = ex
+                self._ran = report(ex) if ex.ran and ex.ok else ""
+                return
 
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
         return random.Random(f"{self.ctx.settings.seed}:{node_id}:{what}:{attempt}").random()
@@ -290,7 +326,7 @@ class NodeRunner:
             if not endpoint.local:
                 return False
         # Last, as it reads every node (a check per node over all nodes was O(|V|^2) a run).
-        if any(ran_start(n.execution) for n in wf.nodes.values()):
+        if self._started or self._ran or any(ran_start(n.execution) for n in wf.nodes.values()):
             return False   # once per run: one real look at the data, not one per node
         return bool(ctx.workspace.example())
 
@@ -300,6 +336,7 @@ class NodeRunner:
         computed from the data, and the record says whose code it was."""
         settings = self.ctx.settings
         node.execution = {"starter": True}   # claimed now: a sibling starting meanwhile skips it
+        self._started = True
         try:
             ex = await asyncio.to_thread(run_python, self.ctx.workspace, node.id,
                                          self.ctx.workspace.example(),
@@ -383,8 +420,14 @@ class NodeRunner:
         node = ctx.workflow.nodes[node_id]
         history = len(node.attempts)   # earlier runs of this node (reruns vary the seed)
         outcome = Outcome(ok=False)
+        await self._opened()
+        start = self._starts.pop(node_id, None)
         try:
-            start = await self._starter(node) if self._wants_starter(node) else None
+            if isinstance(start, Exception):
+                raise start
+            if start is None and self._wants_starter(node):   # a node that starts later
+                start = await self._starter(node)
+                self._ran = self._ran or (report(start) if start.ran and start.ok else "")
         except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
             return _failed_start(outcome, exc, history)
         limits = self._limits_of(node)
@@ -395,7 +438,10 @@ class NodeRunner:
             if settings.fail_rate and self._chance(node_id, "fail", history + attempt) < settings.fail_rate:
                 _failed(attempts, record, output=None, error="injected failure (fail_rate)")
                 continue
-            messages = node_messages(ctx, node_id, started=tries.start_report)
+            # the working start's run: in the start every call shares, once it ran well
+            shared = bool(self._ran) and tries.start_report == self._ran
+            messages = node_messages(ctx, node_id, ran=self._ran,
+                                     started="" if shared else tries.start_report)
             if attempts:   # the conversation goes on: the server's prefix covers the last try
                 messages = _continued(messages, retry_turns(attempts, node_id, _end_of(messages)))
             try:

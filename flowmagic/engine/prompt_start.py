@@ -5,9 +5,10 @@ longest start a new prompt shares with it, and OpenAI's prompt cache bills a sha
 1,024 tokens or more at the cached rate. So every node's prompt of a flow with input files opens
 alike: the house rules as the system message, then the task (without the words about its
 answer's form: the summary writes that form), how code runs and what the inputs hold, the working
-start; each call's own part comes after. The plan request opens the same way up to the working
-start, the closing summary too (told that what it writes is not run), and the update request
-with all of it. On the bench model (one thread, ~40 prompt tokens a second) the start is
+start (its code; once it ran in the flow's session, its code and what it printed); each call's
+own part comes after. The plan request opens the same way up to the working start, the closing
+summary too (told that what it writes is not run; with the working start's run when one ran),
+and the update request with all of it. On the bench model (one thread, ~40 prompt tokens a second) the start is
 700-1,300 tokens: 20-30 s of evaluation a call that does not share it.
 """
 
@@ -32,10 +33,14 @@ def task_part(task: str, budget: int) -> str:
     return f"Overall task:\n{task}"
 
 
-def flow_start(task: str, workspace, budget: int, *, working_start: bool = True) -> str:
+def flow_start(task: str, workspace, budget: int, *, working_start: bool = True,
+               ran: str = "") -> str:
     """The user message's start of every call of a flow whose workspace holds inputs (the
     node's prompt before its role: `node_runner.node_messages` builds the same text).
     `working_start=False` stops before the working start: shown it, the bench model planned
-    its example plot as a subtask of a question that asked for one number."""
-    example = workspace.example() if working_start else ""
-    return f"{task_part(task, budget)}\n\n{instructions(workspace.describe(), [], example)}"
+    its example plot as a subtask of a question that asked for one number. `ran`: the report
+    of the working start's run in the flow's session, which the nodes' prompts hold instead
+    of its code once it ran (then always: every call after it shares it)."""
+    example = workspace.example() if working_start and not ran else ""
+    return (f"{task_part(task, budget)}\n\n"
+            f"{instructions(workspace.describe(), [], example, ran)}")

@@ -285,13 +285,16 @@ class RunCore:
 
     def _flow_start(self, workflow, *, working_start: bool = True) -> str | None:
         """The start the nodes' prompts of a flow on input files share (prompt_start), for a
-        call of the run's own (the update, the summary) to open with; None for any other flow."""
+        call of the run's own (the update, the summary) to open with, the working start's run
+        in it when a done node holds one; None for any other flow."""
         settings = self.record.settings
         if not self._on_data():
             return None
+        from .answer_code import report
         from .prompt_start import flow_start
+        from .working_start import start_run
         return flow_start(workflow.task or "", self.space.workspace, int(settings.context_chars),
-                          working_start=working_start)
+                          working_start=working_start, ran=report(start_run(workflow)))
 
     # -- the final write-up ----------------------------------------------------------------------
     async def _summary(self, messages: list[dict], schema: dict | None = None):

@@ -34,7 +34,9 @@ from ..model.status import Status
 from . import answerform, numbers
 from .answerform import Form
 from .node_runner import shares
+from .answer_code import report
 from .prompt_start import HOUSE_RULES
+from .working_start import shown_above, start_run
 
 __all__ = ["Summary", "write", "summary_messages", "printed_outputs", "kept_answer",
            "partial_mark", "untraced_values", "SYSTEM", "recheck", "RECHECK"]
@@ -73,26 +75,30 @@ def _runs(execution) -> list[dict]:
     return [r for r in runs if r.get("ran")]
 
 
-def printed_outputs(workflow) -> list[tuple[str, str]]:
-    """(node, what its code printed) of every done node whose code printed something."""
+def printed_outputs(workflow, start: bool = True) -> list[tuple[str, str]]:
+    """(node, what its code printed) of every done node whose code printed something;
+    `start=False` leaves out the working start's printout (the prompt shows it above)."""
     out = []
     for node in workflow.nodes.values():
         if node.status != Status.DONE:
             continue
-        text = ""
+        text = seen = ""
         for run in _runs(node.execution):   # a printout an earlier one holds whole: listed once
             printed = str(run.get("stdout") or "").rstrip()
-            if printed.strip() and printed not in text:
-                text = f"{text}\n{printed}" if text else printed
+            if printed.strip() and printed not in seen:
+                seen = f"{seen}\n{printed}"
+                if start or not run.get("starter"):
+                    text = f"{text}\n{printed}" if text else printed
         if text.strip():
             out.append((node.id, text.strip("\n")))
     return out
 
 
-def _body(node) -> str:
+def _body(node, shown: str = "") -> str:
     """A node's result for the summary: when its code ran, the code is left out (kept in the
-    node) and its printout is listed with the others', so the prose and numbers both fit."""
-    text = node.output or ""
+    node) and its printout is listed with the others', so the prose and numbers both fit;
+    the working start's report `shown` above is not repeated."""
+    text = shown_above(node.output or "", shown)
     runs = _runs(node.execution)
     if not runs:
         return text
@@ -127,17 +133,22 @@ def summary_messages(workflow, budget: int, form: Form | None,
     @is_normal the wrong way round in two replays of stored prompts). So the summary evaluates
     about what it did, but a server that keeps the last prompt still holds the start after it:
     a node run again after the summary (`recheck`; 5 of analysis-s11/s12's 28 bench-model
-    flows) evaluated its whole ~1,100-token prompt again (39-82 s on one thread)."""
+    flows) evaluated its whole ~1,100-token prompt again (39-82 s on one thread).
+    When the start shows the working start's run (as the nodes' prompts did), its code and
+    printout are not listed again."""
     active = [n for n in workflow.nodes.values() if n.status == Status.DONE]
-    printed = printed_outputs(workflow)
-    texts = [_body(n) for n in active]
+    shown = report(start_run(workflow)) if start else ""
+    shown = shown if shown and shown in start else ""
+    printed = printed_outputs(workflow, start=not shown)
+    texts = [_body(n, shown) for n in active]
     printed_room = shares([len(t) for _, t in printed], budget // 2) if printed else []
     printed_text = [_cut(t, k) for (_, t), k in zip(printed, printed_room)]
     allowed = shares([len(t) for t in texts], budget - sum(map(len, printed_text)))
     body = "\n\n".join(f"[{n.id}] {n.requirement}\n{_cut(t, k)}"
                        for n, t, k in zip(active, texts, allowed))
     if printed:
-        body += ("\n\nWhat the code printed (copy every number from here):\n"
+        body += ("\n\nWhat the code printed (copy every number from here"
+                 + (", or from the working start's output above" if shown else "") + "):\n"
                  + "\n\n".join(f"[{nid}]\n{t}" for (nid, _), t in zip(printed, printed_text)))
     own = f"Task:\n{workflow.task}\n\nResults of the subtasks:\n{body}\n\n{_ending(form)}"
     if start:

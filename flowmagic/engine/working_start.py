@@ -8,8 +8,13 @@ from __future__ import annotations
 from .answer_code import WORKING_START, Execution
 from .diagnosis import CODE_FAILED
 from .scheduler import Outcome
+from ..model.status import Status
 
-__all__ = ["said_once", "ran_start", "fall_back_on_start"]
+__all__ = ["said_once", "ran_start", "start_run", "shown_above", "SHOWN_ABOVE",
+           "fall_back_on_start"]
+
+# In a result that a working start led, where the prompt already shows that run above.
+SHOWN_ABOVE = "[flowmagic's working start ran first here: its code and output are shown above]"
 
 
 def said_once(said: str, ex: Execution, start: Execution | None) -> str:
@@ -28,6 +33,28 @@ def ran_start(execution: dict | None) -> bool:
     """The node's record holds the working start: as its result (or claimed by it), or run
     before the model's own code, which then became the result."""
     return bool(execution) and bool(execution.get("starter") or execution.get(WORKING_START))
+
+
+def start_run(workflow) -> dict | None:
+    """The working start's run that a done node of the flow holds, when it ran without error
+    (what the prompts of the flow's later calls show: `instructions(ran=report(...))`)."""
+    for node in workflow.nodes.values():
+        execution = node.execution
+        if node.status != Status.DONE or not ran_start(execution):
+            continue
+        run = execution.get(WORKING_START)
+        run = run if isinstance(run, dict) else execution
+        if run.get("starter") and run.get("ran") and run.get("ok"):
+            return {**run, "saved": [], "renamed": {}, "notes": []}   # the start's own run
+    return None
+
+
+def shown_above(text: str, shown: str) -> str:
+    """`text` (a node's result) without the working start's report `shown` that leads it,
+    when the prompt it goes into shows that report above already."""
+    if shown and text.startswith(shown):
+        return SHOWN_ABOVE + text[len(shown):]
+    return text
 
 
 def _model_side(attempt: dict) -> str:
