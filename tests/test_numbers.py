@@ -83,6 +83,19 @@ def test_an_output_block_written_by_the_model_is_left_out_and_marked():
                                    "```python board.py\nSIZE = 15  # a 15x15 board\n```")
 
 
+
+@pytest.mark.parametrize("head", ["The output will be:", "The result is:", "This will print:"])
+def test_a_guess_headed_with_the_or_this_will_is_left_out_too(head):
+    """A guess at the printout under a heading such as "The output will be:" (dabench-dev
+    q409's node guessed 417 after its code, which printed 687): an unlabelled fence after the
+    heading, plain lines, or the rest of its line are the model's claim, not output."""
+    for guess in ("```\n417\n```\n", "417\n"):
+        stripped = strip_claims(f"```python\nprint(len(df))\n```\n\n{head}\n{guess}")
+        assert "417" not in stripped and stripped.count(CLAIM_MARK) == 1
+        assert stripped.startswith("```python\nprint(len(df))\n```")
+    inline = strip_claims(f"```python\nprint(len(df))\n```\n{head} 417\nThat is all.\n")
+    assert "417" not in inline and inline.endswith(f"{CLAIM_MARK}\nThat is all.\n")
+
 # -------------------------------------------------------------------- in a flow (loopback)
 import json  # noqa: E402
 

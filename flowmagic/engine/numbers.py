@@ -366,12 +366,16 @@ def numbers_feedback(numbers: list[str], code_ran: bool = True) -> str:
 
 # -------------------------------------------------------------------- the model's own claims
 CLAIM_MARK = "[the model's guess at what its code prints was left out: only output that ran counts]"
-_CLAIM_HEAD = re.compile(
-    r"^\s*(?:[#>*_]+\s*)*(?:(?:the\s+)?(?:expected|example|sample|predicted|possible|"
+_CLAIM_WORDS = (
+    r"^\s*(?:[#>*_]+\s*)*(?:the\s+)?(?:(?:expected|example|sample|predicted|possible|"
     r"approximate|likely)\s+)?(?:output|result|results|console output|prints?|this prints|"
-    r"it prints|which prints|would print|running (?:this|it) (?:gives|prints))"
-    r"(?:\s+(?:would be|will be|is|looks like|should be))?\s*[:\-]?\s*(?:[*_]+)?\s*:?\s*$",
-    re.IGNORECASE)
+    r"this will print|it prints|which prints|would print|running (?:this|it) (?:gives|prints))"
+    r"(?:\s+(?:would be|will be|is|looks like|should be))?")
+# a heading line ("Output:", "The output will be:"): what follows it is the claim
+_CLAIM_HEAD = re.compile(_CLAIM_WORDS + r"\s*[:\-]?\s*(?:[*_]+)?\s*:?\s*$", re.IGNORECASE)
+# the claim on the heading's own line ("The output will be: 417")
+_CLAIM_LINE = re.compile(_CLAIM_WORDS + r"\s*(?:[*_]+)?\s*:\s*(?:[*_]+)?\s*[^\s*_]",
+                         re.IGNORECASE)
 # a Python fence with no file name: the code that runs (a named one is a deliverable, kept whole)
 _PY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(python|py|python3)[ \t]*$",
                        re.IGNORECASE | re.MULTILINE)
@@ -444,7 +448,8 @@ def _claim_end(lines: list[str], i: int) -> int | None:
 
 def strip_claims(text: str) -> str:
     """The text with what the model wrote as the output of its own code left out (an
-    "Output:" heading and the block or lines after it, a fence labelled output/console,
+    "Output:" heading and the block or lines after it, or what follows it on its line, a
+    fence labelled output/console,
     number-bearing comments in Python blocks that run), each replaced by CLAIM_MARK. Only
     for an answer that holds code: without code there is no output to predict."""
     if not _has_code(text):
@@ -453,6 +458,8 @@ def strip_claims(text: str) -> str:
     while i < len(lines):
         line = lines[i]
         end = _claim_end(lines, i) if line.strip() and _CLAIM_HEAD.match(line) else None
+        if end is None and _CLAIM_LINE.match(line):
+            end = i + 1
         if end is not None:
             out.append(CLAIM_MARK)
             i = end
