@@ -193,7 +193,10 @@ class NodeRunner:
         cancelled while it waits does not cancel it for the others)."""
         if self._opening is None:
             self._opening = asyncio.ensure_future(self._open())
-        await asyncio.shield(self._opening)
+        if self._opening.done():   # (then a node does not wait a loop turn for it)
+            self._opening.result()
+        else:
+            await asyncio.shield(self._opening)
 
     async def _open(self) -> None:
         """Before the first model call of the nodes this run starts together: the working
