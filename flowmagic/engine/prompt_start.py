@@ -8,8 +8,8 @@ answer's form: the summary writes that form), how code runs and what the inputs 
 start (its code; once it ran in the flow's session, its code and what it printed); each call's
 own part comes after. The plan request opens the same way up to the working start, the closing
 summary too (told that what it writes is not run; with the working start's run when one ran),
-and the update request with all of it. On the bench model (one thread, ~40 prompt tokens a second) the start is
-700-1,300 tokens: 20-30 s of evaluation a call that does not share it.
+and the update request with all of it. On the bench model (one thread, ~40 prompt tokens a
+second) the start is 700-1,300 tokens: 20-30 s of evaluation a call that does not share it.
 """
 
 from __future__ import annotations
