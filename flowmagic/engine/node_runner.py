@@ -27,7 +27,8 @@ from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .scheduler import Outcome
 from .validation import retry_turns
-from .working_start import fall_back_on_start, ran_start, said_once, shown_above, start_run
+from .working_start import (fall_back_on_start, ran_start, said_once, shared_report,
+                            shown_above, start_run)
 from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
 from .diagnosis import code_feedback, hollow_result
@@ -216,7 +217,7 @@ class NodeRunner:
                     self._starts[node_id] = exc
                     return
                 self._starts[node_id] = ex
-                self._ran = report(ex) if ex.ran and ex.ok else ""
+                self._ran = shared_report(ex)
                 return
 
     def _chance(self, node_id: str, what: str, attempt: int = 0) -> float:
@@ -430,7 +431,7 @@ class NodeRunner:
                 raise start
             if start is None and self._wants_starter(node):   # a node that starts later
                 start = await self._starter(node)
-                self._ran = self._ran or (report(start) if start.ran and start.ok else "")
+                self._ran = self._ran or shared_report(start)
         except (SandboxError, WorkspaceError) as exc:   # the model won't fix that
             return _failed_start(outcome, exc, history)
         limits = self._limits_of(node)

@@ -282,25 +282,16 @@ def _rank(steps: list[str], task: str, lo: int) -> tuple:
 
 
 async def _ask_steps(llm, ask: list[dict], seed: int, cap: int, hi: int, opts: dict,
-                     asked: list) -> tuple[list[str], Exception | None]:
-    """(steps, None), or ([], the error) when the answer was no usable list."""
+                     asked: list) -> tuple[list[str], str, Exception | None]:
+    """(steps, the answer's text they came from, None), or ([], "", the error) when the
+    answer was no usable list."""
     try:
         reply = await llm.complete(ask, seed=seed, purpose="plan", max_tokens=cap, **opts)
         asked.append(reply)
-        return clean_steps(_whole_lines(reply), hi), None
+        said = _whole_lines(reply)
+        return clean_steps(said, hi), said, None
     except (ModelOutputError, PlanError) as exc:
-        return [], exc
-
-
-def _said(asked: list, steps: list[str], hi: int) -> str:
-    """The text of the reply whose steps were kept ("" when none gave them)."""
-    for reply in asked:
-        try:
-            if clean_steps(_whole_lines(reply), hi) == steps:
-                return _whole_lines(reply)
-        except PlanError:
-            continue
-    return ""
+        return [], "", exc
 
 
 async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
@@ -313,19 +304,21 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
     ask = steps_messages(task, examples, lo, hi, subject_words(task))
     asked: list = []
     notes: list[str] = []
-    steps, problem = await _ask_steps(llm, ask, seed, cap, hi, opts, asked)
+    steps, said, problem = await _ask_steps(llm, ask, seed, cap, hi, opts, asked)
     if problem is None:
         share = topic_share(steps, task)
         if len(steps) < lo or share < 1.0:
             kept = _rank(steps, task, lo)
-            other, _ = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi, opts, asked)
+            other, other_said, _ = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi,
+                                                    opts, asked)
             if _rank(other, task, lo) > kept:
                 notes.append(f"the first answer had {len(steps)} steps, {share:.0%} about the "
                              f"task; asked again and kept the second ({len(other)} steps, "
                              f"{topic_share(other, task):.0%})")
-                steps = other
+                steps, said = other, other_said
     else:
-        steps, again = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi, opts, asked)
+        steps, said, again = await _ask_steps(llm, ask, seed + REASK_SEED, cap, hi, opts,
+                                              asked)
         if again is not None:
             raise problem
     n = len(steps)
@@ -334,8 +327,7 @@ async def plan_stepwise(llm, task: str, *, seed: int, lo: int, hi: int,
         return plan, notes + warnings, asked
     try:
         # Room for every key and every earlier number, at a few tokens each.
-        second = await llm.complete(needs_continued(ask, steps, examples,
-                                                    _said(asked, steps, hi)),
+        second = await llm.complete(needs_continued(ask, steps, examples, said),
                                     schema=needs_schema(n), seed=seed, purpose="plan",
                                     max_tokens=8 * n + 2 * n * (n - 1) + 30, **opts)
     except ModelOutputError as exc:

@@ -5,12 +5,12 @@ were unusable on every attempt."""
 
 from __future__ import annotations
 
-from .answer_code import WORKING_START, Execution
+from .answer_code import WORKING_START, Execution, report
 from .diagnosis import CODE_FAILED
 from .scheduler import Outcome
 from ..model.status import Status
 
-__all__ = ["said_once", "ran_start", "start_run", "shown_above", "SHOWN_ABOVE",
+__all__ = ["said_once", "ran_start", "start_run", "shared_report", "shown_above", "SHOWN_ABOVE",
            "fall_back_on_start"]
 
 # In a result that a working start led, where the prompt already shows that run above.
@@ -47,6 +47,12 @@ def start_run(workflow) -> dict | None:
         if run.get("starter") and run.get("ran") and run.get("ok"):
             return {**run, "saved": [], "renamed": {}, "notes": []}   # the start's own run
     return None
+
+
+def shared_report(ex: Execution) -> str:
+    """The report of a working start's run that the start every later call shares shows
+    ("" when it did not run without error: then only its node is told, as before)."""
+    return report(ex) if ex.ran and ex.ok else ""
 
 
 def shown_above(text: str, shown: str) -> str:
