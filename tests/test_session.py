@@ -755,3 +755,64 @@ def test_code_that_prints_only_an_empty_or_missing_result_goes_back_as_a_code_fi
     assert "The code failed to produce a result" in asked[2] and "nan" in asked[2]
     node = flow.workflow.nodes["mean"]
     assert "7.5" in node.output and [a["passed"] for a in node.attempts] == [False, False, True]
+
+
+def _interpreters() -> set[int]:
+    """The sandboxed session interpreters below this process now."""
+    return {pid for pid, line in zip(_survivors(_tree(os.getpid())), _cmdlines(_tree(os.getpid())))
+            if "session_child" in line}
+
+
+ONE_NODE = {"subtasks": [{"id": "count", "requirement": "Count the rows of anscombe.csv with code.",
+                          "agent": "analyst", "depends_on": []}]}
+
+
+def test_a_flow_that_runs_next_starts_its_session_while_it_is_planned():
+    """`%%flow --run` (and --step) plan with start_session: the sandbox, the imports and the
+    inputs load while the planner's call is out, and the first cell runs in that session."""
+    before, seen = _interpreters(), {}
+
+    def respond(body):
+        if "Your role: the planner." in body["messages"][-1]["content"]:
+            deadline = time.monotonic() + 60   # the planner's answer waits for it to show
+            while not _interpreters() - before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["planning"] = _interpreters() - before
+            return json.dumps(ONE_NODE)
+        return _fenced("print(len(df))")
+
+    server = LoopbackServer(responder=respond).start()
+    try:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = flowmagic.plan("Count the rows of anscombe.csv with pandas", k=1, inputs=[CSV],
+                              start_session=True, starter="off", plan_method="oneshot")
+        assert seen["planning"], "no session started while the task was planned"
+        flow.run()
+        assert flow.workflow.nodes["count"].execution["stdout"] == "44\n"
+        session = flow.session()
+        assert session.starts == 1   # the cell ran in the session started while planning
+        assert session.pid in seen["planning"]
+        flow.close()
+    finally:
+        server.stop()
+
+
+def test_a_plan_that_fails_leaves_no_session_started_for_it():
+    import threading
+
+    before = _interpreters()
+    server = LoopbackServer(responder=lambda body: "no plan here").start()
+    try:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        with pytest.raises(flowmagic.FlowError):
+            flowmagic.plan("Count the rows of anscombe.csv with pandas", k=1, inputs=[CSV],
+                           start_session=True, plan_method="oneshot")
+        for thread in threading.enumerate():   # a start still under way when the plan failed
+            if thread.name == "flowmagic-session-start":
+                thread.join(60)
+        deadline = time.monotonic() + 15
+        while _interpreters() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _interpreters() - before == set()
+    finally:
+        server.stop()

@@ -26,7 +26,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.execute:
         from ..ops.codecells import EXECUTE_ENV
 
-        import nbformat
+        from .._internal.nbformat_import import nbformat
 
         from ..ops.nbsession import mismatches
 

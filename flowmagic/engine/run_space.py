@@ -56,16 +56,25 @@ class RunSpace:
         """The run's sandboxed Python session, where its nodes' code runs one cell at a time
         (started when first needed; after a restart it runs the recorded cells again)."""
         if self._session is None:
-            from .session import Session, recorded_cells
-            record = self.record   # the session's history reads the run, never its flow
-
-            def history() -> list[dict]:
-                return recorded_cells(record.workflow)
-
-            self._session = Session(self.workspace, sandbox=record.settings.sandbox,
-                                    history=history)
-            weakref.finalize(self, self._session.close)   # it ends with its run's flow
+            from .session import Session
+            self.adopt(Session(self.workspace, sandbox=self.record.settings.sandbox))
         return self._session
+
+    def adopt(self, session) -> None:
+        """Take `session` (a Session on this run's workspace folder, started while the run
+        was planned: `flowmagic.aplan(start_session=True)`) as the run's session, its
+        workspace as the run's, and the run's record as its history from now on."""
+        from .session import recorded_cells
+        record = self.record   # the session's history reads the run, never its flow
+
+        def history() -> list[dict]:
+            return recorded_cells(record.workflow)
+
+        session.history = history
+        if self._workspace is None:
+            self._workspace = session.workspace
+        self._session = session
+        weakref.finalize(self, session.close)   # it ends with its run's flow
 
     def close(self) -> None:
         """End the session and every process it started (a later code run starts a new one,

@@ -42,7 +42,7 @@ def _template_name(name: str) -> str:
 
 
 def _read_template(name: str):
-    import nbformat
+    from .._internal.nbformat_import import nbformat
 
     from ..ops.nbrun import template_path
 

@@ -181,7 +181,7 @@ class TrialReport:
 # -- success ---------------------------------------------------------------------------------------
 def template_checks(name: str) -> list[str]:
     """The `checks` a template declares in its metadata (flowmagic.template.checks)."""
-    import nbformat
+    from .._internal.nbformat_import import nbformat
 
     from ..ops.nbrun import template_path
 

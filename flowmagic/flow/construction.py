@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from typing import Any, Callable
 
 from .._internal.aio import run_blocking
@@ -26,13 +27,15 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
                 strategy: str = "balanced",
                 *, name: str = "flow", llm: LLM | None = None, tools: Any = None,
                 progress: Callable[[dict], Any] | None = None, inputs: Any = None,
-                **settings: Any) -> Flow:
+                start_session: bool = False, **settings: Any) -> Flow:
     """Plan `task` as K candidate graphs and keep the best by `planner.RULE` (connected and
     covering first, then the most parallel, then the least tangled); K left out is
     `planner.default_k` (3, or a server you run's slots when fewer); `progress(event)` hears
     each step (see planner.plan_candidates). `inputs` (file paths, or {name: DataFrame / value
     / path}) are saved in the run's workspace; the planner and every agent are told what they
-    hold."""
+    hold. `start_session` (for a flow that runs next, as `%%flow --run` and `--step` do):
+    its sandboxed Python session starts while the task is planned, so the first cell does not
+    wait for the sandbox, the imports and the inputs to load (about 1 s)."""
     from ..engine import planner
 
     if not isinstance(task, str) or not task.strip():
@@ -44,7 +47,7 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
     say_where_code_cannot_run(settings)
     run_id = new_run_id()
-    context = start = None
+    context = start = early = None
     if inputs is not None:
         from ..engine.workspace import Workspace
         store_home = llm.store.path.parent
@@ -55,16 +58,50 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
         if settings.execute != "off" and workspace.inputs:   # its nodes' prompts open alike
             start = flow_start(task.strip(), workspace, int(settings.context_chars),
                                working_start=False)
-    candidates, chosen = await planner.plan(
-        task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,
-        max_subtasks=settings.max_subtasks, max_agents=settings.max_agents, run_id=run_id,
-        progress=progress, context=context, start=start, method=settings.plan_method,
-        time_limit_s=settings.plan_time_s)
+            early = _EarlySession(workspace, settings) if start_session else None
+    try:
+        candidates, chosen = await planner.plan(
+            task.strip(), k=k, model=model, strategy=strategy, llm=llm, seed=settings.seed,
+            max_subtasks=settings.max_subtasks, max_agents=settings.max_agents, run_id=run_id,
+            progress=progress, context=context, start=start, method=settings.plan_method,
+            time_limit_s=settings.plan_time_s)
+    except BaseException:
+        if early is not None:
+            early.drop()
+        raise
     workflow = candidates[chosen].workflow.copy()
     flow = Flow(workflow, name=name, candidates=candidates, chosen=chosen, run_id=run_id,
                 llm=llm, tools=tools, **settings)
+    if early is not None:
+        flow.space.adopt(early.session)
     flow.spent_usd = sum(c.cost_usd for c in candidates)
     return flow
+
+
+class _EarlySession:
+    """A flow's Session on `workspace`, starting in a thread of its own while the task is
+    planned (a start that fails is left to the first cell, which starts it again and says
+    why it cannot)."""
+
+    def __init__(self, workspace, settings: Settings):
+        from ..engine.session import Session
+
+        self.session = Session(workspace, sandbox=settings.sandbox)
+        self._dropped = threading.Event()
+        threading.Thread(target=self._start, name="flowmagic-session-start", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self.session.start()
+        except Exception:  # noqa: BLE001 - reported by the first cell's own start
+            pass
+        if self._dropped.is_set():   # dropped while it started: it ends now
+            self.session.close()
+
+    def drop(self) -> None:
+        """No flow takes it (the plan failed): it ends now, or as soon as its start returns."""
+        self._dropped.set()
+        self.session.close()
 
 
 def say_where_code_cannot_run(settings: Settings) -> None:

@@ -159,12 +159,12 @@ class FlowMagics(Magics):
             from ..engine.planner import default_k
             settings.k = default_k(settings.model)
         progress = self._planning_progress(args.name, settings)
+        mode = args.mode or self.default_mode
         flow = _run_blocking(lambda: aplan(task, name=args.name, tools=tools, inputs=inputs,
                                            progress=progress,
-                                           **settings))
+                                           start_session=mode != "plan-only", **settings))
         self.shell.user_ns[args.name] = flow
         panel = self._show(flow)
-        mode = args.mode or self.default_mode
         if mode != "plan-only":
             self._check_budget(flow)
         if mode == "run":

@@ -315,7 +315,7 @@ def _code_span(text: str) -> str:
 
 
 def _files_cell(record: dict):
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     files = record.get("files") or []
     where = record.get("files_dir")
@@ -332,7 +332,7 @@ _STARTER_WHOSE = ("Code of flowmagic's working start (from the input's own colum
 
 def _code_cell(replica, record: dict, node_id: str, ran: dict, line: str):
     """A `%%flow_code` cell with the recorded run's outputs (what it printed and drew)."""
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     figures = record["nodes"][node_id].get("figures_png") or {}
     outputs = []
@@ -355,7 +355,7 @@ def _earlier_runs(node) -> list[dict]:
 
 def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
     """A note and a code cell for the node's code run (the cell that settles the node)."""
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     node = replica.workflow.nodes[node_id]
     failed = f"\n\n**failed**: {node.error}" if node.status == Status.FAILED else ""
@@ -369,7 +369,7 @@ def _code_cells(replica, record: dict, name: str, node_id: str) -> list:
 
 def _earlier_cells(replica, record: dict, name: str, node_id: str, ran: dict) -> list:
     """A note and a code cell for an earlier run of the node's code that the session kept."""
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     node = replica.workflow.nodes[node_id]
     if ran.get("starter"):
@@ -389,7 +389,7 @@ def _head(node) -> str:
 
 
 def _prelude_cell(name: str, prelude: str):
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     line = magic_line("flow_code", (name, "the flow's name")) + " --prelude"
     return v4.new_code_cell(f"{line}\n{prelude.rstrip()}",
@@ -433,7 +433,7 @@ def _cell_order(replica) -> list[tuple]:
 
 def build(flow, *, name: str | None = None, files_dir: str | None = None):
     """The notebook (an nbformat NotebookNode) that replays `flow`; see the module docstring."""
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     if getattr(flow, "busy", False) or getattr(flow, "running", False):
         raise NodeError(f"flow {flow.name!r} is running; wait for it (or stop it) before exporting")
@@ -487,7 +487,7 @@ def build(flow, *, name: str | None = None, files_dir: str | None = None):
 
 def export(flow, path: str | Path, *, name: str | None = None) -> Path:
     """Write the notebook that replays `flow` to `path` (folders made as needed)."""
-    import nbformat
+    from .._internal.nbformat_import import nbformat
 
     path = Path(path)
     if path.suffix != ".ipynb":

@@ -30,7 +30,7 @@ NOTICE = "flowmagic: using the embedded"   # local.py's one-time notice, not an 
 
 
 def _read(path: str | Path):
-    import nbformat
+    from .._internal.nbformat_import import nbformat
 
     try:
         return nbformat.read(str(path), as_version=4)
@@ -109,7 +109,7 @@ def parse_params(pairs: list[str] | None, defaults: dict[str, Any]) -> dict[str,
 def fill(nb, params: dict[str, Any]):
     """Put `params` in a cell tagged `injected-parameters` after the parameters cell (as
     papermill does; values injected by an earlier fill are kept unless given again)."""
-    import nbformat.v4 as v4
+    from .._internal.nbformat_import import v4
 
     if not params:
         return nb
@@ -157,7 +157,7 @@ def template_path(name: str) -> Path:
 def new(template: str, out: str | Path, params: list[str] | dict | None = None, *,
         force: bool = False) -> Path:
     """A notebook made from a template, with the given parameters filled in."""
-    import nbformat
+    from .._internal.nbformat_import import nbformat
 
     out = Path(out)
     if out.suffix != ".ipynb":
@@ -202,7 +202,7 @@ def execute(path: str | Path, out: str | Path | None = None, *, params: list[str
     Returns {"path", "cells", "seconds", "calls", "cached", "errors"}: the model calls
     made while it ran (the kernel shares this process's FLOWMAGIC_HOME).
     """
-    import nbformat
+    from .._internal.nbformat_import import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 

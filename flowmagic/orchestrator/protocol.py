@@ -368,8 +368,7 @@ def _replay_source(o: Orchestration) -> str:
 
 def export_notebook(o: Orchestration, path) -> Path:
     """An nbformat v4 notebook: the task, a cell replaying the run, the transcript, the answer."""
-    import nbformat
-    from nbformat import v4
+    from .._internal.nbformat_import import nbformat, v4
 
     from ..view.safe import markdown_cell   # the messages are model text
 
