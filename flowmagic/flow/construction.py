@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 from .._internal.aio import run_blocking
 from ..engine.prompt_start import flow_start
-from ..errors import ConfigError, FlowError
+from ..errors import ConfigError
 from ..llm.client import LLM, get_llm
-from ..llm.endpoints import check_model, resolve
+from ..llm.endpoints import check_model
 from ..model import status as transition
 from ..model.graph import Workflow
 from ..model.status import RunState, Status
@@ -45,7 +45,6 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
         k = await asyncio.to_thread(planner.default_k, model)
     settings = Settings(**{**settings, "k": k, "model": model, "strategy": strategy})
     check_model(model)   # before any paid call: a model the endpoint does not list is refused
-    _embedded_server_starting(model)
     say_where_code_cannot_run(settings)
     run_id = new_run_id()
     context = start = early = None
@@ -77,28 +76,6 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
         flow.space.adopt(early.session)
     flow.spent_usd = sum(c.cost_usd for c in candidates)
     return flow
-
-
-def _embedded_server_starting(model: str | None) -> None:
-    """When the flow's model is the embedded one and its server is not up: start it in a
-    thread now, so that it loads while the inputs are read and described (the planner's
-    first call waits for it, as it did; a start that fails is tried again there and said)."""
-    from ..llm import local
-
-    try:
-        endpoint, _ = resolve(model)
-    except FlowError:   # planning itself says what is wrong with the model
-        return
-    if not endpoint.local or local.server_url() is not None:
-        return
-
-    def start() -> None:
-        try:
-            local.ensure_server()
-        except Exception:  # noqa: BLE001 - the first call starts it again and says why not
-            pass
-
-    threading.Thread(target=start, name="flowmagic-server-start", daemon=True).start()
 
 
 class _EarlySession:
