@@ -560,6 +560,35 @@ def test_the_working_start_runs_once_a_run_when_the_models_code_ran_after_it(tmp
         in plot_prompt
 
 
+def test_a_rerun_of_the_node_that_led_the_working_start_keeps_its_run(tmp_path):
+    """flow.rerun on the node that ran the working start: the start is not run again (its
+    cell is in the session already) and not lost either: the node's record, its prompt and
+    the export still hold the start's real output."""
+    plan = {"task": "Explore anscombe.csv", "nodes": [
+        {"id": "look", "requirement": "Load the data and describe it.", "agent": "analyst"}],
+        "edges": []}
+    with LoopbackServer(responder=lambda body: "```python\nprint(df.shape)\n```",
+                        model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="again", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", consolidate=False)
+        flow.run()
+        first = flow.workflow.nodes["look"].execution["working_start"]
+        flow.rerun("look")
+        sent = [p for p in prompts(server) if "Your subtask (look)" in p]
+    look = flow.workflow.nodes["look"]
+    assert look.status == "done" and len(sent) == 2
+    again = look.execution["working_start"]
+    assert again["stdout"] == first["stdout"] and again["seq"] == first["seq"]
+    assert look.execution["stdout"] == "(44, 3)\n"   # the model's code ran again after it
+    described = str(pd.read_csv(CSV).describe())
+    assert described in sent[1]   # the rerun's prompt shows the start's output, not its code alone
+    cells = flow.session().history()
+    assert [c["seq"] for c in cells].count(first["seq"]) == 1   # one start cell in the order
+    nb = flow.to_notebook(tmp_path / "again.ipynb").read_text()
+    assert "%%flow_code again look --agent analyst --start" in nb
+
+
 def test_nodes_started_together_share_the_working_starts_output_in_one_start(tmp_path):
     """The working start runs before the first model call of the nodes a run starts
     together, so every call of the flow (the siblings, the child, the summary) opens with the

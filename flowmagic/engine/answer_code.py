@@ -78,6 +78,11 @@ class Execution:
         return {name: _copy(value) for name in _EXECUTION_FIELDS
                 for value in (getattr(self, name),)}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Execution":
+        """An Execution again from its `to_dict` (keys it does not know are left out)."""
+        return cls(**{name: _copy(data[name]) for name in _EXECUTION_FIELDS if name in data})
+
 
 def _copy(value):
     if isinstance(value, list):

@@ -27,8 +27,8 @@ from .session import names_for, session_text
 from .._internal.text import cut as text_cut
 from .scheduler import Outcome
 from .validation import retry_turns
-from .working_start import (fall_back_on_start, ran_start, said_once, shared_report,
-                            shown_above, start_run)
+from .working_start import (earlier_start, fall_back_on_start, ran_start, said_once,
+                            shared_report, shown_above, start_run)
 from .prompt_start import HOUSE_RULES, task_part
 from .calls import attempt_why
 from .diagnosis import code_feedback, hollow_result
@@ -208,9 +208,17 @@ class NodeRunner:
         if held is not None:
             self._ran = report(held)
             return
-        for node_id in wf.order():
+        running = [i for i in wf.order() if wf.nodes[i].status == Status.RUNNING]
+        for node_id in running:   # a node that led it runs again: that run, not a new one
+            again = earlier_start(wf.nodes[node_id])
+            if again is not None:
+                ex = Execution.from_dict(again)
+                self._starts[node_id] = ex
+                self._ran = shared_report(ex)
+                return
+        for node_id in running:
             node = wf.nodes[node_id]
-            if node.status == Status.RUNNING and self._wants_starter(node):
+            if self._wants_starter(node):
                 try:
                     ex = await self._starter(node)
                 except (SandboxError, WorkspaceError) as exc:   # that node fails with it

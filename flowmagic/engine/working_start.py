@@ -10,8 +10,8 @@ from .diagnosis import CODE_FAILED
 from .scheduler import Outcome
 from ..model.status import Status
 
-__all__ = ["said_once", "ran_start", "start_run", "shared_report", "shown_above", "SHOWN_ABOVE",
-           "fall_back_on_start"]
+__all__ = ["said_once", "ran_start", "start_run", "earlier_start", "shared_report", "shown_above",
+           "SHOWN_ABOVE", "fall_back_on_start"]
 
 # In a result that a working start led, where the prompt already shows that run above.
 SHOWN_ABOVE = "[flowmagic's working start ran first here: its code and output are shown above]"
@@ -46,6 +46,22 @@ def start_run(workflow) -> dict | None:
         run = run if isinstance(run, dict) else execution
         if run.get("starter") and run.get("ran") and run.get("ok"):
             return {**run, "saved": [], "renamed": {}, "notes": []}   # the start's own run
+    return None
+
+
+def earlier_start(node) -> dict | None:
+    """The working start's run that an earlier attempt of `node` holds, when it ran without
+    error: a node that led the working start and runs again (`flow.rerun`, `flow.edit`)
+    takes that run as it ran (its cell is in the session's order already) instead of none,
+    so that its result, its record and the export keep it, and later prompts still show it."""
+    for attempt in reversed(node.attempts or []):
+        execution = attempt.get("execution") if isinstance(attempt, dict) else None
+        if not isinstance(execution, dict) or not ran_start(execution):
+            continue
+        run = execution.get(WORKING_START)
+        run = run if isinstance(run, dict) else execution
+        if run.get("starter") and run.get("ran") and run.get("ok"):
+            return run
     return None
 
 
