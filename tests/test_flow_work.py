@@ -589,6 +589,27 @@ def test_a_rerun_of_the_node_that_led_the_working_start_keeps_its_run(tmp_path):
     assert "%%flow_code again look --agent analyst --start" in nb
 
 
+def test_a_rerun_of_its_parent_leaves_the_working_start_with_the_node_that_led_it(tmp_path):
+    """The node that led the working start is a child: rerunning its parent runs it again
+    later in the run, and it keeps the start's run there too."""
+    plan = {"task": "Tidy anscombe.csv", "nodes": [
+        {"id": "prep", "requirement": "Rename the columns to lower case.", "agent": "analyst"},
+        {"id": "look", "requirement": "Describe the data.", "agent": "analyst"}],
+        "edges": [["prep", "look"]]}
+    with LoopbackServer(responder=lambda body: "```python\nprint(df.shape)\n```",
+                        model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name="later", inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", consolidate=False)
+        flow.run()
+        first = flow.workflow.nodes["look"].execution["working_start"]
+        flow.rerun("prep")
+    look = flow.workflow.nodes["look"]
+    assert look.status == "done" and len(look.attempts) == 2
+    assert look.execution["working_start"]["seq"] == first["seq"]
+    assert "working_start" not in flow.workflow.nodes["prep"].execution   # no second start
+
+
 def test_nodes_started_together_share_the_working_starts_output_in_one_start(tmp_path):
     """The working start runs before the first model call of the nodes a run starts
     together, so every call of the flow (the siblings, the child, the summary) opens with the

@@ -437,6 +437,11 @@ class NodeRunner:
         try:
             if isinstance(start, Exception):
                 raise start
+            if start is None and not (self._ran or self._started):   # one that starts later
+                again = earlier_start(node)   # and led it before (its parent was rerun)
+                if again is not None:
+                    start = Execution.from_dict(again)
+                    self._ran = shared_report(start)
             if start is None and self._wants_starter(node):   # a node that starts later
                 start = await self._starter(node)
                 self._ran = self._ran or shared_report(start)
