@@ -560,6 +560,21 @@ def test_the_working_start_runs_once_a_run_when_the_models_code_ran_after_it(tmp
         in plot_prompt
 
 
+def _run_then_rerun(plan: dict, name: str, rerun: str):
+    """`plan` run on anscombe.csv with the working start on (every answer prints df.shape),
+    then `rerun` run again: (the flow, the working start's run "look" held after the first
+    run, every prompt sent)."""
+    with LoopbackServer(responder=lambda body: "```python\nprint(df.shape)\n```",
+                        model="m") as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(plan, name=name, inputs=[CSV], starter="on", max_attempts=1,
+                              update="off", consolidate=False)
+        flow.run()
+        first = flow.workflow.nodes["look"].execution["working_start"]
+        flow.rerun(rerun)
+        return flow, first, prompts(server)
+
+
 def test_a_rerun_of_the_node_that_led_the_working_start_keeps_its_run(tmp_path):
     """flow.rerun on the node that ran the working start: the start is not run again (its
     cell is in the session already) and not lost either: the node's record, its prompt and
@@ -567,15 +582,8 @@ def test_a_rerun_of_the_node_that_led_the_working_start_keeps_its_run(tmp_path):
     plan = {"task": "Explore anscombe.csv", "nodes": [
         {"id": "look", "requirement": "Load the data and describe it.", "agent": "analyst"}],
         "edges": []}
-    with LoopbackServer(responder=lambda body: "```python\nprint(df.shape)\n```",
-                        model="m") as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(plan, name="again", inputs=[CSV], starter="on", max_attempts=1,
-                              update="off", consolidate=False)
-        flow.run()
-        first = flow.workflow.nodes["look"].execution["working_start"]
-        flow.rerun("look")
-        sent = [p for p in prompts(server) if "Your subtask (look)" in p]
+    flow, first, sent = _run_then_rerun(plan, "again", "look")
+    sent = [p for p in sent if "Your subtask (look)" in p]
     look = flow.workflow.nodes["look"]
     assert look.status == "done" and len(sent) == 2
     again = look.execution["working_start"]
@@ -596,14 +604,7 @@ def test_a_rerun_of_its_parent_leaves_the_working_start_with_the_node_that_led_i
         {"id": "prep", "requirement": "Rename the columns to lower case.", "agent": "analyst"},
         {"id": "look", "requirement": "Describe the data.", "agent": "analyst"}],
         "edges": [["prep", "look"]]}
-    with LoopbackServer(responder=lambda body: "```python\nprint(df.shape)\n```",
-                        model="m") as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        flow = Flow.from_dict(plan, name="later", inputs=[CSV], starter="on", max_attempts=1,
-                              update="off", consolidate=False)
-        flow.run()
-        first = flow.workflow.nodes["look"].execution["working_start"]
-        flow.rerun("prep")
+    flow, first, _ = _run_then_rerun(plan, "later", "prep")
     look = flow.workflow.nodes["look"]
     assert look.status == "done" and len(look.attempts) == 2
     assert look.execution["working_start"]["seq"] == first["seq"]

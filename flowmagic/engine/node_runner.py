@@ -210,11 +210,9 @@ class NodeRunner:
             return
         running = [i for i in wf.order() if wf.nodes[i].status == Status.RUNNING]
         for node_id in running:   # a node that led it runs again: that run, not a new one
-            again = earlier_start(wf.nodes[node_id])
+            again = self._start_again(wf.nodes[node_id])
             if again is not None:
-                ex = Execution.from_dict(again)
-                self._starts[node_id] = ex
-                self._ran = shared_report(ex)
+                self._starts[node_id] = again
                 return
         for node_id in running:
             node = wf.nodes[node_id]
@@ -316,6 +314,16 @@ class NodeRunner:
             ex.names = said["names"]
         if isinstance(record.get("execution"), dict):
             record["execution"].update(kept=ex.kept, names=ex.names)
+
+    def _start_again(self, node) -> Execution | None:
+        """The working start's run that `node` led in an earlier attempt (it runs again),
+        taken as it ran and shared by the calls from now on; None when it led none."""
+        again = earlier_start(node)
+        if again is None:
+            return None
+        ex = Execution.from_dict(again)
+        self._ran = shared_report(ex)
+        return ex
 
     def _wants_starter(self, node) -> bool:
         """Whether this node runs the working start first (see the `starter` setting)."""
@@ -438,10 +446,7 @@ class NodeRunner:
             if isinstance(start, Exception):
                 raise start
             if start is None and not (self._ran or self._started):   # one that starts later
-                again = earlier_start(node)   # and led it before (its parent was rerun)
-                if again is not None:
-                    start = Execution.from_dict(again)
-                    self._ran = shared_report(start)
+                start = self._start_again(node)   # and led it before (its parent was rerun)
             if start is None and self._wants_starter(node):   # a node that starts later
                 start = await self._starter(node)
                 self._ran = self._ran or shared_report(start)

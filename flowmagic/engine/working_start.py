@@ -35,17 +35,25 @@ def ran_start(execution: dict | None) -> bool:
     return bool(execution) and bool(execution.get("starter") or execution.get(WORKING_START))
 
 
+def _own_run(execution: dict | None) -> dict | None:
+    """The working start's own run in a node's execution record (not the files, renames and
+    notes of the answer it became the result of), when it ran without error."""
+    if not isinstance(execution, dict) or not ran_start(execution):
+        return None
+    run = execution.get(WORKING_START)
+    run = run if isinstance(run, dict) else execution
+    if run.get("starter") and run.get("ran") and run.get("ok"):
+        return {**run, "saved": [], "renamed": {}, "notes": []}
+    return None
+
+
 def start_run(workflow) -> dict | None:
     """The working start's run that a done node of the flow holds, when it ran without error
     (what the prompts of the flow's later calls show: `instructions(ran=report(...))`)."""
     for node in workflow.nodes.values():
-        execution = node.execution
-        if node.status != Status.DONE or not ran_start(execution):
-            continue
-        run = execution.get(WORKING_START)
-        run = run if isinstance(run, dict) else execution
-        if run.get("starter") and run.get("ran") and run.get("ok"):
-            return {**run, "saved": [], "renamed": {}, "notes": []}   # the start's own run
+        run = _own_run(node.execution) if node.status == Status.DONE else None
+        if run is not None:
+            return run
     return None
 
 
@@ -55,12 +63,8 @@ def earlier_start(node) -> dict | None:
     takes that run as it ran (its cell is in the session's order already) instead of none,
     so that its result, its record and the export keep it, and later prompts still show it."""
     for attempt in reversed(node.attempts or []):
-        execution = attempt.get("execution") if isinstance(attempt, dict) else None
-        if not isinstance(execution, dict) or not ran_start(execution):
-            continue
-        run = execution.get(WORKING_START)
-        run = run if isinstance(run, dict) else execution
-        if run.get("starter") and run.get("ran") and run.get("ok"):
+        run = _own_run(attempt.get("execution") if isinstance(attempt, dict) else None)
+        if run is not None:
             return run
     return None
 
