@@ -5,9 +5,10 @@ What each run cost is read from its store: seconds, model calls, prompt tokens s
 prompt tokens the server reused (its own report, `prompt_tokens_details.cached_tokens`), so
 evaluated / sent = 1 - reused / sent, and completion tokens.
 
-Two jobs: the csv_eda template end to end (plan, run, figure, export, replay), under an
-older source ("before") and this one ("after") taking turns; and a few dabench-dev
-questions (one per level, seeded) as flows on this source. `make bench` runs both
+Three jobs: the csv_eda template end to end (plan, run, figure, export, replay), under an
+older source ("before") and this one ("after") taking turns; a few dabench-dev questions (one
+per level, seeded) as flows on this source; and as many questions about one table as cells
+of one notebook (one kernel, one server: `same_table`). `make bench` runs them
 (bench/run.py); alone:
     .venv/bin/python bench/prefix_reuse.py --before-ref 99292a4 --rounds 1
     .venv/bin/python bench/prefix_reuse.py --before /tmp/before --arms before,cache,after
@@ -111,7 +112,7 @@ def one(arm: str, job: list[str], timeout: float, before: str | None, label: str
     seconds = time.perf_counter() - started
     row = {"arm": arm, "job": label, "rc": rc, "seconds": round(seconds, 1), **usage(home),
            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
-           "settled_s": waited,
+           "settled_s": waited, "home": home,
            "tail": out.strip().splitlines()[-3:] if rc else []}
     row["evaluated_over_sent"] = ratio([row])
     return row
@@ -146,6 +147,88 @@ def dabench_sample(n: int, seed: int, timeout: float, log=print) -> list:
         rows.append(one("after", [task_of(q), "--inputs", str(q.table)], timeout, None,
                         f"dabench q{q.id} ({q.level})"))
         log(f"    {_line(rows[-1])}")
+    return rows
+
+
+def table_questions(n: int, seed: int) -> list:
+    """`n` dabench-dev questions about one table (seeded: the table among those with at least
+    `n` questions, then its questions), in id order."""
+    import random
+
+    import dabench
+
+    by_file: dict = {}
+    for q in dabench.load():
+        by_file.setdefault(q.file_name, []).append(q)
+    rng = random.Random(seed)
+    name = rng.choice(sorted(f for f, qs in by_file.items() if len(qs) >= n))
+    return sorted(rng.sample(by_file[name], n), key=lambda q: q.id)
+
+
+def per_run(home: str | Path) -> list[dict]:
+    """What each run of a store cost, in the order the runs began: its name, seconds from its
+    first model call or event to its last, calls and tokens as `usage` counts them, and what its first
+    call sent and the server reused of it."""
+    db = sqlite3.connect(Path(home) / "flowmagic.db")
+    try:
+        runs = db.execute("SELECT id, name FROM runs ORDER BY created").fetchall()
+        out = []
+        for run_id, name in runs:
+            began, ended = db.execute(
+                "SELECT MIN(t0), MAX(t1) FROM (SELECT ts - COALESCE(latency_s, 0) AS t0, ts AS t1"
+                " FROM calls WHERE run_id = ?1 UNION ALL SELECT ts, ts FROM events"
+                " WHERE run_id = ?1)", (run_id,)).fetchone()
+            seconds = (ended - began) if began is not None else 0.0
+            calls, sent, reused, done = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
+                " COALESCE(SUM(output_tokens), 0) FROM calls WHERE cached = 0 AND error IS NULL"
+                " AND run_id = ?", (run_id,)).fetchone()
+            first = db.execute(
+                "SELECT input_tokens, cached_tokens FROM calls WHERE cached = 0 AND error IS NULL"
+                " AND run_id = ? ORDER BY id LIMIT 1", (run_id,)).fetchone() or (0, 0)
+            out.append({"name": name, "seconds": round(seconds, 1), "calls": calls,
+                        "prompt_sent": sent, "prompt_reused": reused, "completion": done,
+                        "first_sent": first[0] or 0, "first_reused": first[1] or 0})
+        return out
+    finally:
+        db.close()
+
+
+def same_table(n: int, seed: int, timeout: float, log=print) -> list:
+    """`n` dabench-dev questions about one table as `%%flow` cells of one notebook, run by
+    `flowmagic run NOTEBOOK` (one kernel, one embedded server: a user asking several questions
+    about the same data): one row per flow, read from the store by its run, the first flow
+    first. A flow after the first finds the start it shares with the flows before it (how
+    code runs, the table's description: prompt_start) on the server."""
+    import shlex
+
+    import nbformat
+    from analysis_worker import task_of
+
+    qs = table_questions(n, seed)
+    folder = Path(tempfile.mkdtemp(prefix="bench-table-"))
+    cells = [nbformat.v4.new_code_cell("%load_ext flowmagic")]
+    for q in qs:
+        cells += [nbformat.v4.new_code_cell(f"%%flow q{q.id} --run --inputs "
+                                            f"{shlex.quote(str(q.table))}\n{task_of(q)}"),
+                  nbformat.v4.new_code_cell(f"await q{q.id}.wait()")]
+    notebook = folder / "questions.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), str(notebook))
+    names = ", ".join(f"q{q.id}" for q in qs)
+    log(f"dabench-dev {names} (all on {qs[0].file_name}) as cells of one notebook")
+    whole = one("after", [str(notebook)], timeout * n, None, f"{names} in one kernel")
+    levels = {f"q{q.id}": q.level for q in qs}
+    rows = []
+    for k, r in enumerate(per_run(whole.pop("home"))):
+        row = {**whole, **r, "job": f"dabench {r['name']} ({levels.get(r['name'], '?')}), "
+               f"flow {k + 1} of {len(qs)} in one kernel on {qs[0].file_name}"}
+        row["evaluated_over_sent"] = ratio([row])
+        rows.append(row)
+        log(f"    {_line(row)}")
+    for q in qs[len(rows):]:   # a flow the notebook did not reach (its rc says why)
+        rows.append({**whole, "job": f"dabench q{q.id} ({q.level}): not reached in one kernel",
+                     "calls": 0, "prompt_sent": 0, "prompt_reused": 0, "completion": 0,
+                     "first_sent": 0, "first_reused": 0, "evaluated_over_sent": None})
     return rows
 
 
@@ -196,7 +279,9 @@ def main() -> None:
     if source is None:
         arms = [a for a in arms if ARMS[a][0] != "before"]
     rows = csv_eda(arms, args.rounds, args.timeout, source)
-    rows += dabench_sample(args.questions, args.seed, args.timeout) if args.questions else []
+    if args.questions:
+        rows += dabench_sample(args.questions, args.seed, args.timeout)
+        rows += same_table(args.questions, args.seed, args.timeout)
     for row in rows:
         print(json.dumps(row))
     print(table(rows))

@@ -79,6 +79,9 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     with part(f"{n} dabench-dev questions on the embedded model"):
         _attempt(out, "dabench", lambda: prefix_reuse.dabench_sample(
             n, DABENCH_SEED, out["limits"][1], log=log) if n else [], log)
+    with part(f"{n} dabench-dev questions about one table, one kernel"):
+        _attempt(out, "table", lambda: prefix_reuse.same_table(
+            n, DABENCH_SEED, out["limits"][1], log=log) if n else [], log)
     return out
 
 
@@ -117,11 +120,37 @@ def _ratio_rows(sp: dict) -> list[dict]:
              f"{sample} ({sum(r['prompt_sent'] for r in qs):,} sent)" if sample is not None
              else f"failed: {_failed(sp, 'dabench')}" if _failed(sp, "dabench") else "—",
              f"<= {target}", None if sample is None else sample <= target),
+        _table_row(sp, target),
         _row("csv_eda end to end on the embedded model (plan, run, figure, export), before -> "
              "after", f"failed: {broke}" if broke else
              f"before: {_eda(by_arm.get('before'))}; after: {_eda(by_arm.get('after'))}",
              f"after <= {TARGETS['eda_s']:g} s at load <= 1",
              bool(after) and after[0]["rc"] == 0 and after[0]["seconds"] <= TARGETS["eda_s"])]
+
+
+def later_firsts(rows: list[dict]) -> tuple[int, int]:
+    """(reused, sent) of the first calls of the flows after the first, in one kernel."""
+    later = [r for r in rows[1:] if r.get("first_sent")]
+    return sum(r["first_reused"] for r in later), sum(r["first_sent"] for r in later)
+
+
+def _table_row(sp: dict, target: float) -> dict:
+    rs = sp.get("table") or []
+    ran = [r for r in rs if "not reached" not in r["job"]]
+    names = ", ".join(r["job"].split(" ")[1] for r in rs) or "none"
+    where = rs[0]["job"].rsplit(" on ", 1)[1] if ran else "one table"
+    what = (f"prompt tokens the embedded server evaluated / sent, questions about one table "
+            f"as cells of one notebook (one kernel: dabench-dev {names} on {where})")
+    if _failed(sp, "table"):
+        return _row(what, f"failed: {_failed(sp, 'table')}", f"<= {target}", False)
+    value = prefix_reuse.ratio(ran) if len(ran) == len(rs) else None
+    if value is None:
+        return _row(what, f"{len(ran)} of {len(rs)} flows ran" if rs else "—", f"<= {target}",
+                    False if rs else None)
+    reused, sent = later_firsts(ran)
+    return _row(what, f"{value} ({sum(r['prompt_sent'] for r in ran):,} sent; the first calls "
+                f"of the flows after the first reused {reused:,} of {sent:,} tokens)",
+                f"<= {target}", value <= target)
 
 
 def _dask_medians(d: dict) -> dict:
@@ -176,7 +205,7 @@ def rows(sp: dict) -> list[dict]:
 def _flows_lines(sp: dict) -> list[str]:
     if "model_skipped" in sp:
         return [f"Whole flows on the embedded model were not run ({sp['model_skipped']}).", ""]
-    runs = (sp.get("csv_eda") or []) + (sp.get("dabench") or [])
+    runs = (sp.get("csv_eda") or []) + (sp.get("dabench") or []) + (sp.get("table") or [])
     lines = [f"Written by `make bench`. Older source: {sp['before']}. Each run is "
              "`flowmagic run` in a process and FLOWMAGIC_HOME of its own with its own "
              "embedded server (SmolLM2-135M), started once the 1-minute load has fallen "
@@ -185,20 +214,30 @@ def _flows_lines(sp: dict) -> list[str]:
              "(`FLOWMAGIC_LOCAL_CACHE_MB=0`) on one thread, "
              "\"after\" this source with its defaults (its threads the cores the rest of the "
              "machine leaves idle). The dabench-dev questions (one per level, seed "
-             f"{DABENCH_SEED}) run as flows with `%%flow`'s defaults on this source. A flow is "
+             f"{DABENCH_SEED}) run as flows with `%%flow`'s defaults on this source, each "
+             "in its own process; then as many questions about one table (seed "
+             f"{DABENCH_SEED}) run as `%%flow` cells of one notebook (`flowmagic run "
+             "NOTEBOOK`: one kernel, one embedded server, as a user asks several questions "
+             "about the same data), a row per flow read from the store by its run (s: from "
+             "its first model call or event to its last). A flow is "
              f"stopped at its time limit (csv_eda {sp['limits'][0]:g} s, a question "
              f"{sp['limits'][1]:g} s; rc \"timeout\"), its calls so far counted. Tokens are the "
              "calls that reached the server; reused is the server's own count.", "",
              prefix_reuse.table(runs), ""]
-    for key in ("csv_eda", "dabench"):
+    for key in ("csv_eda", "dabench", "table"):
         if _failed(sp, key):
             lines.append(f"- {key} failed in this run: {_failed(sp, key)}")
     for what, rs in (("csv_eda (after)", [r for r in runs if r["job"] == "csv_eda"
                                           and r["arm"] == "after"]),
                      ("csv_eda (before)", [r for r in runs if r["arm"] == "before"]),
-                     ("the dabench-dev sample", sp.get("dabench") or [])):
+                     ("the dabench-dev sample", sp.get("dabench") or []),
+                     ("the questions about one table in one kernel", sp.get("table") or [])):
         if rs:
             lines.append(f"- evaluated / sent over {what}: {prefix_reuse.ratio(rs)}")
+    reused, sent = later_firsts(sp.get("table") or [])
+    if sent:
+        lines.append(f"- the first calls of the flows after the first in that kernel: the "
+                     f"server reused {reused:,} of their {sent:,} prompt tokens")
     return lines + [""]
 
 

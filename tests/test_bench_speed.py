@@ -104,6 +104,24 @@ def test_a_runs_calls_and_tokens_come_from_its_store(flowmagic_home):
     assert prefix_reuse.ratio([]) is None
 
 
+def test_each_run_of_a_kernel_is_read_from_its_store_with_its_first_call(flowmagic_home):
+    """The one-kernel part splits a notebook's store by run: a run's calls and tokens, and
+    what its first call sent and the server reused of it."""
+    cached_price.measure()
+    [run] = prefix_reuse.per_run(flowmagic_home)
+    assert {k: run[k] for k in ("calls", "prompt_sent", "prompt_reused", "completion")} == \
+        {"calls": 2, "prompt_sent": 4000, "prompt_reused": 3072, "completion": 200}
+    assert 0 < run["first_sent"] < 4000 and run["first_reused"] <= run["first_sent"]
+    assert run["seconds"] >= 0 and run["name"]
+
+
+def test_the_questions_about_one_table_are_seeded_and_share_their_file():
+    qs = prefix_reuse.table_questions(3, 0)
+    assert len({q.id for q in qs}) == 3 and len({q.file_name for q in qs}) == 1
+    assert [q.id for q in qs] == [q.id for q in prefix_reuse.table_questions(3, 0)]
+    assert [q.id for q in qs] != [q.id for q in prefix_reuse.table_questions(3, 1)]
+
+
 def _run(arm, job, rc=0, seconds=50.0, sent=1000, reused=700):
     return {"arm": arm, "job": job, "rc": rc, "seconds": seconds, "calls": 5,
             "prompt_sent": sent, "prompt_reused": reused, "completion": 300,
@@ -143,6 +161,29 @@ VERDICTS = [
       "flow.map on Dask, 2 workers / in process, I/O": True,
       "flow.map on Dask, 2 workers / in process, CPU": True}),
 ]
+
+
+def _kernel(*reused_first):
+    return [{**_run("after", f"dabench q{i} (easy), flow {k + 1} of {len(reused_first)} in one "
+                    "kernel on t.csv", reused=r), "first_sent": 800, "first_reused": r // 2}
+            for k, (i, r) in enumerate(zip((4, 5, 6), reused_first))]
+
+
+@pytest.mark.parametrize("flows, ok, said", [
+    (_kernel(500, 800, 800), True, "0.3 (3,000 sent; the first calls of the flows after the "
+                                   "first reused 800 of 1,600 tokens)"),
+    (_kernel(500, 550), False, "0.475 (2,000 sent; "),
+    (_kernel(500, 800)[:1] + [{**_run("after", "dabench q5 (easy): not reached in one kernel",
+                                      rc="timeout"), "calls": 0, "prompt_sent": 0,
+                               "prompt_reused": 0, "evaluated_over_sent": None}],
+     False, "1 of 2 flows ran"),
+])
+def test_the_one_kernel_row_says_met_or_not_and_what_later_flows_reused(flows, ok, said):
+    rows = speed.rows({"cached": CACHED, "dask": _dask([1.1], [1.3]), "csv_eda": [],
+                       "dabench": [], "table": flows, "before": "x"})
+    [row] = [r for r in rows if "cells of one notebook" in r["what"]]
+    assert row["ok"] is ok and row["measured"].startswith(said), row
+    assert "q4, q5" in row["what"] and row["what"].endswith("on t.csv)")
 
 
 @pytest.mark.parametrize("eda, sample, io, cpu, want", VERDICTS)
