@@ -3,7 +3,6 @@ in the sandbox on the declared inputs, and what children and the result get is w
 really printed, wrote and drew. Code that raises goes back with its traceback, boundedly."""
 
 import json
-import os
 import re
 import sqlite3
 
@@ -494,32 +493,6 @@ def test_the_working_start_runs_first_for_a_weak_model_and_its_results_are_real(
     assert "working start (from the input's own columns, not written by the model)" in nb.cells[i - 1].source
     assert nb.cells[i].source.split("\n", 1)[1].startswith("print(df.shape)")
     assert nb.cells[i].outputs[-1]["data"]["image/png"]
-
-
-def test_a_second_flow_on_the_same_table_shares_the_first_flows_start_up_to_its_task(tmp_path):
-    """Two questions about one table in one kernel: the second flow's first prompt opens with
-    what the first flow's prompts opened with (how code runs, the table's description, the
-    working start's run and its printout), so a server that keeps earlier prompts evaluates
-    only from the second task on."""
-    def responder(body):
-        return "```python\nprint(df['y'].mean())\n```"
-
-    sent = {}
-    with LoopbackServer(responder=responder) as server:
-        flowmagic.configure(base_url=server.base_url, model="m")
-        for name, task in (("eda", "Explore anscombe.csv"),
-                           ("spread", "Which dataset of anscombe.csv has the widest y?")):
-            plan = {"task": task, "nodes": [
-                {"id": "look", "requirement": "Describe the table.", "agent": "analyst"}],
-                "edges": []}
-            Flow.from_dict(plan, name=name, inputs=[CSV], starter="on", max_attempts=1,
-                           update="off", consolidate=False).run()
-            sent[name] = [p for p in prompts(server) if "Your subtask (look)" in p][-1]
-    shared = os.path.commonprefix([sent["eda"], sent["spread"]])
-    df = pd.read_csv(CSV)
-    assert "anscombe.csv (table): 44 rows x 3 columns" in shared
-    assert str(df.describe()) in shared          # the working start's printout, shared too
-    assert shared.endswith("Overall task:\n")   # and the tasks differ only from there on
 
 
 def test_the_working_starts_figure_stays_in_the_export_when_the_models_code_draws_none(tmp_path,

@@ -28,8 +28,7 @@ from .code_blocks import extract_code
 from .sandbox import run_code
 
 __all__ = ["Execution", "split_answer", "execute", "aexecute", "has_fence", "run_python", "report", "wants_execution",
-           "EXECUTE_MODES", "WORKING_START", "instructions",
-           "instruction_parts", "files_line", "made_files", "about_files_or_code"]
+           "EXECUTE_MODES", "WORKING_START", "instructions", "files_line", "made_files", "about_files_or_code"]
 
 EXECUTE_MODES = ("auto", "off")
 # The key, in the execution of a node whose model's code ran after flowmagic's working start,
@@ -431,20 +430,9 @@ RAN_FIRST = ("Those are real results on the input, computed before any subtask b
 
 def instructions(inputs: str, files: list[str], example: str = "", ran: str = "") -> str:
     """What a node's prompt says about running code, delivering files and the inputs (what
-    the session holds for one node's code is that node's own: session.session_text), in one
-    piece: the order of flowmagic before the data-first layout, which the replay fingerprint
-    hashes (node_runner.node_messages(facts=True)). `example`: the working start's code, to
-    begin from; `ran`: instead, the report of its run (the code, what it printed), once it
-    ran in the flow's session."""
-    return "\n\n".join(filter(None, (*instruction_parts(inputs, example, ran),
-                                       files_line(files) if files else "")))
-
-
-def instruction_parts(inputs: str, example: str = "", ran: str = "") -> tuple[str, str]:
-    """`instructions` in the two places a prompt holds them: (before the task: how code runs,
-    what the inputs hold, the working start's run when it ran; after the task: the working
-    start to begin from when it did not run, "" then). What comes before the task is the
-    same for every flow on the same inputs (prompt_start)."""
+    the session holds for one node's code is that node's own: session.session_text).
+    `example`: the working start's code, to begin from; `ran`: instead, the report of its run
+    (the code, what it printed), once it ran in the flow's session."""
     parts = ["How your answer is used: every ```python block without a file name is run "
              "for you, once, as the next cell of this flow's Python session (a sandboxed "
              "kernel, like a notebook's, whose working directory holds the input files). "
@@ -459,13 +447,13 @@ def instruction_parts(inputs: str, example: str = "", ran: str = "") -> tuple[st
         parts.append(inputs)
     if ran:
         parts.append(f"{ran}\n\n{RAN_FIRST}")
-        return "\n\n".join(parts), ""
-    if example:
-        return "\n\n".join(parts), (
-            "A working start: this code runs as it is in the session, prints real numbers "
-            "and draws a figure. Begin your code from it, keep its column names as written, "
-            f"and change it for your subtask:\n```python\n{example}```")
-    return "\n\n".join(parts), ""
+    elif example:
+        parts.append("A working start: this code runs as it is in the session, prints real "
+                     "numbers and draws a figure. Begin your code from it, keep its column "
+                     f"names as written, and change it for your subtask:\n```python\n{example}```")
+    if files:
+        parts.append(files_line(files))
+    return "\n\n".join(parts)
 
 
 def files_line(files: list[str]) -> str:

@@ -21,7 +21,7 @@ from ..errors import EndpointError, FlowError, SandboxError, WorkspaceError
 from ..llm.endpoints import scrub
 from .answerform import prescribed, without_pairs
 from .answer_code import (WORKING_START, Execution, about_files_or_code, aexecute, files_line,
-                        has_fence, instruction_parts, made_files, report, run_python)
+                        has_fence, instructions, made_files, report, run_python)
 from .context import RunContext
 from .session import names_for, session_text
 from .._internal.text import cut as text_cut
@@ -104,8 +104,8 @@ CODE_END = ("Answer with one ```python block that computes and prints what your 
 def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                   workspace: bool = True, started: str = "", facts: bool = False,
                   ran: str = "") -> list[dict]:
-    """The node's prompt: what every call of the flow shares first (the house rules, how code
-    runs and what the inputs are, the task, the working start: prompt_start), then what is the
+    """The node's prompt: what every call of the flow shares first (the house rules, the
+    task, how code runs and what the inputs are, the working start), then what is the
     node's own (its role, subtask, parents' results, what comes after), so that
     consecutive prompts share their longest possible start (a retry continues
     this prompt as a conversation: validation.retry_turns). `workspace=False`
@@ -125,9 +125,8 @@ def node_messages(ctx: RunContext, node_id: str, retry_note: str = "", *,
                  "given. Give the result itself (text, code or data), complete and concrete, "
                  "not a description of it."},
                 {"role": "user", "content": "\n\n".join(filter(None, user))}]
-    user = [p["data"], p["task"], p["example"], f"Your role: the {p['agent']}.", p["subtask"],
-            p["inputs"], p["note"], p["later"], p["files"], p["session"], p["started"],
-            p["retry"], p["end"]]
+    user = [p["task"], p["how"], f"Your role: the {p['agent']}.", p["subtask"], p["inputs"],
+            p["note"], p["later"], p["files"], p["session"], p["started"], p["retry"], p["end"]]
     return [{"role": "system", "content": HOUSE_RULES},
             {"role": "user", "content": "\n\n".join(filter(None, user))}]
 
@@ -153,7 +152,7 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
              "subtask": f"Your subtask ({node_id}):\n{node.requirement}",
              "inputs": f"Results of earlier subtasks:\n{inputs}" if inputs else "",
              "note": "", "later": f"Later subtasks will build on your result:\n{later}" if later else "",
-             "how": "", "data": "", "example": "", "files": "", "session": "", "retry": retry_note,
+             "how": "", "files": "", "session": "", "retry": retry_note,
              "started": f"{started}\n\nThose are real results on the input. Use them; write "
                         "more code only for what your subtask still needs." if started else "",
              "end": END}
@@ -167,10 +166,9 @@ def _prompt_parts(ctx: RunContext, node_id: str, retry_note: str, workspace: boo
             about_files_or_code(task, node.requirement) or (workspace and ctx.inputs)):
         made = [f for a in wf.ancestors(node_id) if nodes[a].status == Status.DONE
                 for f in made_files(nodes[a].execution)]
-        parts["data"], parts["example"] = instruction_parts(
-            ctx.workspace.describe() if workspace else "",
-            ctx.workspace.example() if workspace and not started else "", ran)
-        parts["how"] = "\n\n".join(filter(None, (parts["data"], parts["example"])))
+        parts["how"] = instructions(ctx.workspace.describe() if workspace else "", [],
+                                    ctx.workspace.example() if workspace and not started else "",
+                                    ran)
         parts["files"] = files_line(made) if made else ""
         # what this node's code finds in the session (its ancestors' names): the node's own
         parts["session"] = (session_text(names_for(wf, node_id, ctx.workspace)) if workspace
@@ -204,7 +202,7 @@ class NodeRunner:
     async def _open(self) -> None:
         """Before the first model call of the nodes this run starts together: the working
         start (when one of them wants it), so that every call shows its real output in the
-        start they share (`instruction_parts(ran=...)`), or the run of it that a done node holds."""
+        start they share (`instructions(ran=...)`), or the run of it that a done node holds."""
         wf = self.ctx.workflow
         held = start_run(wf)
         if held is not None:
