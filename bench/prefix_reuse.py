@@ -198,8 +198,9 @@ def same_table(n: int, seed: int, timeout: float, log=print) -> list:
     """`n` dabench-dev questions about one table as `%%flow` cells of one notebook, run by
     `flowmagic run NOTEBOOK` (one kernel, one embedded server: a user asking several questions
     about the same data): one row per flow, read from the store by its run, the first flow
-    first. A flow after the first finds the start it shares with the flows before it (how
-    code runs, the table's description: prompt_start) on the server."""
+    first. The first call of a flow after the first finds on the server what its prompt
+    shares with the calls before it: today the house rules alone, since each prompt names its
+    own task before the table's description (prompt_start)."""
     import shlex
 
     import nbformat
