@@ -167,8 +167,8 @@ def table_questions(n: int, seed: int) -> list:
 
 def per_run(home: str | Path) -> list[dict]:
     """What each run of a store cost, in the order the runs began: its name, seconds from its
-    first model call or event to its last, calls and tokens as `usage` counts them, and what its first
-    call sent and the server reused of it."""
+    first model call or event to its last, calls and tokens as `usage` counts them, and what
+    its first call sent and the server reused of it."""
     db = sqlite3.connect(Path(home) / "flowmagic.db")
     try:
         runs = db.execute("SELECT id, name FROM runs ORDER BY created").fetchall()
