@@ -54,12 +54,21 @@ def usage(home: str | Path) -> dict:
         return {"calls": 0, "prompt_sent": 0, "prompt_reused": 0, "completion": 0}
     db = sqlite3.connect(db_path)
     try:
-        calls, sent, reused, out = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
-            " COALESCE(SUM(output_tokens), 0) FROM calls WHERE cached = 0 AND error IS NULL"
-        ).fetchone()
+        return _sums(db)
     finally:
         db.close()
+
+
+# The calls that reached the server: not answered by the response cache, not failed.
+_REACHED = "FROM calls WHERE cached = 0 AND error IS NULL"
+
+
+def _sums(db: sqlite3.Connection, run_id: str | None = None) -> dict:
+    """Calls and tokens of the calls that reached the server, of one run or of all."""
+    where, args = (" AND run_id = ?", (run_id,)) if run_id is not None else ("", ())
+    calls, sent, reused, out = db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
+        f" COALESCE(SUM(output_tokens), 0) {_REACHED}{where}", args).fetchone()
     return {"calls": calls, "prompt_sent": sent, "prompt_reused": reused, "completion": out}
 
 
@@ -179,15 +188,9 @@ def per_run(home: str | Path) -> list[dict]:
                 " FROM calls WHERE run_id = ?1 UNION ALL SELECT ts, ts FROM events"
                 " WHERE run_id = ?1)", (run_id,)).fetchone()
             seconds = (ended - began) if began is not None else 0.0
-            calls, sent, reused, done = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(cached_tokens), 0),"
-                " COALESCE(SUM(output_tokens), 0) FROM calls WHERE cached = 0 AND error IS NULL"
-                " AND run_id = ?", (run_id,)).fetchone()
-            first = db.execute(
-                "SELECT input_tokens, cached_tokens FROM calls WHERE cached = 0 AND error IS NULL"
-                " AND run_id = ? ORDER BY id LIMIT 1", (run_id,)).fetchone() or (0, 0)
-            out.append({"name": name, "seconds": round(seconds, 1), "calls": calls,
-                        "prompt_sent": sent, "prompt_reused": reused, "completion": done,
+            first = db.execute(f"SELECT input_tokens, cached_tokens {_REACHED} AND run_id = ?"
+                               " ORDER BY id LIMIT 1", (run_id,)).fetchone() or (0, 0)
+            out.append({"name": name, "seconds": round(seconds, 1), **_sums(db, run_id),
                         "first_sent": first[0] or 0, "first_reused": first[1] or 0})
         return out
     finally:
@@ -207,6 +210,7 @@ def same_table(n: int, seed: int, timeout: float, log=print) -> list:
     from analysis_worker import task_of
 
     qs = table_questions(n, seed)
+    table_name = qs[0].file_name
     folder = Path(tempfile.mkdtemp(prefix="bench-table-"))
     cells = [nbformat.v4.new_code_cell("%load_ext flowmagic")]
     for q in qs:
@@ -216,20 +220,22 @@ def same_table(n: int, seed: int, timeout: float, log=print) -> list:
     notebook = folder / "questions.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), str(notebook))
     names = ", ".join(f"q{q.id}" for q in qs)
-    log(f"dabench-dev {names} (all on {qs[0].file_name}) as cells of one notebook")
+    log(f"dabench-dev {names} (all on {table_name}) as cells of one notebook")
     whole = one("after", [str(notebook)], timeout * n, None, f"{names} in one kernel")
     levels = {f"q{q.id}": q.level for q in qs}
     rows = []
     for k, r in enumerate(per_run(whole.pop("home"))):
-        row = {**whole, **r, "job": f"dabench {r['name']} ({levels.get(r['name'], '?')}), "
-               f"flow {k + 1} of {len(qs)} in one kernel on {qs[0].file_name}"}
+        row = {**whole, **r, "table": table_name, "reached": True,
+               "job": f"dabench {r['name']} ({levels.get(r['name'], '?')}), "
+                      f"flow {k + 1} of {len(qs)} in one kernel on {table_name}"}
         row["evaluated_over_sent"] = ratio([row])
         rows.append(row)
         log(f"    {_line(row)}")
     for q in qs[len(rows):]:   # a flow the notebook did not reach (its rc says why)
         rows.append({**whole, "job": f"dabench q{q.id} ({q.level}): not reached in one kernel",
-                     "calls": 0, "prompt_sent": 0, "prompt_reused": 0, "completion": 0,
-                     "first_sent": 0, "first_reused": 0, "evaluated_over_sent": None})
+                     "name": f"q{q.id}", "table": table_name, "reached": False, "calls": 0,
+                     "prompt_sent": 0, "prompt_reused": 0, "completion": 0, "first_sent": 0,
+                     "first_reused": 0, "evaluated_over_sent": None})
     return rows
 
 

@@ -136,9 +136,9 @@ def later_firsts(rows: list[dict]) -> tuple[int, int]:
 
 def _table_row(sp: dict, target: float) -> dict:
     rs = sp.get("table") or []
-    ran = [r for r in rs if "not reached" not in r["job"]]
-    names = ", ".join(r["job"].split(" ")[1] for r in rs) or "none"
-    where = rs[0]["job"].rsplit(" on ", 1)[1] if ran else "one table"
+    ran = [r for r in rs if r["reached"]]
+    names = ", ".join(r["name"] for r in rs) or "none"
+    where = rs[0]["table"] if ran else "one table"
     what = (f"prompt tokens the embedded server evaluated / sent, questions about one table "
             f"as cells of one notebook (one kernel: dabench-dev {names} on {where})")
     if _failed(sp, "table"):

@@ -165,7 +165,8 @@ VERDICTS = [
 
 def _kernel(*reused_first):
     return [{**_run("after", f"dabench q{i} (easy), flow {k + 1} of {len(reused_first)} in one "
-                    "kernel on t.csv", reused=r), "first_sent": 800, "first_reused": r // 2}
+                    "kernel on t.csv", reused=r), "first_sent": 800, "first_reused": r // 2,
+             "name": f"q{i}", "table": "t.csv", "reached": True}
             for k, (i, r) in enumerate(zip((4, 5, 6), reused_first))]
 
 
@@ -175,7 +176,8 @@ def _kernel(*reused_first):
     (_kernel(500, 550), False, "0.475 (2,000 sent; "),
     (_kernel(500, 800)[:1] + [{**_run("after", "dabench q5 (easy): not reached in one kernel",
                                       rc="timeout"), "calls": 0, "prompt_sent": 0,
-                               "prompt_reused": 0, "evaluated_over_sent": None}],
+                               "prompt_reused": 0, "evaluated_over_sent": None, "name": "q5",
+                               "table": "t.csv", "reached": False}],
      False, "1 of 2 flows ran"),
 ])
 def test_the_one_kernel_row_says_met_or_not_and_what_later_flows_reused(flows, ok, said):
