@@ -11,6 +11,7 @@ import re
 import pytest
 
 import flowmagic
+from flowmagic.engine import summary
 from flowmagic.engine.diagnosis import code_failure, code_feedback, failing_line
 from flowmagic.engine.repairs import refine_instruction, refusal
 from flowmagic.flow import Flow
@@ -43,7 +44,9 @@ def node_requests(server, node="stats"):
     """The messages of every request of `node`'s attempts, in order."""
     return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
             if r["path"].endswith("/chat/completions")
-            and f"Your subtask ({node})" in r["body"]["messages"][1]["content"]]
+            and f"Your subtask ({node})" in r["body"]["messages"][1]["content"]
+            # (a one-node flow's summary goes on from the node's conversation)
+            and summary.SYSTEM not in r["body"]["messages"][-1]["content"]]
 
 
 def node_prompts(server):

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import flowmagic
+from flowmagic.engine import summary
 from flowmagic.flow import Flow, load
 from flowmagic.testing.loopback import LoopbackServer
 from flowmagic.ops.nbrun import TEMPLATES
@@ -59,8 +60,12 @@ def analyst(body):
 
 
 def prompts(server):
-    return [r["body"]["messages"][1]["content"] for r in server.stats(bodies=True)["requests"]
+    """Each request's prompt: its user message, or, for a one-node flow's summary (which goes
+    on from the node's conversation), its own request."""
+    sent = [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
             if r["path"].endswith("/chat/completions")]
+    return [m[-1]["content"] if summary.SYSTEM in m[-1]["content"] else m[1]["content"]
+            for m in sent]
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ PARAPHRASE = (f"The data was loaded and the mean of y computed: the output indic
 
 
 def _is_summary(messages) -> bool:
-    return any(summary.SYSTEM in m["content"] for m in messages[:2])
+    """(a one-node flow's summary goes on from the node's conversation: its request is last)"""
+    return any(summary.SYSTEM in m["content"] for m in messages if m["role"] != "assistant")
 
 
 def run_flow(agent, plan=PLAN):
@@ -445,3 +446,95 @@ def test_a_value_the_summary_rounded_to_fewer_places_than_the_form_asks_is_writt
     flow, _ = run_flow(agent, plan)
     assert flow.status == "done", flow.message
     assert pairs(flow.result) == {"r": "0.82", "p": "0.0022"}
+
+
+ONE_NODE = {"task": TASK, "nodes": [{"id": "stats", "requirement": "Compute the mean of y.",
+                                      "agent": "analyst"}], "edges": []}
+# the node prints the mean, not in the task's form: the summary writes the form
+ONE_NODE_ANSWER = ("```python\nprint('mean of y', round(df['y'].mean(), 4))\n```\n\n"
+                   "The mean of y is printed above.")
+
+
+def _one_node_run(answers):
+    """(the flow, every request's messages): a one-node flow on data whose node answers with
+    `answers` in turn and whose summary gives the mean in the form."""
+    given = iter(answers)
+
+    def agent(body):
+        if _is_summary(body["messages"]):
+            return f"The mean of y was computed.\n\n@mean_y[{MEAN}]"
+        return next(given)
+
+    return agent
+
+
+def _requests(server) -> list[list[dict]]:
+    return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
+            if r["path"].endswith("/chat/completions")]
+
+
+def test_the_summary_of_a_one_node_flow_goes_on_from_the_nodes_own_conversation():
+    """A one-node flow on data (most dabench-dev flows) wrote its summary as a new prompt: the
+    start it shares with the node, then the task, the node's subtask and its result restated,
+    which a server that holds the node's prompt and answer evaluated again (SmolLM2, q6: 767
+    of 1,501 tokens). Now the summary is the next turn of the node's conversation: the node's
+    prompt and answer exactly as sent and received, then what its code printed, the task
+    again and the form to end with."""
+    with LoopbackServer(responder=_one_node_run([ONE_NODE_ANSWER])) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(ONE_NODE, name="one", inputs=[CSV], starter="off", update="off")
+        flow.run()
+        sent = _requests(server)
+    assert flow.status == "done", flow.message
+    assert pairs(flow.result) == {"mean_y": str(MEAN)}, flow.result
+    (node,) = [m for m in sent if not _is_summary(m)]
+    (summ,) = [m for m in sent if _is_summary(m)]
+    assert summ[:len(node)] == node
+    assert summ[len(node)] == {"role": "assistant", "content": ONE_NODE_ANSWER}
+    assert len(summ) == len(node) + 2 and summ[-1]["role"] == "user"
+    request = summ[-1]["content"]
+    assert request.startswith(f"{summary.SYSTEM} Write prose: nothing you write now is run.\n\n"
+                              f"Task:\n{TASK}\n\nWhat your code printed")
+    assert f"mean of y {MEAN}" in request and request.rstrip().endswith("a printed output above.")
+    assert FORM in request and "```" not in request   # not the code again: it is in the answer
+
+
+def test_a_rerun_nodes_new_answer_is_the_conversation_its_summary_goes_on_from():
+    """The node run again answers anew: the summary goes on from that answer, not the first."""
+    again = ONE_NODE_ANSWER.replace("round(df['y'].mean(), 4)", "round(float(df.y.mean()), 4)")
+    with LoopbackServer(responder=_one_node_run([ONE_NODE_ANSWER, again])) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(ONE_NODE, name="rerun", inputs=[CSV], starter="off",
+                              update="off")
+        flow.run()
+        flow.rerun("stats")
+        sent = _requests(server)
+    assert flow.status == "done", flow.message
+    summaries = [m for m in sent if _is_summary(m)]
+    assert len(summaries) == 2
+    assert [m[-2]["content"] for m in summaries] == [ONE_NODE_ANSWER, again]
+
+
+def test_a_summary_written_again_after_a_restart_is_laid_out_from_the_store():
+    """The conversation lives in the process that ran the node (nothing more is stored): a
+    flow loaded after a kernel restart writes its summary as before, from what is stored."""
+    fail = {"on": True}
+
+    def agent(body):
+        if _is_summary(body["messages"]) and fail["on"]:
+            raise RuntimeError("the endpoint is down")   # (the server answers HTTP 500)
+        return _one_node_run([ONE_NODE_ANSWER])(body)
+
+    with LoopbackServer(responder=agent) as server:
+        flowmagic.configure(base_url=server.base_url, model="m")
+        flow = Flow.from_dict(ONE_NODE, name="restart", inputs=[CSV], starter="off",
+                              update="off")
+        flow.run()
+        assert flow.result is None and "run() again" in (flow.message or "")
+        fail["on"] = False
+        again = flowmagic.load(flow.run_id)   # a new Flow object, as after a restart
+        again.run()
+        (summ,) = [m for m in _requests(server)[-1:] if _is_summary(m)]
+    assert pairs(again.result) == {"mean_y": str(MEAN)}, again.result
+    assert len(summ) == 2 and summ[0]["content"] == summary.HOUSE_RULES
+    assert summ[1]["content"].count(f"Task:\n{TASK}") == 1 and "mean of y" in summ[1]["content"]

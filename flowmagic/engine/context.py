@@ -10,7 +10,7 @@ and tool call, a node's streamed text and queue place, a call's deferred log row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..settings import Settings
@@ -35,6 +35,9 @@ class RunContext:
     space: RunSpace
     tools: ToolChoice
     budget: Budget
+    # node id -> (its output, the prompt and answer it passed with), in this process only:
+    # the closing summary of a one-node flow goes on from that conversation (summary.py)
+    conversations: dict = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

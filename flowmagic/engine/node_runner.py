@@ -513,6 +513,9 @@ class NodeRunner:
                     await self._settle(ex, record, keep)
             if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
                               (passed, feedback), outcome):
+                if not tool_calls:   # the prompt and answer it passed with, for the summary
+                    ctx.conversations[node_id] = (outcome.output, [
+                        *messages, {"role": "assistant", "content": text}])
                 break
         return self._finish(node_id, tries, outcome)
 

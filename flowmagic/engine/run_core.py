@@ -48,11 +48,12 @@ class RunCore:
         self.executor: Executor | None = None   # the executor of the run under way
         self._triggers: list[dict] = []   # what called the next update: [{"node", "why"}]
         self._capped = False              # max_updates already said so in this run
+        self.conversations: dict = {}     # RunContext.conversations, kept across runs
 
     def context(self) -> RunContext:
         """This run as the engine sees it (the node runner, prompts, fingerprints)."""
         return RunContext(self.record, self.record.settings, self.llm, self.recorder,
-                          self.space, self.tools, self.budget)
+                          self.space, self.tools, self.budget, self.conversations)
 
     def make_executor(self, work: Work | None = None) -> Executor:
         """The executor a run uses: its hooks persist every state change (`emit`), stop
@@ -327,6 +328,14 @@ class RunCore:
             return []
         return [n.id for n in nodes if n.status == Status.FAILED]
 
+    def _conversation(self, active: list) -> list[dict] | None:
+        """The prompt and answer the one done node passed with in this process, while its
+        output is still that answer's (summary._going_on), else None."""
+        if len(active) != 1:
+            return None
+        kept = self.conversations.get(active[0].id)
+        return kept[1] if kept is not None and kept[0] == active[0].output else None
+
     async def consolidate(self, failed: list[str] | None = None) -> None:
         """The final write-up (engine/summary.py): a summary of what the nodes did, or the
         answer a node gave in the task's form; it never rewrites their work. `failed`: the
@@ -338,7 +347,8 @@ class RunCore:
         data = self._on_data()
         written = await summary.write(wf, self._summary, budget=int(settings.context_chars),
                                       data=data,
-                                      start=self._flow_start(wf, working_start=False))
+                                      start=self._flow_start(wf, working_start=False),
+                                      conversation=self._conversation(active))
         if failed:
             record.result = f"{written.text}\n\n{summary.partial_mark(failed)}"
             return
