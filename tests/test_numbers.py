@@ -120,6 +120,11 @@ STATS = ("```python\nimport pandas as pd\ndf = pd.read_csv('anscombe.csv')\n"
          f"Output:\n```\nmean of y {INVENTED}\n```\n")
 
 
+def is_summary(messages) -> bool:
+    """(a one-node flow's summary goes on from the node's conversation: its request is last)"""
+    return any(SUMMARY in m["content"] for m in messages if m["role"] != "assistant")
+
+
 def requests(server):
     return [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
             if r["path"].endswith("/chat/completions")]
@@ -141,7 +146,7 @@ def prompt_of(sent, node_id):
 def scripted(summary):
     def agent(body):
         messages = body["messages"]
-        if any(SUMMARY in m["content"] for m in messages[:2]):
+        if is_summary(messages):
             return summary(messages)
         prompt = messages[-1]["content"]
         if "Your subtask (stats)" in prompt:
@@ -215,7 +220,7 @@ def test_withhold_replaces_exactly_the_numbers_found(text, numbers, expected):
 def test_a_node_whose_numbers_still_do_not_trace_is_marked_for_its_children_and_the_panel():
     def agent(body):
         messages = body["messages"]
-        if any(SUMMARY in m["content"] for m in messages[:2]):
+        if is_summary(messages):
             return "Done."
         if "Your subtask (stats)" in messages[-1]["content"]:
             return STATS + f"\nThe mean of y is {INVENTED}."
@@ -244,7 +249,7 @@ def test_a_number_stated_without_any_code_on_a_data_task_goes_back_asking_for_co
 
     def agent(body):
         messages = body["messages"]
-        if any(SUMMARY in m["content"] for m in messages[:2]):
+        if is_summary(messages):
             return f"The mean of y is {TRUE_MEAN}."
         if "computes and prints each number" in messages[-1]["content"]:
             return ("```python\nimport pandas as pd\n"
@@ -261,7 +266,7 @@ def test_a_number_stated_without_any_code_on_a_data_task_goes_back_asking_for_co
 def test_a_code_answers_own_output_block_is_left_out_even_when_its_code_ran_and_code_sent_again_is_not_run():
     def agent(body):
         messages = body["messages"]
-        if any(SUMMARY in m["content"] for m in messages[:2]):
+        if is_summary(messages):
             return "Done."
         prompt = messages[-1]["content"]
         if "Your subtask (stats)" in prompt and "appear in no output" in prompt:
@@ -287,7 +292,7 @@ def test_an_output_block_is_left_out_of_a_passing_answer_whose_code_ran():
 
     def agent(body):
         messages = body["messages"]
-        if any(SUMMARY in m["content"] for m in messages[:2]):
+        if is_summary(messages):
             return "Done."
         return answer if "Your subtask (stats)" in messages[-1]["content"] else "Written."
 
