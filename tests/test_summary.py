@@ -456,8 +456,8 @@ ONE_NODE_ANSWER = ("```python\nprint('mean of y', round(df['y'].mean(), 4))\n```
 
 
 def _one_node_run(answers):
-    """(the flow, every request's messages): a one-node flow on data whose node answers with
-    `answers` in turn and whose summary gives the mean in the form."""
+    """The loopback agent of a one-node flow on data: its node answers with `answers` in
+    turn, its summary gives the mean in the form."""
     given = iter(answers)
 
     def agent(body):
