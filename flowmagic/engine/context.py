@@ -35,8 +35,8 @@ class RunContext:
     space: RunSpace
     tools: ToolChoice
     budget: Budget
-    # node id -> (its output, the prompt and answer it passed with), in this process only:
-    # the closing summary of a one-node flow goes on from that conversation (summary.py)
+    # node id -> (its output, the prompt and answer it passed with) of the node that passed
+    # last, in this process only: a one-node flow's summary goes on from it (summary.py)
     conversations: dict = field(default_factory=dict)
 
     @property

@@ -513,7 +513,10 @@ class NodeRunner:
                     await self._settle(ex, record, keep)
             if self._conclude(node_id, tries, attempt, record, (shown, ex, output),
                               (passed, feedback), outcome):
-                if not tool_calls:   # the prompt and answer it passed with, for the summary
+                if not tool_calls:   # the prompt and answer it passed with, for the summary;
+                    # the last node's only (a summary continues one node's: a large flow's
+                    # prompts are not all held)
+                    ctx.conversations.clear()
                     ctx.conversations[node_id] = (outcome.output, [
                         *messages, {"role": "assistant", "content": text}])
                 break

@@ -147,9 +147,7 @@ def summary_messages(workflow, budget: int, form: Form | None, start: str | None
         going_on = _going_on(workflow, budget, form, conversation)
         if sum(len(m["content"]) for m in going_on) <= 2 * budget:
             return going_on
-    shown = report(start_run(workflow)) if start else ""
-    shown = shown if shown and shown in start else ""
-    printed = printed_outputs(workflow, start=not shown)
+    shown, printed = _beyond(workflow, start or "")
     texts = [_body(n, shown) for n in active]
     printed_room = shares([len(t) for _, t in printed], budget // 2) if printed else []
     printed_text = [_cut(t, k) for (_, t), k in zip(printed, printed_room)]
@@ -157,14 +155,27 @@ def summary_messages(workflow, budget: int, form: Form | None, start: str | None
     body = "\n\n".join(f"[{n.id}] {n.requirement}\n{_cut(t, k)}"
                        for n, t, k in zip(active, texts, allowed))
     if printed:
-        body += ("\n\nWhat the code printed (copy every number from here"
-                 + (", or from the working start's output above" if shown else "") + "):\n"
+        body += (f"\n\n{_copy_from('the code', shown)}\n"
                  + "\n\n".join(f"[{nid}]\n{t}" for (nid, _), t in zip(printed, printed_text)))
     own = f"Task:\n{workflow.task}\n\nResults of the subtasks:\n{body}\n\n{_ending(form)}"
     if start:
         return [{"role": "system", "content": HOUSE_RULES},
                 {"role": "user", "content": f"{start}\n\n{SYSTEM} {PROSE}\n\n{own}"}]
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": own}]
+
+
+def _beyond(workflow, above: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the working start's run report when the prompt `above` already shows it, else "";
+    what the done nodes' code printed, that report's printout left out when shown)."""
+    shown = report(start_run(workflow)) if above else ""
+    shown = shown if shown and shown in above else ""
+    return shown, printed_outputs(workflow, start=not shown)
+
+
+def _copy_from(whose: str, shown: str) -> str:
+    """The heading of the printouts a summary copies its numbers from."""
+    return (f"What {whose} printed (copy every number from here"
+            + (", or from the working start's output above" if shown else "") + "):")
 
 
 def _going_on(workflow, budget: int, form: Form | None, conversation: list[dict]) -> list[dict]:
@@ -174,13 +185,10 @@ def _going_on(workflow, budget: int, form: Form | None, conversation: list[dict]
     as the other summary, it restated the node's subtask and answer after the shared start,
     and a server evaluated them again: SmolLM2 on dabench-dev q6 evaluated 767 of the
     summary's 1,501 prompt tokens that way, 407 of 1,913 this way."""
-    shown = report(start_run(workflow))
-    shown = shown if shown and shown in conversation[1]["content"] else ""
-    printed = printed_outputs(workflow, start=not shown)
+    shown, printed = _beyond(workflow, conversation[1]["content"])
     own = f"Task:\n{workflow.task}"
     if printed:
-        own += ("\n\nWhat your code printed (copy every number from here"
-                + (", or from the working start's output above" if shown else "") + "):\n"
+        own += (f"\n\n{_copy_from('your code', shown)}\n"
                 + _cut("\n\n".join(t for _, t in printed), budget // 2))
     return [*conversation, {"role": "user", "content": f"{SYSTEM} {PROSE}\n\n{own}\n\n"
                                                            f"{_ending(form)}"}]
