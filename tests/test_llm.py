@@ -407,6 +407,19 @@ def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
     pytest.fail("the embedded server outlived its parent")
 
 
+@pytest.mark.embedded
+def test_a_notebook_folder_with_a_module_named_like_the_servers_does_not_break_it(tmp_path):
+    # The server process imports uvicorn, fastapi, llama_cpp...: started from the kernel's
+    # working folder, a notebook's own uvicorn.py there was imported in their place.
+    (tmp_path / "uvicorn.py").write_text("raise SystemExit('the notebook folder\'s uvicorn.py')")
+    script = ("from flowmagic.llm import LLM; print('answered', "
+              "bool(LLM(timeout=90).complete_sync('Say a word about tea.', max_tokens=4).text))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "FLOWMAGIC_HOME": str(tmp_path / "h")},
+                         timeout=180)
+    assert "answered True" in out.stdout, out
+
+
 def test_an_unusable_structured_answer_is_cached_too():
     # Replaying a notebook must meet the same bad answer, not call the model again.
     with LoopbackServer(responder=lambda body: "I cannot answer in JSON, sorry.") as server:

@@ -160,7 +160,9 @@ def ensure_server(timeout: float = 90.0) -> str:
         log_path = home() / "local-server.log"
         log = open(log_path, "ab")
         threads, adapt = _threads()
-        cmd = [sys.executable, "-m", "flowmagic.llm._server", "--model", str(gguf),
+        # -P: not the kernel's working folder first on sys.path, where a notebook's own
+        # llama_cpp.py or uvicorn.py (or an older flowmagic checkout) would be imported
+        cmd = [sys.executable, "-P", "-m", "flowmagic.llm._server", "--model", str(gguf),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
                # Prompt evaluation too: llama-cpp-python's server otherwise evaluates
                # prompts on every core, which under load made it 2-3x slower (issue 21).
