@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -405,6 +406,66 @@ def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.2)
     os.kill(pid, 9)
     pytest.fail("the embedded server outlived its parent")
+
+
+@pytest.mark.embedded
+def test_the_embedded_server_loads_a_checked_q8_0_copy_of_the_shipped_weights(tmp_path):
+    # llama.cpp has no fast CPU kernel for the shipped Q4_1 file: the server makes a Q8_0 copy
+    # of its weights once in the user's cache folder (the home's where that is not writable),
+    # writes its sha256 beside it and checks it before each load. A copy changed on disk is
+    # made again, never loaded; where no copy can be made the shipped file is served, and the
+    # model answers all along.
+    script = ("import sys; from flowmagic.llm import LLM; "
+              "print('answered', bool(LLM(timeout=90).complete_sync("
+              "'Say a word about ' + sys.argv[1], max_tokens=4).text))")
+    topics = iter(["tea", "rain", "maps", "owls", "bees"])   # none answered from the store's cache
+
+    def start(home, cache):
+        log = home / "local-server.log"
+        before = log.stat().st_size if log.exists() else 0
+        out = subprocess.run([sys.executable, "-c", script, next(topics)],
+                             capture_output=True, text=True, timeout=180,
+                             env={**os.environ, "FLOWMAGIC_HOME": str(home),
+                                  "XDG_CACHE_HOME": str(cache)})
+        assert "answered True" in out.stdout, out
+        with open(log, "rb") as fh:
+            fh.seek(before)
+            return fh.read().decode(errors="replace")
+
+    def loaded(log):   # the files llama.cpp opened to serve, after any copy was made
+        return [line.rsplit(" from ", 1)[1].split(" (")[0] for line in log.splitlines()
+                if "llama_model_loader: loaded meta data" in line][-1:]
+
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    log = start(home, cache)
+    [copy] = (cache / "flowmagic" / "models").glob("*.Q8_0.gguf")
+    digest = Path(f"{copy}.sha256")
+    assert digest.read_text().strip() == hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert f"made {copy}" in log and loaded(log) == [str(copy)], log[-2000:]
+
+    log = start(tmp_path / "another home", cache)   # the next server reuses it
+    assert "made " not in log and loaded(log) == [str(copy)]
+
+    with open(copy, "r+b") as fh:   # a weight changed on disk
+        fh.seek(copy.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    log = start(home, cache)
+    assert f"made {copy}" in log and loaded(log) == [str(copy)]
+    assert digest.read_text().strip() == hashlib.sha256(copy.read_bytes()).hexdigest()
+
+    unwritable = tmp_path / "unwritable"
+    unwritable.write_text("a file where the cache folder would be")
+    log = start(home, unwritable)   # the home's models/ instead
+    [second] = (home / "models").glob("*.Q8_0.gguf")
+    assert f"made {second}" in log and loaded(log) == [str(second)]
+
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "models").write_text("a file where the home's copies would go")
+    log = start(blocked, unwritable)
+    assert "as shipped" in log and loaded(log)[0].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.mark.embedded
