@@ -14,6 +14,7 @@ from pathlib import Path
 import before as older
 import cached_price
 import dask_map
+import model_copy
 import prefix_reuse
 
 __all__ = ["TARGETS", "BEFORE_REF", "measure", "rows", "blocks", "write_blocks"]
@@ -75,6 +76,11 @@ def measure(opts: dict, quick: bool, root: Path, log=print, part=None) -> dict:
     with part("csv_eda on the embedded model, " + " and ".join(arms)):
         _attempt(out, "csv_eda", lambda: prefix_reuse.csv_eda(arms, 1, timeout, source, log=log),
                  log)
+    after = [r for r in out.get("csv_eda") or [] if r["arm"] == "after"]
+    if after:
+        log("the server's Q8_0 copy of SmolLM2 against the shipped Q4_1 file, on csv_eda's calls")
+        with part("Q8_0 copy against Q4_1, alone"):
+            _attempt(out, "copy", lambda: model_copy.measure(after[0]["home"], log=log), log)
     n = int(opts.get("questions", 3))
     with part(f"{n} dabench-dev questions on the embedded model"):
         _attempt(out, "dabench", lambda: prefix_reuse.dabench_sample(
@@ -238,6 +244,10 @@ def _flows_lines(sp: dict) -> list[str]:
     if sent:
         lines.append(f"- the first calls of the flows after the first in that kernel: the "
                      f"server reused {reused:,} of their {sent:,} prompt tokens")
+    if sp.get("copy"):
+        lines += ["", model_copy.line(sp["copy"])]
+    elif _failed(sp, "copy"):
+        lines += ["", f"The Q8_0 copy against the Q4_1 file: failed ({_failed(sp, 'copy')})."]
     return lines + [""]
 
 

@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCH))
 
 import before  # noqa: E402
 import cached_price  # noqa: E402
+import model_copy  # noqa: E402
 import prefix_reuse  # noqa: E402
 import speed  # noqa: E402
 
@@ -113,6 +114,45 @@ def test_each_run_of_a_kernel_is_read_from_its_store_with_its_first_call(flowmag
         {"calls": 2, "prompt_sent": 4000, "prompt_reused": 3072, "completion": 200}
     assert 0 < run["first_sent"] < 4000 and run["first_reused"] <= run["first_sent"]
     assert run["seconds"] >= 0 and run["name"]
+
+
+def _store(home: Path, rows: list) -> None:
+    import json
+    import sqlite3
+
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(home / "flowmagic.db") as db:
+        db.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, messages TEXT, response TEXT, "
+                   "cached INTEGER, error TEXT)")
+        db.executemany("INSERT INTO calls (messages, response, cached, error) VALUES (?, ?, ?, ?)",
+                       [(json.dumps(m), json.dumps({"text": a}), c, e) for m, a, c, e in rows])
+
+
+def test_the_copy_is_compared_on_the_calls_that_reached_the_server(tmp_path):
+    ask = [{"role": "user", "content": "Name a colour."}]
+    _store(tmp_path, [(ask, "Blue.", 0, None), (ask, "Blue.", 1, None),
+                      (ask, "", 0, "HTTP 500"), (ask, "Green is a colour.", 0, None)])
+    assert model_copy.calls(tmp_path) == [{"messages": ask, "answer": "Blue."},
+                                          {"messages": ask, "answer": "Green is a colour."}]
+
+
+@pytest.mark.embedded
+def test_the_copy_and_the_shipped_file_both_run_a_runs_calls(tmp_path):
+    """The part runs both model files on the stored prompts and answers (the real files, on
+    two short calls); its line in RESULTS.md gives both speeds and the agreement."""
+    ask = [{"role": "system", "content": "You answer in one word."},
+           {"role": "user", "content": "Name a colour."}]
+    _store(tmp_path, [(ask, "Blue, the colour of the sky.", 0, None),
+                      (ask, "Green.", 0, None)])
+    got = model_copy.measure(tmp_path, log=lambda line: None)
+    assert got["calls"] == 2 and 0 < got["agreement"] <= 1
+    assert got["q4_1"]["prompt_tokens"] == got["q8_0"]["prompt_tokens"] > 10
+    assert got["positions"] == got["q8_0"]["answer_tokens"] + 2 > 4
+    assert all(got[k]["prompt_tok_s"] > 0 and got[k]["decode_ms"] > 0 for k in ("q4_1", "q8_0"))
+    line = model_copy.line(got)
+    assert f"{got['q8_0']['prompt_tok_s']:g} against {got['q4_1']['prompt_tok_s']:g}" in line
+    sp = {"cached": CACHED, "before": "x", "limits": (600, 300), "copy": got}
+    assert line in speed._prefix_block(sp)
 
 
 def test_the_questions_about_one_table_are_seeded_and_share_their_file():
