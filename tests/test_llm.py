@@ -513,6 +513,25 @@ def test_a_local_model_file_is_loaded_only_with_its_sha256(tmp_path, monkeypatch
     assert local.model_path() == gguf
 
 
+def test_the_q8_0_copy_is_kept_only_in_a_folder_that_is_the_users_own(tmp_path, monkeypatch,
+                                                                        flowmagic_home):
+    # The copy is checked against the sha256 beside it: in a folder anyone can write to, anyone
+    # could put a model and its sha256 there, so such a folder is not used.
+    from flowmagic.llm import local
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    gguf = local.model_path()
+    assert Path(local._copy_path(gguf)).parent == cache / "flowmagic" / "models"
+    (cache / "flowmagic" / "models").chmod(0o777)
+    assert Path(local._copy_path(gguf)).parent == flowmagic_home / "models"
+    (flowmagic_home / "models").chmod(0o757)
+    assert local._copy_path(gguf) == ""
+    monkeypatch.setenv("FLOWMAGIC_LOCAL_GGUF", str(gguf))   # a file of the user's own: as it is
+    (flowmagic_home / "models").chmod(0o700)
+    assert local._copy_path(gguf) == ""
+
+
 def test_the_shipped_model_file_matches_its_pinned_sha256(monkeypatch):
     from flowmagic.llm import local
 

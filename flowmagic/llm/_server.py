@@ -231,10 +231,14 @@ def main() -> None:
         _adapt_threads(int(cap))
     _report_usage()
     args = sys.argv[1:]
-    copy = os.environ.get("FLOWMAGIC_LOCAL_COPY", "")
-    if copy and "--model" in args:
+    copy = os.environ.get("FLOWMAGIC_LOCAL_COPY")
+    if copy is not None and "--model" in args:
         at = args.index("--model") + 1
-        args[at] = served_copy(args[at], copy)
+        if copy:
+            args[at] = served_copy(args[at], copy)
+        elif not os.environ.get("FLOWMAGIC_LOCAL_GGUF"):
+            print(f"flowmagic: serving {args[at]} as shipped (no folder of the user's own to "
+                  "keep its Q8_0 copy in)", flush=True)
     sys.argv = ["llama_cpp.server", *args]
     runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 

@@ -84,24 +84,34 @@ def model_path() -> Path:
     return path
 
 
+def _cache() -> Path:
+    """The user's cache folder ($XDG_CACHE_HOME, else ~/.cache); "/nonexistent" without a home."""
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    except (RuntimeError, KeyError):   # no HOME and no passwd entry
+        return Path("/nonexistent")
+
+
 def _copy_path(gguf: Path) -> str:
     """Where the server keeps its Q8_0 copy of the shipped SmolLM2 (_server.served_copy:
     prompts evaluated 1.5-2x as fast): the user's cache folder ($XDG_CACHE_HOME or ~/.cache,
     then flowmagic/models), one copy for every FLOWMAGIC_HOME and out of the home a user
-    backs up or shares; the home's models/ where that folder cannot be written. "" for a
-    model of the user's own, served as it is."""
+    backs up or shares; the home's models/ where that folder cannot be written or is not the
+    user's (another's, or writable by anyone, who could put a file and its sha256 there); ""
+    (served as shipped) where neither is, and for a model of the user's own."""
     if os.environ.get("FLOWMAGIC_LOCAL_GGUF"):
         return ""
     name = f"{gguf.stem.split('.')[0]}.{_GGUF_SHA256[:16]}.Q8_0.gguf"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-    for folder in (cache / "flowmagic" / "models", home() / "models"):
+    for folder in (_cache() / "flowmagic" / "models", home() / "models"):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+            mine = folder.stat()
         except OSError:
             continue
-        if os.access(folder, os.W_OK):
+        if mine.st_uid == os.getuid() and not mine.st_mode & 0o002 and os.access(folder, os.W_OK):
             return str(folder / name)
-    return str(home() / "models" / name)   # the server says in its log why it has no copy
+    return ""   # served as shipped
 
 
 def _check_sha256(path: Path, want: str, source: str) -> None:
