@@ -180,8 +180,8 @@ def served_copy(model: str, copy: str) -> str:
     made (`copy`.sha256); made again when that check fails. Q8_0 holds each Q4_1 weight to
     within 1/254 of its block's largest, and llama.cpp multiplies it with tinyBLAS, where
     Q4_1 takes the generic path: on 2 cores (AVX-512) the copy evaluated a 1,300-token
-    prompt at 219-247 tokens/s against 119-166, and decoded at 21-23 ms/token against
-    20-26; its most likely next token was Q4_1's at 96.5% of the positions of csv_eda's 9
+    prompt at 219-247 tokens/s against 119-166, and decoded at 21-24 ms/token against
+    18-26; its most likely next token was Q4_1's at 96.5% of the positions of csv_eda's 9
     answers (an F16 copy, Q4_1 decoded exactly, 97.5%; a Q4_0 one, faster still, 77%).
     Anything that stops the copy (a folder it cannot write, a llama-cpp-python without
     the quantize call) leaves `model` served as it is, said in the log."""
