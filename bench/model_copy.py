@@ -95,6 +95,7 @@ def _compare(models: dict, work: list, sums: dict, log) -> tuple[int, int]:
 
 def measure(home: str | Path, log=print) -> dict:
     """Both files on the calls of the csv_eda run in `home` (see the module docstring)."""
+    work = calls(home)   # first: a run without a store fails before a model loads
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from flowmagic.llm import _server, local
 
@@ -106,7 +107,6 @@ def measure(home: str | Path, log=print) -> dict:
     models = {"q4_1": _Model(shipped, threads), "q8_0": _Model(copy, threads)}
     sums = {k: {"prompt_tokens": 0, "prompt_s": 0.0, "answer_tokens": 0, "decode_s": 0.0}
             for k in models}
-    work = calls(home)
     try:
         same, positions = _compare(models, work, sums, log)
     finally:
