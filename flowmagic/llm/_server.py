@@ -166,7 +166,8 @@ def _report_usage() -> None:
     Llama.create_chat_completion = reporting_chat
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file, read a MB at a time (local.py checks model files with it too)."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -188,7 +189,7 @@ def served_copy(model: str, copy: str) -> str:
     sidecar = copy + ".sha256"
     try:
         with open(sidecar) as fh:
-            if fh.read().strip() == _sha256(copy):
+            if fh.read().strip() == file_sha256(copy):
                 print(f"flowmagic: serving {copy}, the Q8_0 copy of {model}", flush=True)
                 return copy
     except OSError:
@@ -206,7 +207,7 @@ def served_copy(model: str, copy: str) -> str:
         if failed:
             raise RuntimeError(f"llama_model_quantize returned {failed}")
         with open(part + ".sha256", "w") as fh:
-            fh.write(_sha256(part) + "\n")
+            fh.write(file_sha256(part) + "\n")
         os.replace(part, copy)   # the file first: a digest never names a file not yet there
         os.replace(part + ".sha256", sidecar)
     except Exception as exc:   # noqa: BLE001 - any failure: serve the shipped file

@@ -16,7 +16,6 @@ into the user's cache folder, and checks it against the sha256 it wrote beside i
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib.util
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, EndpointError
 from ..store import home
+from ._server import file_sha256
 
 __all__ = ["ensure_server", "stop_server", "model_path", "server_url"]
 
@@ -118,11 +118,7 @@ def _check_sha256(path: Path, want: str, source: str) -> None:
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _checked:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        _checked[key] = digest.hexdigest()
+        _checked[key] = file_sha256(path)
     if _checked[key] != want:
         raise ConfigError(f"the model file {path} has sha256 {_checked[key][:16]}..., not "
                           f"{want[:16]}... ({source}): it is not the file that was pinned; "
