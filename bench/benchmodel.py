@@ -25,6 +25,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from flowmagic.llm._server import file_sha256
+
 __all__ = ["SHA256", "MODEL_NAME", "cache_dir", "ensure_gguf", "Server", "serve"]
 
 PARTS = 22
@@ -39,14 +41,6 @@ def cache_dir() -> Path:
                 Path.home() / ".cache" / "flowmagic-bench").expanduser()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _checked(path: Path) -> bool:
     """The file is there and has the pinned hash (remembered by size and mtime: the hash of
     a 1 GB file takes seconds)."""
@@ -57,7 +51,7 @@ def _checked(path: Path) -> bool:
     key = f"{SHA256} {stat.st_size} {stat.st_mtime_ns}"
     if stamp.is_file() and stamp.read_text().strip() == key:
         return True
-    if _sha256(path) != SHA256:
+    if file_sha256(path) != SHA256:
         return False
     stamp.write_text(key + "\n")
     return True
