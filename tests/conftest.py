@@ -63,6 +63,13 @@ def embedded_url(tmp_path_factory):
     yield url
 
 
+def is_summary(messages) -> bool:
+    """Whether a chat request is a flow's closing summary (a one-node flow's summary goes on
+    from the node's conversation: its request is last)."""
+    from flowmagic.engine.summary import SYSTEM
+    return any(SYSTEM in m["content"] for m in messages if m["role"] != "assistant")
+
+
 def fast_llm(store=None, **kwargs):
     """An LLM that backs off in milliseconds, for tests that inject faults."""
     from flowmagic.llm import LLM

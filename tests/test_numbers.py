@@ -105,8 +105,9 @@ import pandas as pd  # noqa: E402
 import flowmagic  # noqa: E402
 from flowmagic.flow import Flow  # noqa: E402
 from flowmagic.ops.nbrun import TEMPLATES  # noqa: E402
-from flowmagic.engine.summary import SYSTEM as SUMMARY  # noqa: E402
 from flowmagic.testing.loopback import LoopbackServer  # noqa: E402
+
+from conftest import is_summary  # noqa: E402
 
 CSV = TEMPLATES / "data" / "anscombe.csv"
 TRUE_MEAN = round(pd.read_csv(CSV)["y"].mean(), 4)   # 7.5009
@@ -118,11 +119,6 @@ PLAN = {"task": "Explore anscombe.csv: report the mean of y.",
 STATS = ("```python\nimport pandas as pd\ndf = pd.read_csv('anscombe.csv')\n"
          "print('mean of y', round(df['y'].mean(), 4))  # 4865.95\n```\n\n"
          f"Output:\n```\nmean of y {INVENTED}\n```\n")
-
-
-def is_summary(messages) -> bool:
-    """(a one-node flow's summary goes on from the node's conversation: its request is last)"""
-    return any(SUMMARY in m["content"] for m in messages if m["role"] != "assistant")
 
 
 def requests(server):

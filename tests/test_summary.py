@@ -17,6 +17,8 @@ from flowmagic.model.status import Status
 from flowmagic.ops.nbrun import TEMPLATES
 from flowmagic.testing.loopback import LoopbackServer
 
+from conftest import is_summary
+
 CSV = TEMPLATES / "data" / "anscombe.csv"
 FRAME = pd.read_csv(CSV)
 MEAN = round(FRAME["y"].mean(), 4)          # 7.5007
@@ -33,11 +35,6 @@ PARAPHRASE = (f"The data was loaded and the mean of y computed: the output indic
               f"mean of y is {MEAN}.")   # what the bench model wrote on dabench-dev q0
 
 
-def _is_summary(messages) -> bool:
-    """(a one-node flow's summary goes on from the node's conversation: its request is last)"""
-    return any(summary.SYSTEM in m["content"] for m in messages if m["role"] != "assistant")
-
-
 def run_flow(agent, plan=PLAN):
     """(the flow run against `agent`, the messages of every summary request)."""
     with LoopbackServer(responder=agent) as server:
@@ -46,7 +43,7 @@ def run_flow(agent, plan=PLAN):
         flow.run()
         sent = [r["body"]["messages"] for r in server.stats(bodies=True)["requests"]
                 if r["path"].endswith("/chat/completions")]
-    return flow, [m for m in sent if _is_summary(m)]
+    return flow, [m for m in sent if is_summary(m)]
 
 
 def nodes_answer(stats=STATS, report="The mean of y is as the analysis printed."):
@@ -66,7 +63,7 @@ def test_the_result_gives_the_form_the_task_prescribes_with_the_value_the_code_p
 
     def agent(body):
         messages = body["messages"]
-        if not _is_summary(messages):
+        if not is_summary(messages):
             return nodes(messages)
         prompt = messages[-1]["content"]
         printed = re.search(r"^mean of y (\S+)$", prompt, re.MULTILINE)
@@ -91,7 +88,7 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
 
     def agent(body):
         messages = body["messages"]
-        if not _is_summary(messages):
+        if not is_summary(messages):
             return nodes(messages)
         asked.append(body)
         if "Answer with one JSON value" in messages[-1]["content"]:   # the form's values
@@ -107,7 +104,7 @@ def test_a_summary_without_the_form_goes_back_once_naming_it_and_is_marked_if_st
     assert flow.result.startswith(f"{PARAPHRASE}\n\n@mean_y[{MEAN}]")   # the form written here
     assert pairs(flow.result) == {"mean_y": str(MEAN)}
 
-    flow, summaries = run_flow(lambda body: (PARAPHRASE if _is_summary(body["messages"])
+    flow, summaries = run_flow(lambda body: (PARAPHRASE if is_summary(body["messages"])
                                              else nodes(body["messages"])))
     assert len(summaries) == 2 and flow.result.count(PARAPHRASE) == 1
     assert flow.result.endswith("[the answer form the task prescribes is missing: "
@@ -123,7 +120,7 @@ def test_a_subtask_is_not_shown_the_answer_form_so_it_writes_code_and_the_summar
     def agent(body):
         messages = body["messages"]
         prompt = messages[-1]["content"]
-        if _is_summary(messages):
+        if is_summary(messages):
             printed = re.search(r"^mean of y (\S+)$", prompt, re.MULTILINE)
             return f"@mean_y[{printed.group(1)}]" if "@mean_y[" in prompt and printed else "?"
         node_prompts.append(prompt)
@@ -163,7 +160,7 @@ def test_a_summary_that_paraphrases_the_answer_into_a_new_number_is_caught(parap
 
     def agent(body):
         messages = body["messages"]
-        if not _is_summary(messages):
+        if not is_summary(messages):
             return count
         asked.append(messages)
         if len(asked) == 1:
@@ -184,7 +181,7 @@ def test_a_node_that_gave_the_whole_answer_in_the_form_with_traced_values_is_the
 
     def agent(body):
         messages = body["messages"]
-        return PARAPHRASE if _is_summary(messages) else nodes(messages)
+        return PARAPHRASE if is_summary(messages) else nodes(messages)
 
     flow, summaries = run_flow(agent)
     assert summaries == [] and pairs(flow.result) == {"mean_y": str(MEAN)}
@@ -277,7 +274,7 @@ def test_a_value_the_summary_copied_unrounded_is_rounded_as_the_task_asks():
 
     def agent(body):
         messages = body["messages"]
-        if not _is_summary(messages):
+        if not is_summary(messages):
             return nodes_answer(stats=stats)(messages)
         printed = re.search(r"^mean of y (\S+)$", messages[-1]["content"], re.MULTILINE)
         return f"The mean of y was computed.\n\n@mean_y[{printed.group(1)}]"
@@ -332,7 +329,7 @@ def test_a_result_whose_form_values_no_output_holds_sends_their_node_back_once_b
     def agent(body):
         messages = body["messages"]
         prompt = messages[-1]["content"]
-        if _is_summary(messages):
+        if is_summary(messages):
             printed = re.search(r"^mean_y (\S+)$", prompt, re.MULTILINE)
             return f"@mean_y[{printed.group(1) if printed else '7.77'}]"
         node_prompts.append(prompt)
@@ -350,7 +347,7 @@ def test_a_result_whose_form_values_no_output_holds_sends_their_node_back_once_b
     assert [e["kind"] for e in flow.update_log] == ["answer_check"]
     # once a run: a node that still prints something else leaves the value withheld
     with LoopbackServer(responder=lambda body: (
-            "@mean_y[7.77]" if _is_summary(body["messages"])
+            "@mean_y[7.77]" if is_summary(body["messages"])
             else "```python\nprint('count of x', df['x'].count())\n```")) as server:
         flowmagic.configure(base_url=server.base_url, model="m")
         flow = Flow.from_dict(plan, name="again2", inputs=[CSV], starter="off")
@@ -369,7 +366,7 @@ def test_the_summary_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_sh
 
     def agent(body):
         sent.setdefault(name, []).append(body["messages"])
-        return (f"The mean of y is {MEAN}.\n\n@mean_y[{MEAN}]" if _is_summary(body["messages"])
+        return (f"The mean of y is {MEAN}.\n\n@mean_y[{MEAN}]" if is_summary(body["messages"])
                 else STATS)
 
     with LoopbackServer(responder=agent) as server:
@@ -380,7 +377,7 @@ def test_the_summary_of_a_flow_on_data_opens_with_the_start_its_nodes_prompts_sh
             flow.run()
             assert flow.status == "done", flow.message
     (node, summ), (text_node, text_summ) = (
-        (calls[0], next(m for m in calls if _is_summary(m))) for calls in sent.values())
+        (calls[0], next(m for m in calls if is_summary(m))) for calls in sent.values())
     assert summ[0] == node[0]   # the house rules
     start = node[1]["content"].split("\n\nA working start")[0]
     assert "anscombe.csv (table)" in start and "Answer format" not in start
@@ -412,7 +409,7 @@ def test_a_summary_number_cut_short_instead_of_rounded_goes_back_with_it_rounded
 
     def agent(body):
         messages = body["messages"]
-        if not _is_summary(messages):
+        if not is_summary(messages):
             return "```python\nprint('mean of y:', repr(float(df['y'].mean())))\n```"
         asked.append(messages)
         if "cut short" in messages[-1]["content"]:
@@ -439,7 +436,7 @@ def test_a_value_the_summary_rounded_to_fewer_places_than_the_form_asks_is_writt
 
     def agent(body):
         messages = body["messages"]
-        if _is_summary(messages):
+        if is_summary(messages):
             return "The correlation was tested.\n\n@r[0.82] @p[0.00]"
         return "```python\nprint('r', 0.816420516, 'p', 0.0021696288)\n```"
 
@@ -461,7 +458,7 @@ def _one_node_run(answers):
     given = iter(answers)
 
     def agent(body):
-        if _is_summary(body["messages"]):
+        if is_summary(body["messages"]):
             return f"The mean of y was computed.\n\n@mean_y[{MEAN}]"
         return next(given)
 
@@ -487,8 +484,8 @@ def test_the_summary_of_a_one_node_flow_goes_on_from_the_nodes_own_conversation(
         sent = _requests(server)
     assert flow.status == "done", flow.message
     assert pairs(flow.result) == {"mean_y": str(MEAN)}, flow.result
-    (node,) = [m for m in sent if not _is_summary(m)]
-    (summ,) = [m for m in sent if _is_summary(m)]
+    (node,) = [m for m in sent if not is_summary(m)]
+    (summ,) = [m for m in sent if is_summary(m)]
     assert summ[:len(node)] == node
     assert summ[len(node)] == {"role": "assistant", "content": ONE_NODE_ANSWER}
     assert len(summ) == len(node) + 2 and summ[-1]["role"] == "user"
@@ -510,7 +507,7 @@ def test_a_rerun_nodes_new_answer_is_the_conversation_its_summary_goes_on_from()
         flow.rerun("stats")
         sent = _requests(server)
     assert flow.status == "done", flow.message
-    summaries = [m for m in sent if _is_summary(m)]
+    summaries = [m for m in sent if is_summary(m)]
     assert len(summaries) == 2
     assert [m[-2]["content"] for m in summaries] == [ONE_NODE_ANSWER, again]
 
@@ -521,7 +518,7 @@ def test_a_summary_written_again_after_a_restart_is_laid_out_from_the_store():
     fail = {"on": True}
 
     def agent(body):
-        if _is_summary(body["messages"]) and fail["on"]:
+        if is_summary(body["messages"]) and fail["on"]:
             raise RuntimeError("the endpoint is down")   # (the server answers HTTP 500)
         return _one_node_run([ONE_NODE_ANSWER])(body)
 
@@ -534,7 +531,7 @@ def test_a_summary_written_again_after_a_restart_is_laid_out_from_the_store():
         fail["on"] = False
         again = flowmagic.load(flow.run_id)   # a new Flow object, as after a restart
         again.run()
-        (summ,) = [m for m in _requests(server)[-1:] if _is_summary(m)]
+        (summ,) = [m for m in _requests(server)[-1:] if is_summary(m)]
     assert pairs(again.result) == {"mean_y": str(MEAN)}, again.result
     assert len(summ) == 2 and summ[0]["content"] == summary.HOUSE_RULES
     assert summ[1]["content"].count(f"Task:\n{TASK}") == 1 and "mean of y" in summ[1]["content"]
