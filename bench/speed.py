@@ -99,7 +99,7 @@ def _eda(r: dict | None) -> str:
     if r is None:
         return "not run"
     done = "" if r["rc"] == 0 else f" (exit {r['rc']})"
-    return (f"{r['seconds']:.0f} s{done}, {r['calls']} calls, {r['prompt_sent']:,} prompt + "
+    return (f"{r['seconds']:.1f} s{done}, {r['calls']} calls, {r['prompt_sent']:,} prompt + "
             f"{r['completion']:,} completion tokens, load {r['load_before']}-{r['load_after']}")
 
 

@@ -253,6 +253,15 @@ def test_summary_rows_say_met_or_not_from_the_figures(eda, sample, io, cpu, want
         assert row["ok"] is ok, row
 
 
+def test_a_csv_eda_run_just_over_the_target_does_not_read_as_on_it():
+    # make bench's 60.1 s read "after: 60 s ... missed"
+    rows = speed.rows({"cached": CACHED, "dask": _dask([1.1], [1.3]),
+                       "csv_eda": [_run("after", "csv_eda", seconds=60.1)], "dabench": [],
+                       "before": "x"})
+    [row] = [r for r in rows if r["what"].startswith("csv_eda end to end")]
+    assert row["ok"] is False and "after: 60.1 s," in row["measured"], row
+
+
 def test_quick_leaves_the_model_flows_out_and_says_so():
     rows = speed.rows({"cached": CACHED, "dask": _dask([1.1], [1.3]), "model_skipped": "--quick"})
     skipped = [r for r in rows if "not measured (--quick" in r["measured"]]
