@@ -178,6 +178,11 @@ def server_url() -> str | None:
     return _url
 
 
+def _running_locked() -> bool:
+    """Whether the server is up (the caller holds `_lock`)."""
+    return _proc is not None and _proc.poll() is None and bool(_url)
+
+
 def start_soon() -> None:
     """Start the server in a thread of its own when it is neither running nor starting, so
     that what a flow does before its first call (reading its inputs, starting its sandbox,
@@ -185,7 +190,7 @@ def start_soon() -> None:
     returns its URL, or raises why it failed: a start is not tried twice for one call."""
     global _early
     with _lock:
-        if _early is not None or (_proc is not None and _proc.poll() is None and _url):
+        if _early is not None or _running_locked():
             return
         _early = future = concurrent.futures.Future()
 
@@ -221,7 +226,7 @@ def _start(timeout: float = 90.0) -> str:
     """The running server's URL, starting it first when it is not running."""
     global _proc, _url
     with _lock:
-        if _proc is not None and _proc.poll() is None and _url:
+        if _running_locked():
             return _url
         _refuse_an_illegal_build()
         if importlib.util.find_spec("llama_cpp") is None:
