@@ -34,7 +34,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-__all__ = ["one", "usage", "ratio", "csv_eda", "dabench_sample", "table", "main"]
+__all__ = ["one", "usage", "ratio", "csv_eda", "csv_eda_seeds", "dabench_sample", "table",
+           "main"]
 
 RESULTS = HERE / "RESULTS.md"
 BEGIN, END = "<!-- prefix-reuse:begin -->", "<!-- prefix-reuse:end -->"
@@ -125,6 +126,19 @@ def one(arm: str, job: list[str], timeout: float, before: str | None, label: str
            "tail": out.strip().splitlines()[-3:] if rc else []}
     row["evaluated_over_sent"] = ratio([row])
     return row
+
+
+def csv_eda_seeds(seeds: list[int], timeout: float, log=print) -> list:
+    """The csv_eda template on this source with other seeds of its model calls (its `seed`
+    parameter): the same code on other paths through SmolLM2's sampled answers, which decide
+    how many calls and tokens a flow takes (46-128 s over seeds 1-4 in one session)."""
+    rows = []
+    for seed in seeds:
+        log(f"csv_eda on the embedded model, after, seed {seed}")
+        rows.append(one("after", ["csv_eda", "-p", f"seed={seed}"], timeout, None,
+                        f"csv_eda seed {seed}"))
+        log(f"    {_line(rows[-1])}")
+    return rows
 
 
 def csv_eda(arms: list[str], rounds: int, timeout: float, before: str | None, log=print) -> list:

@@ -262,6 +262,28 @@ def test_a_csv_eda_run_just_over_the_target_does_not_read_as_on_it():
     assert row["ok"] is False and "after: 60.1 s," in row["measured"], row
 
 
+def test_csv_eda_with_other_seeds_is_shown_beside_the_templates_own_run():
+    # csv_eda's time is decided by the path SmolLM2's sampled answers take: the same code took
+    # 46-128 s over seeds 1-4. The template's own run (seed 0) is judged; the others are shown
+    # beside it, in the row and in the table of runs, with their own evaluated / sent.
+    sp = {"cached": CACHED, "dask": _dask([1.1], [1.3]), "before": "x", "limits": (600, 300),
+          "csv_eda": [_run("after", "csv_eda", seconds=55.0)], "dabench": [],
+          "seeds": [_run("after", "csv_eda seed 1", seconds=99.8, reused=500),
+                    _run("after", "csv_eda seed 2", seconds=46.0)]}
+    [row] = [r for r in speed.rows(sp) if r["what"].startswith("csv_eda end to end")]
+    assert row["ok"] is True
+    assert ("after: 55.0 s, 5 calls" in row["measured"] and "other seeds of its model calls (1: "
+            "99.8 s, 5 calls, 1,000 prompt + 300 completion tokens; 2: 46.0 s" in row["measured"])
+    [ratio] = [r for r in speed.rows(sp) if r["what"].endswith("a whole csv_eda flow")]
+    assert ratio["measured"].startswith("0.3 ")   # the seed-0 run's alone
+    text = "\n".join(speed._flows_lines(sp))
+    assert "| csv_eda seed 1 | after | 0 | 99.8 |" in text
+    assert "- evaluated / sent over csv_eda (after) with other seeds: 0.4" in text
+    failed = {**sp, "seeds": None, "errors": {"seeds": "SystemExit: no server"}}
+    [row] = [r for r in speed.rows(failed) if r["what"].startswith("csv_eda end to end")]
+    assert row["measured"].endswith("; other seeds failed: SystemExit: no server")
+
+
 def test_quick_leaves_the_model_flows_out_and_says_so():
     rows = speed.rows({"cached": CACHED, "dask": _dask([1.1], [1.3]), "model_skipped": "--quick"})
     skipped = [r for r in rows if "not measured (--quick" in r["measured"]]

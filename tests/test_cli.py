@@ -35,7 +35,8 @@ VALUES = {"conference": "EuroSciPy 2026", "days": "3", "talks_per_day": "4",
           "topic": "reinforcement learning", "audience": "engineers", "pages": "20",
           "csv_path": "sales.csv", "target": "revenue", "max_plots": "2", "dataset": "wine",
           "model_a": "SVM", "model_b": "k-NN", "metric": "F1", "folds": "10",
-          "notes_folder": "my_notes", "words": "150", "k": "2", "dates": "June 1 to 3, 2026",
+          "notes_folder": "my_notes", "words": "150", "k": "2", "seed": "3",
+          "dates": "June 1 to 3, 2026",
           "place": "Kraków", "organizer": "NumFOCUS", "gui": "pygame",
           "hours": "3"}
 
@@ -122,6 +123,8 @@ def test_every_template_fills_its_parameters(tmp_path, capsys, monkeypatch):
     found = templates()
     assert {t["name"] for t in found} >= {"conference_website", "gobang", "beamer_slides",
                                           "csv_eda", "model_comparison", "notes_summary"}
+    # csv_eda's seed reaches %%flow: another seed, another path through the same model
+    assert "seed" in next(t for t in found if t["name"] == "csv_eda")["parameters"]
     for t in found:
         out = tmp_path / f"{t['name']}.ipynb"
         args = [a for key in t["parameters"] for a in ("-p", f"{key}={VALUES[key]}")]
@@ -147,10 +150,13 @@ def test_every_template_fills_its_parameters(tmp_path, capsys, monkeypatch):
             assert ns[key] == want, (t["name"], key)
         task = interpolate(flow_cell.source.split("\n", 1)[1], ns)
         assert "{{" not in task, t["name"]
-        typed = [str(type(d)(VALUES[k])) for k, d in t["parameters"].items() if k != "k"]
+        typed = [str(type(d)(VALUES[k])) for k, d in t["parameters"].items()
+                 if k not in ("k", "seed")]   # the %%flow line's own
         assert all(v in task for v in typed), (t["name"], task)
         line = flow_cell.source.splitlines()[0]   # k reaches %%flow (csv_eda: only when set)
         assert "{k}" in line or ("{k_option}" in line and ns["k_option"] == "--k 2"), line
+        if "seed" in t["parameters"]:
+            assert "--seed {seed}" in line and ns["seed"] == 3, line
 
 
 def test_new_and_run_reject_bad_parameters_in_one_line(tmp_path, capsys):
