@@ -135,8 +135,8 @@ def csv_eda_seeds(seeds: list[int], timeout: float, log=print) -> list:
     rows = []
     for seed in seeds:
         log(f"csv_eda on the embedded model, after, seed {seed}")
-        rows.append(one("after", ["csv_eda", "-p", f"seed={seed}"], timeout, None,
-                        f"csv_eda seed {seed}"))
+        rows.append({**one("after", ["csv_eda", "-p", f"seed={seed}"], timeout, None,
+                           f"csv_eda seed {seed}"), "seed": seed})
         log(f"    {_line(rows[-1])}")
     return rows
 

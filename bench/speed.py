@@ -101,12 +101,13 @@ def _row(what: str, measured: str, target: str, ok) -> dict:
     return {"what": what, "measured": measured, "target": target, "ok": ok}
 
 
-def _eda(r: dict | None) -> str:
+def _eda(r: dict | None, load: bool = True) -> str:
     if r is None:
         return "not run"
     done = "" if r["rc"] == 0 else f" (exit {r['rc']})"
     return (f"{r['seconds']:.1f} s{done}, {r['calls']} calls, {r['prompt_sent']:,} prompt + "
-            f"{r['completion']:,} completion tokens, load {r['load_before']}-{r['load_after']}")
+            f"{r['completion']:,} completion tokens"
+            + (f", load {r['load_before']}-{r['load_after']}" if load else ""))
 
 
 def _seeded(sp: dict) -> str:
@@ -114,7 +115,7 @@ def _seeded(sp: dict) -> str:
     rs = sp.get("seeds") or []
     if not rs:
         return f"; other seeds failed: {_failed(sp, 'seeds')}" if _failed(sp, "seeds") else ""
-    each = "; ".join(f"{r['job'].rsplit(' ', 1)[1]}: {_eda(r).split(', load')[0]}" for r in rs)
+    each = "; ".join(f"{r['seed']}: {_eda(r, load=False)}" for r in rs)
     return f"; the same code with other seeds of its model calls ({each})"
 
 

@@ -268,8 +268,8 @@ def test_csv_eda_with_other_seeds_is_shown_beside_the_templates_own_run():
     # beside it, in the row and in the table of runs, with their own evaluated / sent.
     sp = {"cached": CACHED, "dask": _dask([1.1], [1.3]), "before": "x", "limits": (600, 300),
           "csv_eda": [_run("after", "csv_eda", seconds=55.0)], "dabench": [],
-          "seeds": [_run("after", "csv_eda seed 1", seconds=99.8, reused=500),
-                    _run("after", "csv_eda seed 2", seconds=46.0)]}
+          "seeds": [{**_run("after", "csv_eda seed 1", seconds=99.8, reused=500), "seed": 1},
+                    {**_run("after", "csv_eda seed 2", seconds=46.0), "seed": 2}]}
     [row] = [r for r in speed.rows(sp) if r["what"].startswith("csv_eda end to end")]
     assert row["ok"] is True
     assert ("after: 55.0 s, 5 calls" in row["measured"] and "other seeds of its model calls (1: "
